@@ -1,0 +1,233 @@
+"""The thread boundary between a stage (trio) and its scheduler (a blocking loop).
+
+:class:`SchedulerBridge` runs ``scheduler.start()`` in one long-lived
+``trio.to_thread`` worker with its own ``CapacityLimiter`` and moves messages across:
+
+* **trio → thread**: :meth:`SchedulerBridge.put` never blocks.  Messages put during one
+  pass of the trio loop are handed to the inbox together, in one atomic step (the
+  queue's lock is held while they are appended), so a burst that reached the stage
+  together is never split by the scheduler thread waking up half-way through it.
+* **thread → trio**: the outbox may be any queue-like object the scheduler made —
+  including a plain ``queue.Queue`` it never told us about.  For a ``queue.Queue`` the
+  bridge swaps the queue's ``not_empty`` condition for one that also asks trio to drain,
+  so ``put`` and ``put_messages`` both wake trio directly, with one coalesced
+  ``run_sync_soon`` per batch and no extra thread.  Any other queue gets a small pump
+  thread that blocks in ``get()``.  Outputs reach ``deliver`` in the order the scheduler
+  produced them, at most :data:`DRAIN_BATCH` per pass of the trio loop, so a flooding
+  scheduler cannot starve the other stages of its process.
+
+Cancellation: when the bridge's task is cancelled it calls ``scheduler.stop()`` and
+waits for ``start()`` to return (never abandoning the thread, which could still touch
+what we free).  If ``start()`` raises, :meth:`run` returns the exception so the stage
+can fail the scheduler's requests and start a fresh one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from omnitrio.contract import IncomingMessage, OutgoingMessage
+
+DRAIN_BATCH = 256
+_STOP = object()
+
+
+class _WakingCondition(threading.Condition):
+    """A queue's ``not_empty`` condition that also wakes trio on every notify."""
+
+    def __init__(self, lock: Any, on_notify: Callable[[], None]) -> None:
+        super().__init__(lock)
+        self._on_notify = on_notify
+
+    def notify(self, n: int = 1) -> None:
+        super().notify(n)
+        self._on_notify()
+
+
+class SchedulerBridge:
+    """Owns one scheduler's thread and both directions of its message flow."""
+
+    def __init__(self, scheduler: Any, name: str, deliver: Callable[[list[OutgoingMessage]], None]) -> None:
+        self.scheduler = scheduler
+        self.name = name
+        self._deliver = deliver
+        self._pending_in: list[IncomingMessage] = []
+        self._flush_wanted = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        self._wake_pending = False
+        self._wake_lock = threading.Lock()
+        self._outbox = scheduler.outbox
+        self._pump_thread: threading.Thread | None = None
+        self._closed = False
+        self._stopping = False
+
+    # -- trio -> thread -------------------------------------------------------------
+
+    def put(self, message: IncomingMessage) -> None:
+        """Queue ``message`` for the scheduler; it is handed over at the end of this pass."""
+        self._pending_in.append(message)
+        if len(self._pending_in) == 1:
+            self._flush_wanted.set()
+
+    def abort(self, request_id: str) -> None:
+        """Tell the scheduler now (``abort()``) and in order (an ``abort`` inbox message)."""
+        self.put(IncomingMessage(request_id, "abort"))
+        self.scheduler.abort(request_id)
+
+    def _flush_in(self) -> None:
+        batch, self._pending_in = self._pending_in, []
+        enqueue = getattr(self.scheduler, "enqueue", None)
+        inbox = self.scheduler.inbox
+        if enqueue is not None:
+            for msg in batch:
+                enqueue(msg)
+        elif isinstance(inbox, queue.Queue):
+            with inbox.mutex:
+                inbox.queue.extend(batch)
+                inbox.unfinished_tasks += len(batch)
+                inbox.not_empty.notify(len(batch))
+        else:
+            for msg in batch:
+                inbox.put(msg)
+
+    async def _feed_inbox(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted = trio.Event()
+            self._flush_in()
+
+    # -- thread -> trio -------------------------------------------------------------
+
+    def _request_drain(self) -> None:
+        """Called from any thread after an output is queued; wakes trio once per batch."""
+        with self._wake_lock:
+            if self._wake_pending or self._closed:
+                return
+            self._wake_pending = True
+        try:
+            self._token.run_sync_soon(self._drain)
+        except trio.RunFinishedError:
+            return
+
+    def _drain(self) -> None:
+        """Runs in the trio thread: hand queued outputs to the stage, a batch at a time."""
+        with self._wake_lock:
+            self._wake_pending = False
+        outbox = self._outbox
+        batch: list[OutgoingMessage] = []
+        try:
+            while len(batch) < DRAIN_BATCH:
+                item = outbox.get_nowait()
+                if item is not _STOP:
+                    batch.append(item)
+        except queue.Empty:
+            pass
+        else:
+            self._request_drain()  # more left: continue on a later pass of the loop
+        if batch and not self._closed:
+            self._deliver(batch)
+
+    def _install_waker(self) -> None:
+        outbox = self._outbox
+        if isinstance(outbox, queue.Queue):
+            outbox.not_empty = _WakingCondition(outbox.mutex, self._request_drain)
+            if outbox.qsize():
+                self._request_drain()
+            return
+        self._pump_thread = threading.Thread(target=self._pump_blocking, name=f"outbox-{self.name}", daemon=True)
+        self._pump_thread.start()
+
+    def _pump_blocking(self) -> None:
+        """For outboxes that are not ``queue.Queue``: block in ``get``, wake trio per batch."""
+        outbox = self._outbox
+        while True:
+            item = outbox.get()
+            if item is _STOP:
+                return
+            self._put_back_front(item)
+            self._request_drain()
+
+    def _put_back_front(self, item: Any) -> None:
+        # The pump took one item out to learn the queue is non-empty; trio's drain reads
+        # the rest.  Keep order by handing that first item over directly.
+        items = [item]
+        try:
+            while len(items) < DRAIN_BATCH:
+                nxt = self._outbox.get_nowait()
+                if nxt is _STOP:
+                    self._outbox.put(_STOP)
+                    break
+                items.append(nxt)
+        except queue.Empty:
+            pass
+        try:
+            self._token.run_sync_soon(self._deliver_items, items)
+        except trio.RunFinishedError:
+            return
+
+    def _deliver_items(self, items: list[OutgoingMessage]) -> None:
+        if not self._closed:
+            self._deliver(items)
+
+    # -- lifetime -------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> BaseException | None:
+        """Run the scheduler until cancelled (returns None) or until ``start()`` fails.
+
+        ``task_status.started()`` fires after ``warm_up_serving_thread()`` has run in the
+        scheduler thread, so a stage reports ready only when its scheduler is.
+        """
+        ready = trio.Event()
+        token = self._token
+        failure: list[BaseException] = []
+
+        def thread_main() -> None:
+            try:
+                self.scheduler.warm_up_serving_thread()
+            finally:
+                token.run_sync_soon(ready.set)
+            self.scheduler.start()
+
+        async def run_thread() -> None:
+            try:
+                await trio.to_thread.run_sync(
+                    thread_main, thread_name=f"scheduler-{self.name}", limiter=trio.CapacityLimiter(1)
+                )
+            except Exception as exc:
+                failure.append(exc)
+            else:
+                if not self._stopping:
+                    failure.append(RuntimeError(f"scheduler of stage {self.name!r}: start() returned before stop()"))
+            nursery.cancel_scope.cancel()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._feed_inbox)
+                self._install_waker()
+                nursery.start_soon(run_thread)
+                try:
+                    await ready.wait()
+                    if failure:
+                        raise failure[0]
+                    task_status.started()
+                    await trio.sleep_forever()
+                finally:
+                    if not failure:
+                        self._stop_scheduler()
+        finally:
+            self._closed = True
+            if self._pump_thread is not None:
+                self._outbox.put(_STOP)
+        return failure[0] if failure else None
+
+    def _stop_scheduler(self) -> None:
+        self._stopping = True
+        try:
+            self.scheduler.stop()
+        except Exception:  # a broken stop() must not hide the shutdown in progress
+            return

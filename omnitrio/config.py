@@ -1,0 +1,431 @@
+"""Pipeline configuration: the objects, TOML loading, overrides and full validation.
+
+Names follow SGLang-Omni (``PipelineConfig``, ``StageConfig``, ``FactoryArgs``,
+``EndpointsConfig``) so a pipeline written for it ports by changing imports.
+
+:func:`validate` runs before anything starts and raises one :class:`ConfigError` that
+names the stage and field, e.g. ``stages[3] ('join'): wait_for needs merge_fn``.  It
+imports every function the config names and checks factory arguments against the
+factory's signature, so a typo never surfaces as a child process that fails to start.
+"""
+
+from __future__ import annotations
+
+import inspect
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import msgspec
+
+from omnitrio.errors import ConfigError
+from omnitrio.importing import ImportPathError, import_object
+
+
+class FactoryArgs:
+    """Keyword arguments for a stage factory, spelled ``FactoryArgs(max_batch_wait_ms=200)``.
+
+    Any name is accepted here; :func:`validate` checks each against the factory's
+    signature.  ``None`` values mean "use the factory's default" and are not passed.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.values: dict[str, Any] = dict(kwargs)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        return {k: v for k, v in self.values.items() if v is not None}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FactoryArgs) and other.values == self.values
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.values.items())
+        return f"FactoryArgs({inner})"
+
+
+def _factory_args(value: FactoryArgs | Mapping[str, Any] | None) -> FactoryArgs:
+    if value is None:
+        return FactoryArgs()
+    if isinstance(value, FactoryArgs):
+        return value
+    if isinstance(value, Mapping):
+        return FactoryArgs(**value)
+    raise TypeError(f"factory must be FactoryArgs or a dict, got {type(value).__name__}")
+
+
+def _str_list(value: str | Iterable[str] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+@attrs.define
+class StageConfig:
+    """One stage: where it runs, what builds its scheduler, where its outputs go."""
+
+    name: str
+    factory_path: str
+    process: str | None = None
+    factory: FactoryArgs = attrs.field(factory=FactoryArgs, converter=_factory_args)
+    next: str | list[str] | None = None
+    terminal: bool = False
+    route_fn: str | None = None
+    project_payload: dict[str, str] = attrs.field(factory=dict)
+    wait_for: list[str] = attrs.field(factory=list, converter=_str_list)
+    merge_fn: str | None = None
+    wait_for_fn: str | None = None
+    stream_to: list[str] = attrs.field(factory=list, converter=_str_list)
+    stream_done_to_fn: str | None = None
+    can_accept_stream_before_payload: bool = False
+    max_queue: int | None = None
+    """Most requests this stage holds at once; past it a new one fails with ``Overloaded``."""
+
+    @property
+    def next_stages(self) -> list[str]:
+        return _str_list(self.next)
+
+
+@attrs.define
+class EndpointsConfig:
+    """Where the pipeline's sockets live; ``None`` means a fresh temp dir per pipeline."""
+
+    base_path: str | None = None
+
+
+@attrs.define
+class PipelineConfig:
+    """A whole pipeline.
+
+    ``restart`` says what happens when a stage process dies: ``"on-failure"`` restarts it
+    (at most ``max_restarts`` times), ``"never"`` leaves its stages dead.  ``max_in_flight``
+    bounds live requests (past it ``submit`` raises ``Overloaded`` at once);
+    ``default_timeout`` is the deadline of requests that give none.
+    """
+
+    stages: list[StageConfig]
+    name: str | None = None
+    model_path: str | None = None
+    entry_stage: str | None = None
+    endpoints: EndpointsConfig = attrs.field(factory=EndpointsConfig)
+    restart: Literal["on-failure", "never"] = "on-failure"
+    max_restarts: int = 3
+    max_in_flight: int | None = None
+    default_timeout: float | None = None
+    startup_timeout: float = 60.0
+    terminal_stages_fn: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.name is None:
+            self.name = self.model_path or "omnitrio"
+        if self.entry_stage is None and self.stages:
+            self.entry_stage = self.stages[0].name
+
+    @property
+    def terminal_stages(self) -> list[StageConfig]:
+        return [s for s in self.stages if s.terminal]
+
+    def stage(self, name: str) -> StageConfig:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------- loading
+
+_PIPELINE_KEYS = {f.name for f in attrs.fields(PipelineConfig)}
+_STAGE_KEYS = {f.name for f in attrs.fields(StageConfig)}
+
+
+def from_dict(raw: Mapping[str, Any]) -> PipelineConfig:
+    """Build a :class:`PipelineConfig` from plain data (parsed TOML or JSON).
+
+    Unknown keys and wrong types are errors that name where they are.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a pipeline config must be a table, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - _PIPELINE_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown pipeline field(s) {unknown}; known: {sorted(_PIPELINE_KEYS)}")
+    stages_raw = raw.get("stages")
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise ConfigError("stages: a pipeline needs at least one [[stages]] table")
+    stages = [_stage_from_dict(i, s) for i, s in enumerate(stages_raw)]
+    fields = {k: v for k, v in raw.items() if k != "stages"}
+    if isinstance(fields.get("endpoints"), Mapping):
+        fields["endpoints"] = EndpointsConfig(**fields["endpoints"])
+    try:
+        typed = msgspec.convert(fields, _PipelineFields, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"pipeline: {exc}") from None
+    return PipelineConfig(stages=stages, **{k: getattr(typed, k) for k in fields})
+
+
+def _stage_from_dict(index: int, raw: Any) -> StageConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"stages[{index}]: expected a table, got {type(raw).__name__}")
+    label = f"stages[{index}] ({raw.get('name')!r})"
+    unknown = sorted(set(raw) - _STAGE_KEYS)
+    if unknown:
+        raise ConfigError(f"{label}: unknown field(s) {unknown}")
+    try:
+        typed = msgspec.convert(dict(raw), _StageFields, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
+    return StageConfig(**{k: getattr(typed, k) for k in raw})
+
+
+class _StageFields(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    factory_path: str
+    process: str | None = None
+    factory: dict[str, Any] | None = None
+    next: str | list[str] | None = None
+    terminal: bool = False
+    route_fn: str | None = None
+    project_payload: dict[str, str] = {}
+    wait_for: list[str] = []
+    merge_fn: str | None = None
+    wait_for_fn: str | None = None
+    stream_to: list[str] = []
+    stream_done_to_fn: str | None = None
+    can_accept_stream_before_payload: bool = False
+    max_queue: int | None = None
+
+
+class _PipelineFields(msgspec.Struct):
+    name: str | None = None
+    model_path: str | None = None
+    entry_stage: str | None = None
+    endpoints: Any = None
+    restart: Literal["on-failure", "never"] = "on-failure"
+    max_restarts: int = 3
+    max_in_flight: int | None = None
+    default_timeout: float | None = None
+    startup_timeout: float = 60.0
+    terminal_stages_fn: str | None = None
+
+
+def load(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
+    """Load a TOML pipeline file and apply ``key.path=value`` overrides, then validate."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    for item in overrides:
+        apply_override(raw, item)
+    config = from_dict(raw)
+    validate(config)
+    return config
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``key.path=value`` override to raw config data, in place.
+
+    The first component is a pipeline field or a stage name (``encoder.factory.max_batch_wait_ms=0``).
+    The value is read as a TOML value (``true``, ``3``, ``"text"``, ``[1, 2]``) and falls
+    back to a plain string.
+    """
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must look like key.path=value")
+    parts = [p.strip() for p in key.strip().split(".")]
+    try:
+        value: Any = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    stages = raw.get("stages") or []
+    target: dict[str, Any]
+    by_name = {s.get("name"): s for s in stages if isinstance(s, dict)}
+    if parts[0] in by_name and len(parts) > 1:
+        target, parts = by_name[parts[0]], parts[1:]
+    elif parts[0] in _PIPELINE_KEYS and parts[0] != "stages":
+        target = raw
+    else:
+        raise ConfigError(f"override {item!r}: {parts[0]!r} is neither a stage nor a pipeline field")
+    for part in parts[:-1]:
+        child = target.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is not a table")
+        target = child
+    target[parts[-1]] = value
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def validate(config: PipelineConfig) -> None:
+    """Check every rule of SPEC §2; raise one :class:`ConfigError` naming stage and field."""
+    if not isinstance(config, PipelineConfig):
+        raise ConfigError(f"expected a PipelineConfig, got {type(config).__name__}")
+    if not config.stages:
+        raise ConfigError("stages: a pipeline needs at least one stage")
+    names: dict[str, int] = {}
+    for i, stage in enumerate(config.stages):
+        if not isinstance(stage, StageConfig):
+            raise ConfigError(f"stages[{i}]: expected a StageConfig, got {type(stage).__name__}")
+        if not isinstance(stage.name, str) or not stage.name.strip() or stage.name.startswith("@"):
+            raise ConfigError(f"stages[{i}]: name must be a non-empty string not starting with '@', got {stage.name!r}")
+        if stage.name in names:
+            raise ConfigError(f"stages[{i}] ({stage.name!r}): name: duplicate of stages[{names[stage.name]}]")
+        names[stage.name] = i
+    if config.entry_stage not in names:
+        raise ConfigError(f"entry_stage: unknown stage {config.entry_stage!r}; stages are {sorted(names)}")
+    if config.restart not in ("on-failure", "never"):
+        raise ConfigError(f"restart: must be 'on-failure' or 'never', got {config.restart!r}")
+    if config.max_restarts < 0:
+        raise ConfigError(f"max_restarts: must be >= 0, got {config.max_restarts}")
+    if config.max_in_flight is not None and config.max_in_flight < 1:
+        raise ConfigError(f"max_in_flight: must be >= 1, got {config.max_in_flight}")
+    if config.default_timeout is not None and config.default_timeout <= 0:
+        raise ConfigError(f"default_timeout: must be > 0, got {config.default_timeout}")
+    if not config.terminal_stages:
+        raise ConfigError("stages: no stage is terminal; set terminal=true on the stage whose result is returned")
+    if config.terminal_stages_fn is not None:
+        _check_callable(config.terminal_stages_fn, "pipeline: terminal_stages_fn")
+
+    for i, stage in enumerate(config.stages):
+        _validate_stage(i, stage, config, names)
+    _check_reachable(config)
+    _check_acyclic(config)
+    _check_senders(config)
+
+
+def _validate_stage(i: int, stage: StageConfig, config: PipelineConfig, names: Mapping[str, int]) -> None:
+    label = f"stages[{i}] ({stage.name!r})"
+
+    def fail(field: str, message: str) -> ConfigError:
+        return ConfigError(f"{label}: {field}: {message}")
+
+    def known(field: str, targets: Iterable[str]) -> None:
+        for t in targets:
+            if t not in names:
+                raise fail(field, f"unknown stage {t!r}")
+            if t == stage.name:
+                raise fail(field, "a stage cannot name itself")
+
+    if stage.process is not None and (not isinstance(stage.process, str) or not stage.process.strip()):
+        raise fail("process", f"must be a non-empty string or omitted, got {stage.process!r}")
+    nexts = stage.next_stages
+    if stage.terminal and nexts:
+        raise fail("next", "a stage sets exactly one of next / terminal, not both")
+    if not stage.terminal and not nexts:
+        raise fail("next", "a stage sets exactly one of next / terminal; this one sets neither")
+    if len(set(nexts)) != len(nexts):
+        raise fail("next", f"lists a stage twice: {nexts}")
+    known("next", nexts)
+    if stage.route_fn is not None:
+        if stage.terminal:
+            raise fail("route_fn", "a terminal stage has nowhere to route")
+        _check_callable(stage.route_fn, f"{label}: route_fn")
+    for target, fn in stage.project_payload.items():
+        if target not in nexts:
+            raise fail("project_payload", f"{target!r} is not in next {nexts}")
+        _check_callable(fn, f"{label}: project_payload[{target!r}]")
+    if stage.wait_for and stage.merge_fn is None:
+        raise fail("wait_for", "wait_for needs merge_fn")
+    if stage.merge_fn is not None and not stage.wait_for:
+        raise fail("merge_fn", "merge_fn needs wait_for (the sources to merge)")
+    if stage.wait_for_fn is not None and not stage.wait_for:
+        raise fail("wait_for_fn", "wait_for_fn needs wait_for")
+    known("wait_for", stage.wait_for)
+    for source in stage.wait_for:
+        upstream = config.stage(source)
+        if stage.name not in upstream.next_stages:
+            raise fail("wait_for", f"{source!r} never sends here (its next is {upstream.next_stages})")
+    if stage.merge_fn is not None:
+        _check_callable(stage.merge_fn, f"{label}: merge_fn")
+    if stage.wait_for_fn is not None:
+        _check_callable(stage.wait_for_fn, f"{label}: wait_for_fn")
+    known("stream_to", stage.stream_to)
+    if stage.stream_done_to_fn is not None:
+        if not stage.stream_to:
+            raise fail("stream_done_to_fn", "stream_done_to_fn needs stream_to")
+        _check_callable(stage.stream_done_to_fn, f"{label}: stream_done_to_fn")
+    if stage.max_queue is not None and stage.max_queue < 1:
+        raise fail("max_queue", f"must be >= 1, got {stage.max_queue}")
+    _check_factory(label, stage)
+
+
+def _check_senders(config: PipelineConfig) -> None:
+    for i, stage in enumerate(config.stages):
+        senders = [s.name for s in config.stages if stage.name in s.next_stages]
+        # Several stages send here: without wait_for each would start its own request.
+        if len(senders) > 1 and not stage.wait_for and not all(config.stage(s).route_fn for s in senders):
+            raise ConfigError(
+                f"stages[{i}] ({stage.name!r}): wait_for: several stages send here ({senders}); set wait_for + merge_fn"
+            )
+
+
+def _check_callable(path: str, where: str) -> Callable[..., Any]:
+    try:
+        obj = import_object(path)
+    except ImportPathError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if not callable(obj):
+        raise ConfigError(f"{where}: {path!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _check_factory(label: str, stage: StageConfig) -> None:
+    factory = _check_callable(stage.factory_path, f"{label}: factory_path")
+    kwargs = stage.factory.to_kwargs()
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise ConfigError(
+            f"{label}: factory: {stage.factory_path} does not accept {unknown}; it accepts {sorted(accepted)}"
+        )
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{label}: factory: {stage.factory_path}: {exc}") from None
+
+
+def _check_reachable(config: PipelineConfig) -> None:
+    seen = {config.entry_stage}
+    frontier = [config.entry_stage]
+    while frontier:
+        stage = config.stage(frontier.pop())  # type: ignore[arg-type]
+        for t in [*stage.next_stages, *stage.stream_to]:
+            if t not in seen:
+                seen.add(t)
+                frontier.append(t)
+    for i, stage in enumerate(config.stages):
+        if stage.name not in seen:
+            raise ConfigError(
+                f"stages[{i}] ({stage.name!r}): unreachable: no path from entry stage {config.entry_stage!r}"
+            )
+
+
+def _check_acyclic(config: PipelineConfig) -> None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for t in config.stage(name).next_stages:
+            if state.get(t) == 1:
+                cycle = " -> ".join([*path[path.index(t) :], t])
+                i = [s.name for s in config.stages].index(name)
+                raise ConfigError(f"stages[{i}] ({name!r}): next: cycle {cycle}")
+            if t not in state:
+                visit(t, [*path, t])
+        state[name] = 2
+
+    for stage in config.stages:
+        if stage.name not in state:
+            visit(stage.name, [stage.name])

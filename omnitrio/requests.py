@@ -1,0 +1,110 @@
+"""Everything one request owns at one stage, and the table of live ones.
+
+A :class:`RequestScope` is created when the first message of a request reaches a stage
+and dropped when that request's task there exits, whatever the exit.  It holds the
+request's cancel scope, its output channel (fed by the scheduler bridge), half-collected
+fan-in inputs, stream chunk counters, flow-control credits and relay leases — so leaving
+the scope is the clean-up, and no second bookkeeping path can leak.
+
+:class:`Tombstones` is the one piece of per-request memory that outlives a scope: after an
+abort or failure, a late payload or chunk from an upstream stage that had not yet heard
+of it must be dropped rather than start a new request.  Entries expire after
+:data:`TOMBSTONE_SECONDS` and are bounded in number.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from omnitrio.contract import OutgoingMessage
+from omnitrio.fanin import FanIn
+
+STREAM_WINDOW = 64
+TOMBSTONE_SECONDS = 30.0
+TOMBSTONE_LIMIT = 100_000
+
+Outcome = Literal["running", "done", "failed", "aborted"]
+
+
+def _output_channel() -> tuple[trio.MemorySendChannel[OutgoingMessage], trio.MemoryReceiveChannel[OutgoingMessage]]:
+    # Unbounded: the bridge hands outputs over from a sync callback and must not block.
+    return trio.open_memory_channel[OutgoingMessage](math.inf)
+
+
+@attrs.define(eq=False)
+class RequestScope:
+    """One live request at one stage."""
+
+    request_id: str
+    inc: int
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    outputs_in: trio.MemorySendChannel[OutgoingMessage] = attrs.field(init=False)
+    outputs: trio.MemoryReceiveChannel[OutgoingMessage] = attrs.field(init=False)
+    fan_in: FanIn | None = None
+    got_payload: bool = False
+    in_scheduler: bool = False
+    outcome: Outcome = "running"
+    aborted: bool = False
+    """Set by :meth:`abort`; the stage owes the coordinator one ``Released`` for it."""
+    chunk_ids: dict[str, int] = attrs.field(factory=dict)
+    credits: int = STREAM_WINDOW
+    credit_arrived: trio.Event = attrs.field(factory=trio.Event)
+    leases: list[Any] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        self.outputs_in, self.outputs = _output_channel()
+
+    def next_chunk_id(self, target: str) -> int:
+        n = self.chunk_ids.get(target, 0)
+        self.chunk_ids[target] = n + 1
+        return n
+
+    def push(self, message: OutgoingMessage) -> None:
+        """Hand the request task an output (or a synthetic error); never blocks."""
+        self.outputs_in.send_nowait(message)
+
+    def fail_with(self, error: BaseException | str) -> None:
+        """Fail the request from outside its task (bad input routing, merge errors)."""
+        self.push(OutgoingMessage(self.request_id, "error", data=error))
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.outcome = "aborted"
+        self.cancel_scope.cancel()
+
+    def grant(self, n: int) -> None:
+        self.credits += n
+        self.credit_arrived.set()
+
+    async def take_credit(self) -> None:
+        """Wait until the consumer has room for one more chunk of this request."""
+        while self.credits <= 0:
+            self.credit_arrived = trio.Event()
+            await self.credit_arrived.wait()
+        self.credits -= 1
+
+
+class Tombstones:
+    """Recently aborted or failed ``(request id, incarnation)``s; late messages for them are dropped."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    def add(self, request_id: str, inc: int) -> None:
+        now = trio.current_time()
+        self._entries.pop(request_id, None)
+        self._entries[request_id] = (inc, now + TOMBSTONE_SECONDS)
+        while self._entries:
+            _, (_, expiry) = next(iter(self._entries.items()))
+            if expiry > now and len(self._entries) <= TOMBSTONE_LIMIT:
+                break
+            self._entries.popitem(last=False)
+
+    def buries(self, request_id: str, inc: int) -> bool:
+        entry = self._entries.get(request_id)
+        return entry is not None and inc <= entry[0] and entry[1] > trio.current_time()

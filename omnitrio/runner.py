@@ -1,0 +1,132 @@
+"""``open_pipeline``: start a pipeline, hand the caller its API, stop everything on exit.
+
+Stages with ``process`` set run in spawned OS processes (one per distinct name); the
+others — or every stage with ``inline=True`` — run in the caller's trio run.  Leaving
+the ``async with`` block stops every stage and process and removes the pipeline's
+sockets and shared memory, whatever the exit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from omnitrio.config import PipelineConfig, validate
+from omnitrio.coordinator import Coordinator, RequestStream
+from omnitrio.envelopes import Complete, Failed, Released, StreamOut, ToCoordinator, ToStage
+from omnitrio.errors import StartupError, collapse
+from omnitrio.importing import import_object
+from omnitrio.stage import Stage
+from omnitrio.topology import Topology
+
+
+def scheduler_builder(config: PipelineConfig, stage_name: str) -> Any:
+    """A zero-argument callable that builds the named stage's scheduler."""
+    stage = config.stage(stage_name)
+    factory = import_object(stage.factory_path)
+    kwargs = stage.factory.to_kwargs()
+
+    def build() -> Any:
+        try:
+            return factory(**kwargs)
+        except Exception as exc:
+            raise StartupError(f"stage {stage_name!r}: factory {stage.factory_path} raised {exc!r}") from exc
+
+    return build
+
+
+class LocalSwitchboard:
+    """Routes messages between stages and the coordinator inside one process."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, Stage] = {}
+        self.coordinator: Coordinator | None = None
+
+    def send(self, envelope: ToStage | ToCoordinator) -> None:
+        match envelope:
+            case Complete() | StreamOut() | Failed() | Released():
+                assert self.coordinator is not None
+                self.coordinator.deliver(envelope)
+            case _:
+                self.stages[envelope.to].deliver(envelope)
+
+    def release(self, leases: Sequence[Any]) -> None:
+        return
+
+
+class Pipeline:
+    """What a caller holds inside ``open_pipeline``: submit, stream, abort, health."""
+
+    def __init__(self, config: PipelineConfig, coordinator: Coordinator, stages: dict[str, Stage]) -> None:
+        self.config = config
+        self.name: str = config.name or "omnitrio"
+        self.coordinator = coordinator
+        self._stages = stages
+        self.metrics_registry: Any = None
+
+    async def submit(
+        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        return await self.coordinator.submit(request_id, inputs, params=params, timeout=timeout)
+
+    def stream(
+        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> RequestStream:
+        return self.coordinator.stream(request_id, inputs, params=params, timeout=timeout)
+
+    async def abort(self, request_id: str, *, wait: bool = False) -> bool:
+        return await self.coordinator.abort(request_id, wait=wait)
+
+    async def health(self) -> dict[str, Any]:
+        """``{"requests": live count, "stages": {name: {alive, pid, process, active_requests, restarts}}}``."""
+        stages = {
+            name: {
+                "alive": True,
+                "pid": os.getpid(),
+                "process": stage.plan.config.process or "main",
+                "active_requests": stage.active_requests,
+                "restarts": stage.restarts,
+            }
+            for name, stage in self._stages.items()
+        }
+        return {"requests": self.coordinator.live_requests, "stages": stages}
+
+
+@asynccontextmanager
+async def open_pipeline(config: PipelineConfig, *, inline: bool = False) -> AsyncIterator[Pipeline]:
+    """Start ``config``'s stages, yield the :class:`Pipeline`, stop everything on exit.
+
+    Raises :class:`omnitrio.ConfigError` before anything starts when the config is invalid.
+    """
+    validate(config)
+    if not inline and any(s.process for s in config.stages):
+        from omnitrio.processes import open_process_pipeline
+
+        async with open_process_pipeline(config) as pipeline:
+            yield pipeline
+        return
+    topology = Topology.compile(config)
+    board = LocalSwitchboard()
+    for name, plan in topology.plans.items():
+        board.stages[name] = Stage(plan, scheduler_builder(config, name), board)
+    coordinator = Coordinator(topology, board.send, board.stages)
+    board.coordinator = coordinator
+    try:
+        async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as starting:
+                for stage in board.stages.values():
+                    starting.start_soon(nursery.start, stage.run)
+            try:
+                yield Pipeline(config, coordinator, board.stages)
+            finally:
+                coordinator.close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        single = collapse(group)
+        if single is group:
+            raise
+        raise single from single.__cause__

@@ -1,0 +1,39 @@
+"""OpenAI-compatible HTTP/SSE and realtime WebSocket serving of one pipeline (hypercorn, trio worker).
+
+The server uses only the pipeline API a Python user has: ``name``, ``stream``, ``abort``,
+``health`` and ``metrics_registry``. Every request, streamed or not, is served through
+``async with pipeline.stream(request_id, inputs, timeout=...) as messages``; leaving that block
+(the client went away, ``response.cancel``, the socket closed, shutdown) aborts the request at
+every stage. The request id is the response id the client sees (``chatcmpl-…``, ``resp-…``).
+
+What the server hands a pipeline (``inputs``), by route:
+
+- chat: ``{"task": "chat", "messages": [OpenAI messages], "modalities": ["text"] | ["text", "audio"],
+  "audio": {"voice": str, "format": str} | None, "max_tokens": int | None, "temperature": float | None}``
+- speech: ``{"task": "speech", "input": str, "voice": str, "speed": float}``
+- transcription: ``{"task": "transcription", "audio": float32 mono numpy array at 16 kHz,
+  "language": str | None, "prompt": str | None}``
+- realtime: ``{"task": "realtime", "audio": float32 mono numpy array at 16 kHz (the committed turn,
+  possibly empty), "session": {session config, GA shape, with response.create overrides}}``
+
+What a pipeline streams back (``StreamMessage.modality`` and ``chunk``):
+
+- ``"text"`` (or ``None``): a ``str`` delta of the answer text (of the transcript, for transcription).
+- ``"audio"``: ``{"pcm": mono int16 array or float array in [-1, 1], "sample_rate": int}``.
+- ``"transcript"``: a ``str`` delta of what the output audio says.
+
+and finally ``CompleteMessage.result``: a dict that may carry ``"text"``, ``"transcript"``,
+``"audio"`` (same shape as an audio chunk) and ``"usage"`` (OpenAI usage fields), or a bare ``str``
+meaning ``{"text": ...}``. Fields the pipeline did not stream are taken from the result, so a
+pipeline that does not stream is served too. With several terminal stages, the first result to
+name a field wins.
+
+Audio at the API edge is PCM16 mono: chat and realtime at 24 kHz, speech ``pcm`` at 24 kHz, speech
+``wav`` at the pipeline's rate. Admission errors raised when entering ``pipeline.stream``
+(``Overloaded``…) become HTTP statuses even for streaming requests; see :mod:`.api_errors`.
+"""
+
+from omnitrio.serve.app import create_app
+from omnitrio.serve.server import BindError, bind_socket, serve
+
+__all__ = ["BindError", "bind_socket", "create_app", "serve"]

@@ -1,0 +1,110 @@
+"""The ASGI application: routes, and the error handlers that keep every answer OpenAI-shaped.
+
+:func:`create_app` builds a Starlette app around one pipeline. It runs on any ASGI server whose
+async library is trio (routes use trio directly); :mod:`omnitrio.serve.server` runs it on hypercorn.
+Unknown routes and methods answer 404/405 with the OpenAI error body; an unexpected exception
+answers 500 ``internal server error`` with the traceback in the log, never in the body.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import prometheus_client
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+
+from omnitrio.serve.api_errors import ApiError, as_api_error
+from omnitrio.serve.chat import chat_completions
+from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServeContext, ServedPipeline
+from omnitrio.serve.realtime import realtime_endpoint
+from omnitrio.serve.speech import create_speech
+from omnitrio.serve.transcription import create_transcription
+
+
+def create_app(
+    pipeline: ServedPipeline, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout: float | None = None
+) -> Starlette:
+    """The OpenAI-compatible app for ``pipeline``.
+
+    ``max_body_bytes`` caps request bodies and uploads (413 beyond); ``request_timeout`` is the
+    per-request deadline handed to the pipeline (504 when it passes; None: no deadline).
+    """
+    ctx = ServeContext(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout)
+    routes = [
+        Route("/health", partial(_health, ctx), methods=["GET"]),
+        Route("/metrics", partial(_metrics, ctx), methods=["GET"]),
+        Route("/v1/models", partial(_models, ctx), methods=["GET"]),
+        Route("/v1/models/{model:path}", partial(_model, ctx), methods=["GET"]),
+        Route("/v1/chat/completions", partial(chat_completions, ctx), methods=["POST"]),
+        Route("/v1/audio/speech", partial(create_speech, ctx), methods=["POST"]),
+        Route("/v1/audio/transcriptions", partial(create_transcription, ctx), methods=["POST"]),
+        WebSocketRoute("/v1/realtime", partial(realtime_endpoint, ctx)),
+    ]
+    handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    match exc.status_code:
+        case 404:
+            error = ApiError(404, f"no route {request.method} {request.url.path}", code="not_found")
+        case 405:
+            error = ApiError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
+        case status:
+            error = ApiError(status, str(exc.detail))
+    return error_response(error)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return error_response(as_api_error(exc))
+
+
+async def _health(ctx: ServeContext, request: Request) -> Response:
+    """The pipeline's health dict; 200 only when every stage is alive."""
+    try:
+        report = await ctx.pipeline.health()
+    except Exception as exc:
+        error = ApiError(503, f"the pipeline cannot report its health: {exc}", "server_error", code="unavailable")
+        return error_response(error)
+    alive = all(stage.get("alive", False) for stage in report.get("stages", {}).values())
+    return JSONResponse(report, status_code=200 if alive else 503)
+
+
+async def _metrics(ctx: ServeContext, request: Request) -> Response:
+    registry = ctx.pipeline.metrics_registry or prometheus_client.CollectorRegistry()
+    return Response(prometheus_client.generate_latest(registry), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+def _model_card(ctx: ServeContext) -> dict[str, Any]:
+    return {"id": ctx.pipeline.name, "object": "model", "created": ctx.created, "owned_by": "omnitrio"}
+
+
+async def _models(ctx: ServeContext, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+
+
+async def _model(ctx: ServeContext, request: Request) -> Response:
+    model = request.path_params["model"]
+    if model != ctx.pipeline.name:
+        raise ApiError(
+            404,
+            f"model {model!r} not found; this server serves {ctx.pipeline.name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    return JSONResponse(_model_card(ctx))

@@ -1,0 +1,147 @@
+"""Realtime session configuration and client-event parsing, free of any socket.
+
+The session is a plain dict in OpenAI's GA shape (``audio.input/output.format``, ``voice``,
+``turn_detection``), with the beta spellings (top-level ``turn_detection``, ``voice``,
+``input_audio_format``) accepted on update and mirrored, so clients of either API read back
+what they set. Audio is PCM16 mono at 24 kHz both ways; any other format is refused with an
+``error`` event naming the field. ``turn_detection`` is stored and echoed, not acted on here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from omnitrio.serve.audio import REALTIME_RATE
+
+_PCM = {"type": "audio/pcm", "rate": REALTIME_RATE}
+_FIXED = frozenset({"id", "object", "model"})
+
+
+@attrs.define
+class EventError(Exception):
+    """A client event that cannot be applied; becomes an ``error`` event, the socket stays open."""
+
+    message: str
+    param: str | None = None
+    code: str | None = "invalid_value"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def default_session(session_id: str, model: str) -> dict[str, Any]:
+    return {
+        "id": session_id,
+        "object": "realtime.session",
+        "type": "realtime",
+        "model": model,
+        "output_modalities": ["audio"],
+        "instructions": "",
+        "voice": "default",
+        "turn_detection": None,
+        "audio": {
+            "input": {"format": dict(_PCM), "turn_detection": None},
+            "output": {"format": dict(_PCM), "voice": "default"},
+        },
+    }
+
+
+def parse_event(text: str) -> dict[str, Any]:
+    """A client event: a JSON object with a string ``type``."""
+    try:
+        event = json.loads(text)
+    except ValueError as exc:
+        raise EventError(f"the event is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(event, dict):
+        raise EventError("an event must be a JSON object", code="invalid_event")
+    if not isinstance(event.get("type"), str):
+        raise EventError("the event has no string 'type'", "type", code="missing_required_parameter")
+    return event
+
+
+def decode_audio_append(event: Mapping[str, Any]) -> bytes:
+    """The PCM16 bytes of an ``input_audio_buffer.append`` event."""
+    audio = event.get("audio")
+    if not isinstance(audio, str):
+        raise EventError(
+            "input_audio_buffer.append needs 'audio' (base64 PCM16)", "audio", code="missing_required_parameter"
+        )
+    try:
+        data = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise EventError("'audio' is not valid base64", "audio", code="invalid_base64") from None
+    if len(data) % 2:
+        raise EventError(f"'audio' decodes to {len(data)} bytes; PCM16 needs an even count", "audio")
+    return data
+
+
+def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
+    """``current`` with a ``session.update``'s ``session`` applied; ``current`` is not changed."""
+    if not isinstance(update, Mapping):
+        raise EventError("session.update needs a 'session' object", "session", code="missing_required_parameter")
+    if update.get("type", "realtime") != "realtime":
+        raise EventError(f"session type {update['type']!r} is not supported; use 'realtime'", "session.type")
+    session = copy.deepcopy(dict(current))
+    for key, value in update.items():
+        match key:
+            case _ if key in _FIXED:
+                continue
+            case "audio":
+                _merge_audio(session, value)
+            case "input_audio_format" | "output_audio_format":
+                if value != "pcm16":
+                    raise EventError(f"{key} {value!r} is not supported; use 'pcm16'", f"session.{key}")
+            case "turn_detection":
+                _set_turn_detection(session, value, "session.turn_detection")
+            case "voice":
+                session["voice"] = session["audio"]["output"]["voice"] = value
+            case "modalities":
+                session["output_modalities"] = value
+            case _:
+                session[key] = copy.deepcopy(value)
+    return session
+
+
+def _merge_audio(session: dict[str, Any], audio: Any) -> None:
+    if not isinstance(audio, Mapping):
+        raise EventError("session.audio must be an object", "session.audio")
+    for direction in ("input", "output"):
+        part = audio.get(direction)
+        if part is None:
+            continue
+        if not isinstance(part, Mapping):
+            raise EventError(f"session.audio.{direction} must be an object", f"session.audio.{direction}")
+        for key, value in part.items():
+            param = f"session.audio.{direction}.{key}"
+            match key:
+                case "format":
+                    _check_format(value, param)
+                case "turn_detection" if direction == "input":
+                    _set_turn_detection(session, value, param)
+                case "voice" if direction == "output":
+                    session["voice"] = session["audio"]["output"]["voice"] = value
+                case _:
+                    session["audio"][direction][key] = copy.deepcopy(value)
+
+
+def _check_format(value: Any, param: str) -> None:
+    if (
+        not isinstance(value, Mapping)
+        or value.get("type") != "audio/pcm"
+        or value.get("rate", REALTIME_RATE) != REALTIME_RATE
+    ):
+        raise EventError(f"{param} {value!r} is not supported; only {_PCM} (PCM16 mono 24 kHz)", param)
+
+
+def _set_turn_detection(session: dict[str, Any], value: Any, param: str) -> None:
+    if value is not None and not isinstance(value, Mapping):
+        raise EventError(f"{param} must be an object or null", param)
+    session["turn_detection"] = copy.deepcopy(value)
+    session["audio"]["input"]["turn_detection"] = copy.deepcopy(value)

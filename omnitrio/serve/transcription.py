@@ -1,0 +1,137 @@
+"""``POST /v1/audio/transcriptions``: an uploaded audio file to text.
+
+The upload (multipart ``file``; WAV, FLAC, OGG or MP3, any rate, any channel count) is decoded and
+resampled off the trio thread to mono float32 at 16 kHz before the pipeline sees it. The body is
+capped at the server's limit (413 beyond it, decided before it is all read when the client
+declares its length). ``response_format`` is ``json`` (``{"text"}``), ``text`` or ``verbose_json``;
+``stream=true`` sends ``transcript.text.delta`` events and one ``transcript.text.done``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from starlette.datastructures import FormData, Headers, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+
+from omnitrio.serve.api_errors import ApiError, bad_request, invalid_value
+from omnitrio.serve.audio import TRANSCRIBE_RATE, AudioFormatError, decode_audio_file, resample
+from omnitrio.serve.context import ServeContext, new_id, read_body
+from omnitrio.serve.openai_types import TRANSCRIPTION_FORMATS, check_model, form_bool, form_float
+from omnitrio.serve.output import Delta, Output
+from omnitrio.serve.sse import SSE_MEDIA_TYPE, Emitter, WatchedResponse, json_bytes, sse_event
+
+_FIELDS = ("model", "language", "prompt", "response_format", "stream", "temperature")
+
+
+async def create_transcription(ctx: ServeContext, request: Request) -> WatchedResponse:
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise bad_request("transcriptions expect a multipart/form-data body with a 'file' field")
+    form = await _parse_form(request.headers, await read_body(request, ctx.max_body_bytes), ctx.max_body_bytes)
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise bad_request("the form has no 'file' upload", "file", code="missing_file")
+    fields = {name: _text_field(form, name) for name in _FIELDS}
+    check_model(fields["model"], ctx.pipeline.name)
+    response_format = fields["response_format"] or "json"
+    if response_format not in TRANSCRIPTION_FORMATS:
+        raise invalid_value(
+            f"response_format {response_format!r} is not supported; use one of {sorted(TRANSCRIPTION_FORMATS)}",
+            "response_format",
+        )
+    stream = form_bool(fields["stream"], "stream")
+    form_float(fields["temperature"], "temperature")
+    samples = await trio.to_thread.run_sync(_decode, await upload.read())
+    inputs: dict[str, Any] = {
+        "task": "transcription",
+        "audio": samples,
+        "language": fields["language"] or None,
+        "prompt": fields["prompt"] or None,
+    }
+    job = _Transcription(ctx, inputs, response_format, fields["language"], samples.size / TRANSCRIBE_RATE)
+    if stream:
+        return WatchedResponse(job.events, media_type=SSE_MEDIA_TYPE, stream_error=_stream_error)
+    media_type = "text/plain" if response_format == "text" else "application/json"
+    return WatchedResponse(job.complete, media_type=media_type)
+
+
+async def _parse_form(headers: Headers, body: bytes, limit: int) -> FormData:
+    async def replay() -> Any:
+        yield body
+
+    try:
+        return await MultiPartParser(headers, replay(), max_files=4, max_fields=32, max_part_size=limit).parse()
+    except MultiPartException as exc:
+        raise bad_request(f"invalid multipart body: {exc.message}") from None
+
+
+def _text_field(form: FormData, name: str) -> str | None:
+    value = form.get(name)
+    if isinstance(value, UploadFile):
+        raise bad_request(f"form field {name!r} must be text, not a file", name)
+    return value
+
+
+def _decode(data: bytes) -> Any:
+    try:
+        samples, rate = decode_audio_file(data)
+    except AudioFormatError as exc:
+        raise bad_request(str(exc), "file", code="invalid_file_format") from None
+    return resample(samples, rate, TRANSCRIBE_RATE)
+
+
+def _stream_error(error: ApiError) -> bytes:
+    return sse_event({"type": "error", **error.body()})
+
+
+class _Transcription:
+    def __init__(
+        self, ctx: ServeContext, inputs: dict[str, Any], response_format: str, language: str | None, duration: float
+    ) -> None:
+        self.ctx = ctx
+        self.id = new_id("transcription")
+        self.inputs = inputs
+        self.response_format = response_format
+        self.language = language
+        self.duration = duration
+        self.output = Output(audio_rate=None, want_audio=False)
+
+    async def complete(self, emitter: Emitter) -> None:
+        async with self.ctx.pipeline.stream(self.id, self.inputs, timeout=self.ctx.request_timeout) as messages:
+            async for message in messages:
+                self.output.add(message)
+        self.output.finish()
+        text = self.output.text or self.output.transcript
+        match self.response_format:
+            case "text":
+                await emitter.respond(200, text.encode(), "text/plain; charset=utf-8")
+            case "verbose_json":
+                verbose = {
+                    "task": "transcribe",
+                    "language": self.language or "unknown",
+                    "duration": self.duration,
+                    "text": text,
+                    "segments": [],
+                }
+                await emitter.respond(200, json_bytes(verbose), "application/json")
+            case _:
+                answer: dict[str, Any] = {"text": text}
+                if self.output.usage is not None:
+                    answer["usage"] = self.output.usage
+                await emitter.respond(200, json_bytes(answer), "application/json")
+
+    async def events(self, emitter: Emitter) -> None:
+        async with self.ctx.pipeline.stream(self.id, self.inputs, timeout=self.ctx.request_timeout) as messages:
+            async for message in messages:
+                await self._forward(emitter, self.output.add(message))
+        await self._forward(emitter, self.output.finish())
+        text = self.output.text or self.output.transcript
+        await emitter.write(sse_event({"type": "transcript.text.done", "text": text}))
+
+    async def _forward(self, emitter: Emitter, deltas: list[Delta]) -> None:
+        """Text deltas; ``transcript`` deltas only from a pipeline that sends no text."""
+        for delta in deltas:
+            if delta.kind == "text" or not self.output.text_parts:
+                await emitter.write(sse_event({"type": "transcript.text.delta", "delta": delta.value}))

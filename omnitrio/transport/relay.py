@@ -1,0 +1,385 @@
+"""Pack any payload for another process on this host: tensors through shared memory, the rest pickled.
+
+:meth:`ShmPool.pack` pickles an object (protocol 5) with a pickler that replaces every CPU
+``torch.Tensor`` and ``numpy.ndarray`` larger than ``inline_limit`` bytes — wherever it
+sits: dicts, lists, attrs payloads, dataclasses, any picklable object — by a small ref
+to bytes it copied (once) into the sender's shared-memory pool.  The resulting
+:class:`Packed` header is small; the caller sends it over its own socket.
+:meth:`ShmReader.unpack` in the receiving process rebuilds the object with **zero-copy
+views** into the pool and says which leases the object holds.
+
+Ownership, which the runtime must follow:
+
+* The receiver may use (and write into) the views until it returns their lease ids; the
+  sender then calls :meth:`ShmPool.release` and the bytes are reused by a later pack.
+  A view read after its lease was released shows whatever was packed there next.  A
+  receiver that wants to keep data longer copies it (into its own pooled buffer).
+* If the receiving process dies, :meth:`ShmPool.release_all_for` frees every lease packed
+  for it (``pack(..., peer=...)``).  Releasing twice, or an unknown id, is a no-op.
+* :meth:`ShmPool.close` (or the runner's :func:`remove_segments`) unlinks everything.
+
+What crosses how:
+
+* exact ``torch.Tensor`` (CPU, strided, not quantized) and exact ``numpy.ndarray`` (no
+  object dtype): bigger than ``inline_limit`` → shared memory; otherwise raw bytes inline
+  in the header.  Non-contiguous sources are made contiguous on copy-in, so the receiver
+  always gets a C-contiguous tensor of the same dtype, shape and ``requires_grad``.
+  Aliasing between tensors is not kept (each crosses as its own copy); the same tensor
+  object twice in one payload crosses once and arrives as one object.
+* everything else (tensor subclasses such as ``nn.Parameter``, sparse or CUDA tensors,
+  numpy scalars…) pickles itself; the plain CPU tensors its pickling produces (a
+  Parameter's data, a sparse tensor's indices and values) still go through shared memory.
+  A CUDA tensor is pickled by torch (a copy through host memory): slow, but correct.
+
+torch is never imported here unless a tensor is met: the packer looks for it in
+``sys.modules`` and the receiver imports it only to rebuild a tensor.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+import struct
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from omnitrio.errors import OmnitrioError
+from omnitrio.transport.shm import ALIGN, Region, Segment, SlotArena, remove_segments
+
+DEFAULT_SLOT_BYTES = 1 << 20  # allocation granularity; a tensor takes a run of whole slots
+DEFAULT_SLOTS = 64  # 64 MiB pre-faulted pool per sending process
+DEFAULT_INLINE_LIMIT = 64 * 1024
+_COUNT = struct.Struct("<I")
+
+
+class RelayError(OmnitrioError):
+    """A header could not be unpacked; ``leases`` are the ids it held, to release anyway."""
+
+    def __init__(self, message: str, leases: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.leases = leases
+
+
+@attrs.define
+class Packed:
+    """What :meth:`ShmPool.pack` produced (a plain record: treat it as immutable).
+
+    ``header`` is the bytes to send (the pickled object with refs, plus the lease ids it
+    holds); ``leases`` are those ids, for the sender's bookkeeping; ``shm_bytes`` is how
+    many tensor bytes went through shared memory.
+    """
+
+    header: bytes
+    leases: tuple[int, ...]
+    shm_bytes: int
+
+
+def header_leases(header: bytes | memoryview) -> tuple[int, ...]:
+    """The lease ids a header holds, without unpickling it (cheap).
+
+    Layout: pickle body, then the lease ids (little-endian u64 each), then their count (u32).
+    """
+    if len(header) < _COUNT.size:
+        raise RelayError(f"relay header too short ({len(header)} bytes)")
+    (count,) = _COUNT.unpack_from(header, len(header) - _COUNT.size)
+    start = len(header) - _COUNT.size - 8 * count
+    if start < 0:
+        raise RelayError(f"relay header is corrupt: it claims {count} leases in {len(header)} bytes")
+    return struct.unpack_from(f"<{count}Q", header, start)
+
+
+class ShmPool:
+    """The sending process's shared-memory pool and packer.
+
+    ``prefix`` starts every segment name (e.g. ``omnitrio-<pipeline>-<process>-``).
+    ``slots * slot_bytes`` bytes are created and pre-faulted now.  A tensor takes a run
+    of whole slots (several small tensors of one pack share a run); one that does not fit
+    the pool, or finds no free run, gets a one-off segment of its own — pack never blocks
+    and never fails for lack of room.  Thread-safe.  Also a context manager (closes).
+    """
+
+    def __init__(self, prefix: str, *, slot_bytes: int = DEFAULT_SLOT_BYTES, slots: int = DEFAULT_SLOTS) -> None:
+        self._arena = SlotArena(prefix, slot_bytes=slot_bytes, slots=slots)
+        self._packer = _Packer(self._arena)
+        self._idle = threading.Lock()
+
+    def __enter__(self) -> ShmPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def prefix(self) -> str:
+        return self._arena.prefix
+
+    @property
+    def outstanding(self) -> int:
+        """Leases packed and not yet released."""
+        return self._arena.outstanding
+
+    @property
+    def free_slots(self) -> int:
+        return self._arena.free_slots
+
+    def pack(self, obj: object, *, peer: str = "", inline_limit: int = DEFAULT_INLINE_LIMIT) -> Packed:
+        """Pickle ``obj`` with its big tensors copied into shared memory; see the module doc.
+
+        ``peer`` names the receiver, for :meth:`release_all_for`.  Tensors of at most
+        ``inline_limit`` bytes ride inline in the header.  If pickling fails, every lease
+        taken so far is released before the error propagates.
+        """
+        if type(inline_limit) is not int or inline_limit < 0:
+            raise ValueError(f"inline_limit must be a non-negative int, got {inline_limit!r}")
+        if self._arena.closed:
+            raise RuntimeError(f"shared-memory pool {self.prefix!r} is closed")
+        if not self._idle.acquire(blocking=False):  # another thread is packing: use a pickler of our own
+            return _Packer(self._arena).run(obj, peer, inline_limit)
+        try:
+            return self._packer.run(obj, peer, inline_limit)
+        finally:
+            self._idle.release()
+
+    def release(self, leases: Iterable[int]) -> int:
+        """Free these leases for reuse (unlinking one-off segments); returns how many were live.
+
+        Ids are never reused, so a repeated or unknown id is ignored.
+        """
+        return self._arena.release(leases)
+
+    def release_all_for(self, peer: str) -> int:
+        """Free every lease packed with ``peer=peer``: call it when that receiver is gone."""
+        return self._arena.release_all_for(peer)
+
+    def close(self) -> None:
+        """Unlink every segment this pool created; ``pack`` raises afterwards. Idempotent.
+
+        Readers' existing views stay readable (the memory goes with the last mapping).
+        """
+        self._arena.close()
+
+
+_NO_LEASES = _COUNT.pack(0)
+
+
+@attrs.frozen
+class _Sink:
+    """The pickler's output file: it keeps the chunks, so no BytesIO copy is made."""
+
+    write: Callable[[bytes], object]
+
+
+class _Packer(pickle.Pickler):
+    """Pickler that moves big tensors to the arena as it meets them (one pass, one copy).
+
+    Reused across packs (building a pickler costs more than pickling a small dict).
+    """
+
+    def __init__(self, arena: SlotArena) -> None:
+        self.chunks: list[bytes] = []
+        super().__init__(_Sink(self.chunks.append), protocol=5)
+        self.arena = arena
+        self.peer = ""
+        self.inline_limit = 0
+        self.leases: list[int] = []
+        self.shm_bytes = 0
+        self.region: Region | None = None
+        self.cursor = 0
+
+    def run(self, obj: object, peer: str, inline_limit: int) -> Packed:
+        # Exact-type dispatch costs a C dict lookup per object, not a Python call per object
+        # (as reducer_override would).  A module never imported cannot have instances in obj.
+        table = copyreg.dispatch_table.copy()
+        if (torch := sys.modules.get("torch")) is not None:
+            table[torch.Tensor] = self._reduce_tensor
+        if (numpy := sys.modules.get("numpy")) is not None:
+            table[numpy.ndarray] = self._reduce_ndarray
+        self.dispatch_table = table
+        self.peer = peer
+        self.inline_limit = inline_limit
+        leases: list[int] = []
+        self.leases = leases
+        self.shm_bytes = 0
+        chunks = self.chunks
+        try:
+            self.dump(obj)
+            if leases:
+                chunks.append(struct.pack(f"<{len(leases)}QI", *leases, len(leases)))
+                return Packed(b"".join(chunks), tuple(leases), self.shm_bytes)
+            chunks.append(_NO_LEASES)
+            return Packed(b"".join(chunks), (), 0)
+        except BaseException:
+            self.arena.release(leases)
+            raise
+        finally:
+            self.clear_memo()  # the memo holds references to everything pickled
+            self.region = None
+            chunks.clear()
+
+    def _place(self, nbytes: int) -> tuple[Region, int]:
+        """Room for ``nbytes``: the rest of this pack's current lease, or a new lease."""
+        region = self.region
+        if region is None or self.cursor + nbytes > region.end:
+            region = self.region = self.arena.allocate(nbytes, self.peer)
+            self.leases.append(region.lease_id)
+            self.cursor = region.start
+        offset = self.cursor
+        self.cursor += -(-nbytes // ALIGN) * ALIGN
+        self.shm_bytes += nbytes
+        return region, offset
+
+    def _reduce_tensor(self, t: Any) -> Any:
+        import torch
+
+        if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+            return t.__reduce_ex__(5)
+        dtype = str(t.dtype).removeprefix("torch.")
+        shape = tuple(t.shape)
+        nbytes = t.numel() * t.element_size()
+        src = t.detach()
+        if nbytes <= self.inline_limit:
+            flat = src.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+            return _inline_tensor, (pickle.PickleBuffer(flat.numpy()), dtype, shape, t.requires_grad)
+        region, offset = self._place(nbytes)
+        dst = region.segment.torch_bytes()[offset : offset + nbytes].view(t.dtype).view(shape)
+        dst.copy_(src)
+        return _ref("t", region, offset, dtype, shape, t.requires_grad)
+
+    def _reduce_ndarray(self, a: Any) -> Any:
+        if a.nbytes <= self.inline_limit or a.dtype.hasobject:
+            return a.__reduce_ex__(5)
+        import numpy
+
+        region, offset = self._place(a.nbytes)
+        dst = numpy.ndarray(a.shape, dtype=a.dtype, buffer=region.segment.mm, offset=offset)
+        numpy.copyto(dst, a, casting="no")
+        del dst  # release the buffer export at once
+        return _ref("n", region, offset, a.dtype, a.shape, False)
+
+
+def _ref(kind: str, region: Region, offset: int, dtype: Any, shape: tuple[int, ...], grad: bool) -> Any:
+    """The reduce tuple that stands for a tensor in shared memory (the header stays small)."""
+    return _shm_ref, (kind, region.segment.name, region.oneoff, offset, dtype, shape, grad, region.lease_id)
+
+
+def _inline_tensor(data: bytearray, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:
+    """Rebuild a small tensor that rode inline in the header (it owns its bytes)."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    if len(data) == 0:
+        t = torch.empty(shape, dtype=torch_dtype)
+    else:
+        t = torch.frombuffer(data, dtype=torch.uint8).view(torch_dtype).view(shape)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _shm_ref(*ref: Any) -> Any:
+    """Placeholder the packer pickles for a tensor in shared memory; only ShmReader resolves it."""
+    raise RelayError("this header holds shared-memory tensors: unpack it with ShmReader.unpack, not pickle.loads")
+
+
+class ShmReader:
+    """The receiving side: attaches senders' segments by name and makes zero-copy views.
+
+    Pool segments are mapped once and cached (pre-faulted at first attach); one-off
+    segments are mapped per unpack and unmapped when their views are gone.  Not
+    thread-safe: use one reader per thread.  Also a context manager (closes).
+    """
+
+    def __init__(self) -> None:
+        self._segments: dict[str, Segment] = {}
+
+    def __enter__(self) -> ShmReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def unpack(self, header: bytes | memoryview) -> tuple[Any, tuple[int, ...]]:
+        """Rebuild the packed object; return it and the lease ids to send back when done.
+
+        Tensors that crossed through shared memory are views into the sender's segment,
+        valid until those leases are released.  Raises :class:`RelayError` (carrying the
+        leases) when a segment is gone or the header is corrupt.
+        """
+        leases = header_leases(header)
+        body = memoryview(header)[: len(header) - _COUNT.size - 8 * len(leases)]
+        try:
+            if not leases:
+                return pickle.loads(body), ()
+            return _Unpacker(io.BytesIO(body), self).load(), leases
+        except RelayError as error:
+            error.leases = leases
+            raise
+        except FileNotFoundError as error:
+            raise RelayError(
+                f"shared-memory segment {error.filename!r} is gone (released early, or its sender exited)", leases
+            ) from error
+        except Exception as error:
+            raise RelayError(f"cannot unpack relay header: {type(error).__name__}: {error}", leases) from error
+
+    def forget(self, prefix: str) -> int:
+        """Drop cached mappings whose names start with ``prefix`` (a sender that exited)."""
+        names = [name for name in self._segments if name.startswith(prefix)]
+        for name in names:
+            del self._segments[name]
+        return len(names)
+
+    def close(self) -> None:
+        """Drop every cached mapping; views already handed out stay valid until they are freed."""
+        self._segments.clear()
+
+    def _view(self, kind: str, name: str, oneoff: bool, offset: int, dtype: Any, shape: Any, grad: bool, _: int) -> Any:
+        segment = Segment.attach(name, prefault=False) if oneoff else self._cached(name)
+        match kind:
+            case "t":
+                import torch
+
+                torch_dtype = getattr(torch, dtype)
+                numel = 1
+                for dim in shape:
+                    numel *= dim
+                t = torch.frombuffer(segment.mm, dtype=torch_dtype, count=numel, offset=offset).view(shape)
+                return t.requires_grad_(True) if grad else t
+            case "n":
+                import numpy
+
+                return numpy.ndarray(shape, dtype=dtype, buffer=segment.mm, offset=offset)
+            case _:
+                raise RelayError(f"unknown tensor kind {kind!r} in relay header")
+
+    def _cached(self, name: str) -> Segment:
+        segment = self._segments.get(name)
+        if segment is None:
+            segment = self._segments[name] = Segment.attach(name, prefault=True)
+        return segment
+
+
+class _Unpacker(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, reader: ShmReader) -> None:
+        super().__init__(file)
+        self.reader = reader
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_shm_ref":
+            return self.reader._view
+        return super().find_class(module, name)
+
+
+__all__ = [
+    "DEFAULT_INLINE_LIMIT",
+    "DEFAULT_SLOTS",
+    "DEFAULT_SLOT_BYTES",
+    "Packed",
+    "RelayError",
+    "ShmPool",
+    "ShmReader",
+    "header_leases",
+    "remove_segments",
+]

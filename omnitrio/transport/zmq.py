@@ -1,0 +1,237 @@
+"""pyzmq sockets driven by trio: any number of tasks may send and receive on one socket at once.
+
+What a caller may rely on:
+
+- **Ordering.** Messages leave in the order their sends completed; a ``send_batch`` sends its messages in list
+  order, and messages come out of ``recv``/``recv_batch`` in the order zmq delivers them (FIFO per peer).
+- **Whole messages and cancellation.** Every method is a trio checkpoint. A cancelled ``send`` sent the whole
+  message or nothing (zmq accepts a multipart message atomically). A cancelled receive consumed nothing: it
+  is only cancelled before it takes a message, never after. A cancelled ``send_batch`` sent a prefix of
+  whole messages, in order; use ``send`` per message where the count matters.
+- **Blocking.** ``send``/``send_batch`` wait only while zmq refuses the message (the HWM is reached).
+  ``recv_batch`` returns every message available (up to ``max_messages``) and waits only when none is.
+- **Closing.** ``close()`` (also on leaving ``async with``, cancelled or not) wakes every task waiting on the
+  socket with ``trio.ClosedResourceError`` and closes it with ``linger`` (default 0: unsent messages are
+  dropped, so end a stream with an application-level END and ack before closing). Later calls raise
+  ``trio.ClosedResourceError``. Close through this wrapper, never through the raw socket.
+- **The context stays yours.** ``ctx.term()`` blocks until every socket on it is closed; close the sockets
+  first, then call it (or ``ctx.destroy(linger=0)``). A socket belongs to the thread of its trio run.
+
+Why it is shaped so: ``zmq.FD`` is edge-triggered and signals POLLIN and POLLOUT changes alike. Any send,
+recv or ``EVENTS`` read can consume the edge another waiter needed, so after each of them ``_poll`` re-reads
+``EVENTS`` and wakes the waiters whose condition now holds. Trio lets one task at a time wait on an fd, so the
+first waiter owns ``wait_readable(FD)`` and the others park; ``_poll`` also kicks the owner out of its wait,
+and an owner that leaves hands the fd on by waking the parked tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar, cast
+
+import trio
+import zmq
+
+Frame = bytes | bytearray | memoryview
+Message = Frame | Sequence[Frame]
+T = TypeVar("T")
+
+
+class TrioZmqSocket:
+    """One zmq socket used from trio tasks; see the module docstring for the promises."""
+
+    def __init__(self, sock: zmq.Socket[Any], *, linger: int = 0) -> None:
+        if not isinstance(sock, zmq.Socket):
+            raise TypeError(f"TrioZmqSocket needs a zmq.Socket, got {type(sock).__name__}")
+        if sock.closed:
+            raise ValueError("TrioZmqSocket needs an open zmq.Socket, got a closed one")
+        self.socket = sock
+        self.linger = linger
+        self._fd = cast(int, sock.getsockopt(zmq.FD))
+        self._lots: dict[int, trio.lowlevel.ParkingLot] = {
+            zmq.POLLIN: trio.lowlevel.ParkingLot(),
+            zmq.POLLOUT: trio.lowlevel.ParkingLot(),
+        }
+        self._owner: tuple[int, trio.CancelScope] | None = None  # (flag awaited, scope of its wait_readable)
+        self._ipc_file: str | None = None  # set by bind(): libzmq 4.3 leaves the file behind, close() removes it
+
+    async def send(self, message: Message) -> None:
+        """Send one message: ``bytes`` is one frame, a sequence of bytes is a multipart message."""
+        await self.send_batch((message,))
+
+    async def send_batch(self, messages: Iterable[Message]) -> None:
+        """Send many messages in order, waiting only on the HWM (one checkpoint, not one per message)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        yielded = False
+        for message in messages:
+            while not self._send_nowait(message):
+                yielded |= await self._wait(zmq.POLLOUT)
+        self._poll()
+        if not yielded:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def recv(self) -> bytes:
+        """Receive one frame (a multipart message comes one frame per call; use ``recv_multipart``)."""
+        return (await self._recv_many(self.socket.recv, 1))[0]
+
+    async def recv_batch(self, max_messages: int = 1024) -> list[bytes]:
+        """Every single-frame message available now (at least one, at most ``max_messages``)."""
+        return await self._recv_many(self.socket.recv, max_messages)
+
+    async def recv_multipart(self) -> list[bytes]:
+        """Receive one whole multipart message as its list of frames."""
+        return (await self._recv_many(self.socket.recv_multipart, 1))[0]
+
+    async def recv_multipart_batch(self, max_messages: int = 1024) -> list[list[bytes]]:
+        """Every multipart message available now (at least one, at most ``max_messages``)."""
+        return await self._recv_many(self.socket.recv_multipart, max_messages)
+
+    def close(self, linger: int | None = None) -> None:
+        """Close the socket (idempotent); pending and later calls raise ``trio.ClosedResourceError``."""
+        if self.socket.closed:
+            return
+        if trio.lowlevel.in_trio_run():
+            trio.lowlevel.notify_closing(self._fd)  # the fd owner's wait raises ClosedResourceError
+        self.socket.close(linger=self.linger if linger is None else linger)
+        if self._ipc_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._ipc_file)
+        for lot in self._lots.values():
+            lot.unpark_all()  # parked tasks re-check and find the socket closed
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    async def _recv_many(self, op: Callable[[int], T], max_messages: int) -> list[T]:
+        if max_messages < 1:
+            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        out: list[T] = []
+        yielded = False
+        while True:
+            self._check_open()
+            try:
+                while len(out) < max_messages:
+                    out.append(op(zmq.NOBLOCK))
+            except zmq.Again:
+                pass  # drained: everything available is in `out`
+            if out:
+                break
+            yielded |= await self._wait(zmq.POLLIN)
+        self._poll()
+        if not yielded:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return out
+
+    def _send_nowait(self, message: Message) -> bool:
+        self._check_open()
+        try:
+            match message:
+                case bytes() | bytearray() | memoryview():
+                    self.socket.send(message, zmq.NOBLOCK)
+                case []:
+                    raise ValueError("a zmq message needs at least one frame, got an empty sequence")
+                case _:
+                    self.socket.send_multipart(message, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def _check_open(self) -> None:
+        if self.socket.closed:
+            raise trio.ClosedResourceError("the zmq socket was closed")
+
+    def _poll(self) -> int:
+        """Re-read EVENTS (consuming the FD's edge) and wake every waiter whose condition now holds."""
+        events = cast(int, self.socket.getsockopt(zmq.EVENTS))
+        for flag, lot in self._lots.items():
+            if events & flag:
+                lot.unpark_all()
+        if self._owner is not None and events & self._owner[0]:
+            self._owner[1].cancel()
+        return events
+
+    async def _wait(self, flag: int) -> bool:
+        """Return once EVENTS shows ``flag``; say whether this task yielded meanwhile."""
+        yielded = False
+        while True:
+            self._check_open()
+            if self._poll() & flag:
+                return yielded
+            yielded = True
+            if self._owner is not None:
+                await self._lots[flag].park()
+                continue
+            scope = trio.CancelScope()
+            self._owner = (flag, scope)
+            try:
+                with scope:
+                    await trio.lowlevel.wait_readable(self._fd)
+            finally:
+                self._owner = None
+                for lot in self._lots.values():
+                    lot.unpark_all()  # hand the fd on: a parked task re-checks and becomes the owner
+
+
+def bind(
+    ctx: zmq.Context[Any],
+    socket_type: int,
+    endpoint: str,
+    *,
+    options: Mapping[zmq.SocketOption, int | bytes] | None = None,
+    linger: int = 0,
+) -> tuple[TrioZmqSocket, str]:
+    """Open a socket bound to ``endpoint``; return it and the resolved endpoint (``tcp://127.0.0.1:*`` → port).
+
+    ``options`` (e.g. ``{zmq.SNDHWM: 100}``) are set before binding, where zmq needs HWMs set. Closing the
+    returned socket removes its ``ipc://`` file (libzmq 4.3 leaves it behind).
+    """
+    sock = _open(ctx, socket_type, options)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as e:
+        sock.close(linger=0)
+        raise OSError(e.errno, f"cannot bind zmq socket to {endpoint!r}: {e.strerror}") from e
+    wrapped, resolved = TrioZmqSocket(sock, linger=linger), sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    if resolved.startswith("ipc://") and not resolved.startswith("ipc://@"):  # "@": abstract, no file
+        wrapped._ipc_file = resolved.removeprefix("ipc://")
+    return wrapped, resolved
+
+
+def connect(
+    ctx: zmq.Context[Any],
+    socket_type: int,
+    endpoint: str,
+    *,
+    options: Mapping[zmq.SocketOption, int | bytes] | None = None,
+    linger: int = 0,
+) -> TrioZmqSocket:
+    """Open a socket connected to ``endpoint``; zmq connects in the background and queues meanwhile."""
+    sock = _open(ctx, socket_type, options)
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as e:
+        sock.close(linger=0)
+        raise OSError(e.errno, f"cannot connect zmq socket to {endpoint!r}: {e.strerror}") from e
+    return TrioZmqSocket(sock, linger=linger)
+
+
+def _open(
+    ctx: zmq.Context[Any], socket_type: int, options: Mapping[zmq.SocketOption, int | bytes] | None
+) -> zmq.Socket[Any]:
+    sock = ctx.socket(socket_type)
+    for option, value in (options or {}).items():
+        try:
+            sock.setsockopt(option, value)
+        except zmq.ZMQError as e:
+            sock.close(linger=0)
+            raise ValueError(f"zmq socket option {option} = {value!r} rejected: {e.strerror}") from e
+    return sock

@@ -1,0 +1,1 @@
+"""Autoregressive stages: the CPU torch continuous-batching engine, its SGLang twin, talker, vocoder."""

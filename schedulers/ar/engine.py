@@ -1,0 +1,220 @@
+"""The continuous-batching decode engine: a waiting queue, a fixed set of KV-cache slots, ``step()``.
+
+Each :meth:`ARBatchEngine.step` does, in order:
+
+1. **decode**: one token for every request that was already running, all in one batched forward;
+2. **admit**: move waiting requests (FIFO) into free slots, up to ``max_running_requests``, and prefill
+   them together in one forward, which yields their first token;
+3. **retire**: requests that produced ``eos_token_id`` (finish ``"stop"``) or reached
+   ``max_new_tokens`` (finish ``"length"``) leave and free their slot for the next step.
+
+So every running request gets exactly one token per step, and requests join and leave the batch at
+step boundaries.  :meth:`abort` takes effect at once: the request leaves the waiting queue or its slot
+is free for the next step's admission, and it never produces another token.
+
+The engine is not thread-safe: one thread (the scheduler's) owns it.  Requests beyond the free slots
+wait, at most ``max_waiting_requests`` of them; :meth:`add` raises
+:class:`~omnitrio.contract.StageOverloaded` when that queue is full.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+
+import attrs
+import torch
+
+from omnitrio.contract import StageOverloaded
+from schedulers.ar.model import KVCache, TinyLlama
+
+FinishReason = str  # "stop" | "length"
+
+
+@attrs.define(eq=False)
+class GenerationRequest:
+    """One generation: greedy when ``temperature == 0``; ``eos_token_id=None`` never stops early."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    eos_token_id: int | None = None
+    temperature: float = 0.0
+    return_hidden_states: bool = False
+
+
+@attrs.frozen
+class TokenEvent:
+    """One token of one request.  On the last one ``finish_reason`` is set and ``output_ids`` holds them all."""
+
+    request_id: str
+    token_id: int
+    finish_reason: FinishReason | None = None
+    output_ids: list[int] | None = None
+    hidden_states: torch.Tensor | None = None  # [generated, dim] float32, on the last event, if asked
+
+
+@attrs.frozen
+class StepStats:
+    """What one step did: ``batch_size`` is how many requests produced a token in it."""
+
+    step: int
+    prefilled: int
+    decoded: int
+    running: int
+    waiting: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.prefilled + self.decoded
+
+
+@attrs.define(eq=False)
+class _Running:
+    request: GenerationRequest
+    slot: int
+    length: int  # tokens whose keys/values are in the cache
+    output_ids: list[int] = attrs.field(factory=list)
+    hidden: list[torch.Tensor] = attrs.field(factory=list)
+
+
+class ARBatchEngine:
+    """Continuous batching over a :class:`TinyLlama`; see the module docstring for the step order."""
+
+    def __init__(
+        self,
+        model: TinyLlama,
+        *,
+        max_running_requests: int = 16,
+        max_waiting_requests: int = 256,
+        seed: int = 0,
+    ) -> None:
+        if max_running_requests < 1:
+            raise ValueError(f"ARBatchEngine: max_running_requests={max_running_requests} must be >= 1")
+        if max_waiting_requests < 0:
+            raise ValueError(f"ARBatchEngine: max_waiting_requests={max_waiting_requests} must be >= 0")
+        self.model = model
+        self.config = model.config
+        self.max_running_requests = max_running_requests
+        self.max_waiting_requests = max_waiting_requests
+        self.cache = KVCache(model.config, max_running_requests, model.embed.weight.dtype)
+        self.waiting: collections.OrderedDict[str, GenerationRequest] = collections.OrderedDict()
+        self.running: dict[str, _Running] = {}
+        self._free_slots = list(range(max_running_requests))
+        self._generator = torch.Generator().manual_seed(seed)
+        self._steps = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: GenerationRequest) -> None:
+        """Queue a request; raises ``ValueError`` naming the bad field, or ``StageOverloaded`` when full."""
+        rid = request.request_id
+        if rid in self.waiting or rid in self.running:
+            raise ValueError(f"request {rid!r} is already in the engine")
+        if not request.prompt_ids:
+            raise ValueError(f"request {rid!r}: the prompt is empty")
+        vocab = self.config.vocab_size
+        if any(not 0 <= t < vocab for t in request.prompt_ids):
+            raise ValueError(f"request {rid!r}: prompt token ids must be in [0, {vocab})")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_new_tokens={request.max_new_tokens} must be >= 1")
+        total = len(request.prompt_ids) + request.max_new_tokens
+        if total > self.config.max_seq_len:
+            raise ValueError(
+                f"request {rid!r}: prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
+                f"({request.max_new_tokens}) exceeds max_seq_len={self.config.max_seq_len}"
+            )
+        if request.temperature < 0:
+            raise ValueError(f"request {rid!r}: temperature={request.temperature} must be >= 0")
+        # Requests that the next step admits into a free slot do not count as waiting.
+        if len(self.waiting) >= self.max_waiting_requests + len(self._free_slots):
+            raise StageOverloaded(
+                f"AR engine: waiting queue is full ({len(self.waiting) - len(self._free_slots)} waiting, "
+                f"max_waiting_requests={self.max_waiting_requests}); request {rid!r} rejected"
+            )
+        self.waiting[rid] = request
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request wherever it is; True when it was waiting or running."""
+        if self.waiting.pop(request_id, None) is not None:
+            return True
+        state = self.running.pop(request_id, None)
+        if state is None:
+            return False
+        heapq.heappush(self._free_slots, state.slot)
+        return True
+
+    def step(self) -> tuple[list[TokenEvent], StepStats]:
+        """Run one step (decode, admit + prefill, retire); see the module docstring."""
+        events: list[TokenEvent] = []
+        with torch.inference_mode():
+            decoding = sorted(self.running.values(), key=lambda s: s.slot)
+            if decoding:
+                tokens = torch.tensor([[s.output_ids[-1]] for s in decoding])
+                starts = [s.length for s in decoding]
+                logits, hidden = self.model.forward(tokens, self.cache, [s.slot for s in decoding], starts)
+                self._advance(decoding, logits[:, -1], hidden[:, -1], [1] * len(decoding), events)
+            admitted = self._admit()
+            if admitted:
+                lengths = [len(s.request.prompt_ids) for s in admitted]
+                width = max(lengths)
+                padded = [s.request.prompt_ids + [0] * (width - len(s.request.prompt_ids)) for s in admitted]
+                logits, hidden = self.model.forward(
+                    torch.tensor(padded), self.cache, [s.slot for s in admitted], [0] * len(admitted)
+                )
+                last = torch.tensor(lengths) - 1
+                rows = torch.arange(len(admitted))
+                self._advance(admitted, logits[rows, last], hidden[rows, last], lengths, events)
+        self._steps += 1
+        stats = StepStats(self._steps, len(admitted), len(decoding), len(self.running), len(self.waiting))
+        return events, stats
+
+    def _admit(self) -> list[_Running]:
+        admitted = []
+        while self.waiting and self._free_slots:
+            _, request = self.waiting.popitem(last=False)
+            state = _Running(request, heapq.heappop(self._free_slots), 0)
+            self.running[request.request_id] = state
+            admitted.append(state)
+        admitted.sort(key=lambda s: s.slot)
+        return admitted
+
+    def _advance(
+        self,
+        states: list[_Running],
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        consumed: list[int],
+        events: list[TokenEvent],
+    ) -> None:
+        """Pick each row's next token, append it, and retire the finished."""
+        next_tokens = self._sample(states, logits).tolist()
+        for row, (state, token) in enumerate(zip(states, next_tokens, strict=True)):
+            request = state.request
+            state.length += consumed[row]
+            state.output_ids.append(token)
+            if request.return_hidden_states:
+                state.hidden.append(hidden[row].float())
+            reason: FinishReason | None = None
+            if token == request.eos_token_id:
+                reason = "stop"
+            elif len(state.output_ids) >= request.max_new_tokens:
+                reason = "length"
+            if reason is None:
+                events.append(TokenEvent(request.request_id, token))
+                continue
+            del self.running[request.request_id]
+            heapq.heappush(self._free_slots, state.slot)
+            hidden_states = torch.stack(state.hidden) if request.return_hidden_states else None
+            events.append(TokenEvent(request.request_id, token, reason, state.output_ids, hidden_states))
+
+    def _sample(self, states: list[_Running], logits: torch.Tensor) -> torch.Tensor:
+        greedy = logits.argmax(-1)
+        temperatures = [s.request.temperature for s in states]
+        if not any(temperatures):
+            return greedy
+        scale = torch.tensor([t or 1.0 for t in temperatures]).unsqueeze(1)
+        sampled = torch.multinomial(torch.softmax(logits / scale, -1), 1, generator=self._generator)[:, 0]
+        return torch.where(torch.tensor(temperatures) > 0, sampled, greedy)

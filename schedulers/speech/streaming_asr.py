@@ -1,0 +1,160 @@
+"""Streaming transcription as :class:`~schedulers.session.SessionScheduler` hooks.
+
+A session accumulates audio.  Every ``partial_every_ms`` of new audio it re-decodes all
+audio so far and emits, as ``text`` stream chunks, the words that two consecutive
+hypotheses agree on (local agreement), so emitted text is rarely revised: concatenating the
+deltas gives the committed prefix of the transcript.  ``close`` decodes once more and
+returns ``{"text": final transcript, "audio_ms": ...}``; the final text is authoritative
+(it may differ from the deltas in the last words).
+
+Session ``config`` (the open command's ``config``):
+
+* ``sample_rate``: rate of appended audio (default 16000; 24000 for realtime PCM16);
+* ``turn_detection``: ``None`` or ``{"type": "server_vad", "threshold", "prefix_padding_ms",
+  "silence_duration_ms"}``: VAD events are emitted as ``vad`` stream chunks
+  ``{"type": "speech_started", "audio_start_ms": ...}`` / ``{"type": "speech_stopped", "audio_end_ms": ...}``;
+* ``language``: passed to the recognizer;
+* ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
+  turns partials off (VAD events and the final text still come).
+
+A partial decode is skipped while more appends of the session are queued (the session
+catches up instead of falling behind real time).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+import numpy as np
+
+from omnitrio.contract import OmniRequest, StagePayload
+from schedulers.session import SESSION_METADATA_KEY, SessionContext, SessionRef
+from schedulers.speech.asr import SpeechRecognizer
+from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, StreamResampler, as_float_audio
+from schedulers.speech.vad import VadBackendName, VoiceActivityDetector
+
+_WORD = re.compile(r"[^\w']+")
+
+
+def _norm(word: str) -> str:
+    return _WORD.sub("", word.lower())
+
+
+@attrs.define(eq=False)
+class TranscriptionSession:
+    """Audio and hypotheses of one session; owned by the session's command chain."""
+
+    ref: SessionRef
+    resampler: StreamResampler
+    language: str | None
+    vad: VoiceActivityDetector | None
+    partial_every: int | None
+    chunks: list[FloatAudio] = attrs.field(factory=list)
+    samples: int = 0
+    decoded_samples: int = 0
+    previous: list[str] = attrs.field(factory=list)
+    committed: list[str] = attrs.field(factory=list)
+    final: dict[str, Any] | None = None
+    aborted: bool = False
+
+    def audio(self) -> FloatAudio:
+        if len(self.chunks) > 1:
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0] if self.chunks else np.zeros(0, dtype=np.float32)
+
+
+class StreamingTranscriber:
+    """Session hooks: re-decode the growing audio for partials, decode once more on close."""
+
+    def __init__(
+        self, recognizer: SpeechRecognizer, *, partial_every_ms: int = 1000, vad_backend: VadBackendName = "auto"
+    ) -> None:
+        if not isinstance(partial_every_ms, int) or partial_every_ms <= 0:
+            raise ValueError(f"partial_every_ms must be a positive integer, got {partial_every_ms!r}")
+        self.recognizer = recognizer
+        self.partial_every = partial_every_ms * ASR_SAMPLE_RATE // 1000
+        self.vad_backend = vad_backend
+
+    def open(self, ref: SessionRef, request: OmniRequest) -> TranscriptionSession:
+        config = request.metadata.get(SESSION_METADATA_KEY, {}).get("config") or {}
+        rate = config.get("sample_rate", ASR_SAMPLE_RATE)
+        language = config.get("language")
+        resampler = StreamResampler(rate, ASR_SAMPLE_RATE)
+        return TranscriptionSession(ref, resampler, language, self._vad(config), self._partial_every(config))
+
+    def _partial_every(self, config: dict[str, Any]) -> int | None:
+        if "partial_every_ms" not in config:
+            return self.partial_every
+        every = config["partial_every_ms"]
+        if every is None:
+            return None
+        if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+            raise ValueError(f"partial_every_ms must be a positive integer or null, got {every!r}")
+        return every * ASR_SAMPLE_RATE // 1000
+
+    def _vad(self, config: dict[str, Any]) -> VoiceActivityDetector | None:
+        turn: Any = config.get("turn_detection")
+        if turn is None:
+            return None
+        if not isinstance(turn, dict) or turn.get("type") != "server_vad":
+            raise ValueError(f"turn_detection must be null or {{'type': 'server_vad', ...}}, got {turn!r}")
+        return VoiceActivityDetector(
+            threshold=turn.get("threshold", 0.5),
+            prefix_padding_ms=turn.get("prefix_padding_ms", 300),
+            silence_duration_ms=turn.get("silence_duration_ms", 500),
+            backend=self.vad_backend,
+        )
+
+    def append(
+        self, state: TranscriptionSession, chunk: Any, payload: StagePayload, ctx: SessionContext
+    ) -> dict[str, Any]:
+        audio = state.resampler.push(as_float_audio(chunk, name="chunk"))
+        self._take(state, audio, ctx)
+        every = state.partial_every
+        if every is not None and ctx.pending == 0 and state.samples - state.decoded_samples >= every:
+            self._partial(state, ctx)
+        return {"audio_ms": state.samples * 1000 // ASR_SAMPLE_RATE}
+
+    def _take(self, state: TranscriptionSession, audio: FloatAudio, ctx: SessionContext | None) -> None:
+        if audio.size == 0:
+            return
+        state.chunks.append(audio)
+        state.samples += int(audio.size)
+        if state.vad is None:
+            return
+        for event in state.vad.feed(audio):
+            key = "audio_start_ms" if event.type == "speech_started" else "audio_end_ms"
+            if ctx is not None:
+                ctx.emit({"type": event.type, key: event.ms}, modality="vad")
+
+    def _partial(self, state: TranscriptionSession, ctx: SessionContext) -> None:
+        words = self.recognizer.transcribe(state.audio(), state.language).split()
+        state.decoded_samples = state.samples
+        agreed = 0
+        for old, new in zip(state.previous, words, strict=False):
+            if _norm(old) != _norm(new):
+                break
+            agreed += 1
+        state.previous = words
+        if agreed > len(state.committed):
+            delta = " ".join(words[len(state.committed) : agreed])
+            ctx.emit(f" {delta}" if state.committed else delta, modality="text")
+            state.committed = words[:agreed]
+
+    def abort(self, state: TranscriptionSession, ref: SessionRef) -> None:
+        state.aborted = True
+        state.chunks.clear()
+
+    def close(self, state: TranscriptionSession) -> dict[str, Any] | None:
+        if state.final is not None or state.aborted:
+            return state.final
+        self._take(state, state.resampler.flush(), None)
+        text = self.recognizer.transcribe(state.audio(), state.language)
+        state.final = {"text": text, "audio_ms": state.samples * 1000 // ASR_SAMPLE_RATE}
+        state.chunks.clear()
+        return state.final
+
+    def usage(self, state: TranscriptionSession) -> int:
+        return sum(int(chunk.nbytes) for chunk in state.chunks)

@@ -1,0 +1,154 @@
+"""A TTS scheduler that streams audio sentence by sentence, abortable between sentences.
+
+One scheduler thread owns every request's state; it reads the inbox and synthesizes one
+sentence at a time, taking turns among the live requests (round robin) so that a new
+request's first audio does not wait for an earlier request's last sentence.  Before each
+sentence it drains the inbox, so an abort — :meth:`abort` posts it there — takes effect at
+the next sentence boundary; a sentence already being synthesized when the abort comes is
+discarded, so the aborted request gets no further output from the moment ``abort`` returns.
+
+Per request, in order:
+
+* streaming (``request.params["stream"]`` true): ``stream`` outputs
+  ``{"pcm": int16 array, "sample_rate": output rate}`` with ``metadata={"modality": "audio"}``,
+  one or more per sentence, then a ``result`` whose ``payload.data`` is
+  ``{"transcript", "sample_rate", "num_samples"}``;
+* otherwise: a single ``result`` that also carries the whole clip as ``"pcm"``;
+* bad input or a synthesis failure: one ``error`` (the exception) and nothing more.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+
+import attrs
+import numpy as np
+
+from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload
+from schedulers.speech.audio import FloatAudio, Pcm16, StreamResampler, float_to_pcm16
+from schedulers.speech.requests import SpeechRequest, speech_request
+from schedulers.speech.tts import SpeechSynthesizer, synthesize_sentences
+
+_STOP = object()
+AUDIO = {"modality": "audio"}
+
+
+@attrs.define(eq=False)
+class _Job:
+    request_id: str
+    payload: StagePayload
+    text: str
+    stream: bool
+    clips: Iterator[FloatAudio]
+    resampler: StreamResampler
+    collected: list[Pcm16] = attrs.field(factory=list)
+    num_samples: int = 0
+
+
+class SentenceStreamingTTSScheduler:
+    """Sentence-by-sentence synthesis behind the stage contract (see the module docstring)."""
+
+    def __init__(
+        self,
+        synthesizer: SpeechSynthesizer,
+        *,
+        output_sample_rate: int = 24_000,
+        parse: Callable[[StagePayload], SpeechRequest] = speech_request,
+    ) -> None:
+        self.synthesizer = synthesizer
+        self.output_sample_rate = output_sample_rate
+        self._parse = parse
+        self.inbox: queue.Queue[object] = queue.Queue()
+        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self._jobs: deque[_Job] = deque()  # scheduler thread only
+        self._aborting: set[str] = set()  # aborted by abort() but not yet removed from _jobs
+        self._aborting_lock = threading.Lock()
+
+    def warm_up_serving_thread(self) -> None:
+        """Synthesize a word so the first real request does not pay onnxruntime's first-run cost."""
+        self.synthesizer.synthesize("Ready.", 1.0)
+
+    def start(self) -> None:
+        while True:
+            try:
+                message = self.inbox.get(block=not self._jobs)
+            except queue.Empty:
+                self._step(self._jobs.popleft())
+                continue
+            if message is _STOP:
+                return
+            assert isinstance(message, IncomingMessage)
+            self._dispatch(message)
+
+    def stop(self) -> None:
+        self.inbox.put(_STOP)
+
+    def abort(self, request_id: str) -> None:
+        with self._aborting_lock:
+            self._aborting.add(request_id)
+        self.inbox.put(IncomingMessage(request_id, "abort"))
+
+    @property
+    def active_requests(self) -> int:
+        """Requests being synthesized (read from another thread it is a snapshot)."""
+        return len(self._jobs)
+
+    def _dispatch(self, message: IncomingMessage) -> None:
+        match message.type:
+            case "new_request":
+                self._admit(message.request_id, message.data)
+            case "abort":
+                self._jobs = deque(job for job in self._jobs if job.request_id != message.request_id)
+                with self._aborting_lock:
+                    self._aborting.discard(message.request_id)
+            case _:
+                return  # this stage takes whole texts, not streams
+
+    def _admit(self, request_id: str, payload: StagePayload) -> None:
+        try:
+            request = self._parse(payload)
+            clips = synthesize_sentences(self.synthesizer, request.text, request.speed)
+            resampler = StreamResampler(self.synthesizer.sample_rate, self.output_sample_rate)
+        except Exception as exc:
+            self.outbox.put(OutgoingMessage(request_id, "error", data=exc))
+            return
+        stream = bool(payload.request.params.get("stream", False))
+        self._jobs.append(_Job(request_id, payload, request.text, stream, clips, resampler))
+
+    def _step(self, job: _Job) -> None:
+        """Synthesize the job's next sentence; requeue it, or finish it after the last one."""
+        try:
+            clip = next(job.clips, None)
+            audio = job.resampler.push(clip) if clip is not None else job.resampler.flush()
+        except Exception as exc:
+            self.outbox.put(OutgoingMessage(job.request_id, "error", data=exc))
+            return
+        with self._aborting_lock:
+            if job.request_id in self._aborting:
+                return  # the inbox's abort message will forget the request
+        self._deliver(job, float_to_pcm16(audio))
+        if clip is not None:
+            self._jobs.append(job)
+            return
+        data: dict[str, object] = {
+            "transcript": job.text,
+            "sample_rate": self.output_sample_rate,
+            "num_samples": job.num_samples,
+        }
+        if not job.stream:
+            data["pcm"] = np.concatenate(job.collected) if job.collected else np.zeros(0, dtype=np.int16)
+        job.payload.data = data
+        self.outbox.put(OutgoingMessage(job.request_id, "result", data=job.payload))
+
+    def _deliver(self, job: _Job, pcm: Pcm16) -> None:
+        if pcm.size == 0:
+            return
+        job.num_samples += int(pcm.size)
+        if not job.stream:
+            job.collected.append(pcm)
+            return
+        chunk = {"pcm": pcm, "sample_rate": self.output_sample_rate}
+        self.outbox.put(OutgoingMessage(job.request_id, "stream", data=chunk, metadata=dict(AUDIO)))

@@ -1,0 +1,184 @@
+"""Server-side voice activity detection with OpenAI ``server_vad`` semantics.
+
+:class:`VoiceActivityDetector` is fed 16 kHz audio in pieces of any size and reports
+``speech_started`` / ``speech_stopped`` events at absolute sample offsets in the stream:
+
+* ``speech_started.sample`` is where speech was first detected, moved back by
+  ``prefix_padding_ms`` (never before 0) — the start of the audio a model should hear;
+* ``speech_stopped.sample`` is where ``silence_duration_ms`` of silence after the last
+  speech frame completed — the end of that audio, silence included.
+
+Events alternate, starting with ``speech_started``, and come in stream order.  The frame
+scorer is Silero VAD (the ONNX model shipped in the ``silero-vad`` wheel, run by onnxruntime
+with numpy: no torch, no download) or, when that is unavailable, a frame-energy detector.
+A detector holds per-stream state: one per audio stream, used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Literal, Protocol
+
+import attrs
+import numpy as np
+
+from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, as_float_audio
+from schedulers.speech.packages import package_file
+
+VadBackendName = Literal["auto", "silero", "energy"]
+FRAME_SAMPLES = 512  # 32 ms at 16 kHz: the frame Silero VAD is trained on
+_SILERO_CONTEXT = 64
+_HYSTERESIS = 0.15  # speech continues while the score stays above threshold - 0.15 (Silero's own rule)
+
+
+@attrs.frozen
+class VadEvent:
+    """A turn boundary: ``type`` and its absolute sample offset in the stream (16 kHz)."""
+
+    type: Literal["speech_started", "speech_stopped"]
+    sample: int
+    sample_rate: int = ASR_SAMPLE_RATE
+
+    @property
+    def ms(self) -> int:
+        """The offset in milliseconds (OpenAI's ``audio_start_ms`` / ``audio_end_ms``)."""
+        return self.sample * 1000 // self.sample_rate
+
+
+class FrameScorer(Protocol):
+    """Speech probability in [0, 1] for consecutive 512-sample frames of one stream."""
+
+    def score(self, frame: FloatAudio) -> float: ...
+
+
+class SileroModel:
+    """The Silero VAD ONNX model shared by many streams; each stream gets a :meth:`scorer`."""
+
+    def __init__(self) -> None:
+        import onnxruntime
+
+        path = package_file("silero_vad", "data/silero_vad.onnx", install_hint="pip install silero-vad")
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self._session = onnxruntime.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+
+    def scorer(self) -> SileroScorer:
+        return SileroScorer(self._session)
+
+
+class SileroScorer:
+    """Per-stream recurrent state of the Silero model (the LSTM state and 64 samples of context)."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._context = np.zeros(_SILERO_CONTEXT, dtype=np.float32)
+        self._rate = np.array(ASR_SAMPLE_RATE, dtype=np.int64)
+
+    def score(self, frame: FloatAudio) -> float:
+        window = np.concatenate([self._context, frame])[np.newaxis, :]
+        probability, self._state = self._session.run(None, {"input": window, "state": self._state, "sr": self._rate})
+        self._context = frame[-_SILERO_CONTEXT:].copy()
+        return float(probability[0, 0])
+
+
+class EnergyScorer:
+    """Frame loudness mapped to [0, 1]: -60 dBFS RMS → 0, -20 dBFS → 1 (0.5 ≈ -40 dBFS).
+
+    A fallback for quiet rooms; it cannot tell speech from other sounds.
+    """
+
+    def score(self, frame: FloatAudio) -> float:
+        rms = float(np.sqrt(np.mean(np.square(frame, dtype=np.float64))))
+        decibels = 20.0 * np.log10(max(rms, 1e-10))
+        return float(np.clip((decibels + 60.0) / 40.0, 0.0, 1.0))
+
+
+@functools.cache
+def _silero_model() -> SileroModel:
+    return SileroModel()
+
+
+_model_lock = threading.Lock()
+
+
+def new_scorer(backend: VadBackendName = "auto") -> FrameScorer:
+    """A fresh per-stream scorer; ``auto`` is Silero when it loads, else energy."""
+    match backend:
+        case "energy":
+            return EnergyScorer()
+        case "silero":
+            with _model_lock:
+                return _silero_model().scorer()
+        case "auto":
+            try:
+                return new_scorer("silero")
+            except (ImportError, FileNotFoundError):
+                return EnergyScorer()
+        case _:
+            raise ValueError(f"unknown VAD backend {backend!r}; expected auto, silero or energy")
+
+
+def _check_unit(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def _check_ms(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer of milliseconds, got {value!r}")
+    return value
+
+
+class VoiceActivityDetector:
+    """Streaming turn detection with OpenAI's ``server_vad`` parameters (defaults are OpenAI's)."""
+
+    def __init__(
+        self,
+        *,
+        threshold: float = 0.5,
+        prefix_padding_ms: int = 300,
+        silence_duration_ms: int = 500,
+        backend: VadBackendName = "auto",
+        scorer: FrameScorer | None = None,
+    ) -> None:
+        self.threshold = _check_unit("threshold", threshold)
+        self.prefix_padding = _check_ms("prefix_padding_ms", prefix_padding_ms) * ASR_SAMPLE_RATE // 1000
+        self.silence_samples = _check_ms("silence_duration_ms", silence_duration_ms) * ASR_SAMPLE_RATE // 1000
+        self.scorer = scorer if scorer is not None else new_scorer(backend)
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._consumed = 0  # samples scored so far
+        self._speaking = False
+        self._last_speech_end = 0
+
+    @property
+    def speaking(self) -> bool:
+        """True between a ``speech_started`` and the next ``speech_stopped``."""
+        return self._speaking
+
+    def feed(self, audio: Any) -> list[VadEvent]:
+        """Score the new audio (16 kHz mono) and return the events it completes, in order."""
+        samples = as_float_audio(audio)
+        buffered = np.concatenate([self._pending, samples]) if self._pending.size else samples
+        usable = buffered.size - buffered.size % FRAME_SAMPLES
+        self._pending = buffered[usable:].copy()
+        events: list[VadEvent] = []
+        for start in range(0, usable, FRAME_SAMPLES):
+            probability = self.scorer.score(buffered[start : start + FRAME_SAMPLES])
+            frame_start = self._consumed
+            self._consumed += FRAME_SAMPLES
+            if not self._speaking and probability >= self.threshold:
+                self._speaking = True
+                self._last_speech_end = self._consumed
+                events.append(VadEvent("speech_started", max(0, frame_start - self.prefix_padding)))
+            elif self._speaking and probability >= self.threshold - _HYSTERESIS:
+                self._last_speech_end = self._consumed
+            elif self._speaking and self._consumed - self._last_speech_end >= self.silence_samples:
+                self._speaking = False
+                events.append(VadEvent("speech_stopped", self._last_speech_end + self.silence_samples))
+        return events

@@ -1,0 +1,62 @@
+"""Pipelines the core tests share, and a helper that waits for every stage to let go."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from omnitrio import PipelineConfig, StageConfig
+
+T = "tests.toy_stages"
+
+
+def fan_config(*, process: bool = False, **join_kw: Any) -> PipelineConfig:
+    """words → {upper, count} with projections → join (the seed's experiment 1 shape)."""
+
+    def proc(name: str) -> str | None:
+        return f"p_{name}" if process else None
+
+    join = {"wait_for": ["upper", "count"], "merge_fn": f"{T}.merge_by_name", **join_kw}
+    return PipelineConfig(
+        name="fan",
+        stages=[
+            StageConfig(
+                name="words",
+                process=proc("words"),
+                factory_path=f"{T}.create_words",
+                next=["upper", "count"],
+                project_payload={"upper": f"{T}.project_text", "count": f"{T}.project_words"},
+            ),
+            StageConfig(name="upper", process=proc("upper"), factory_path=f"{T}.create_echo", next="join"),
+            StageConfig(name="count", process=proc("count"), factory_path=f"{T}.create_boom", next="join"),
+            StageConfig(name="join", process=proc("join"), factory_path=f"{T}.create_echo", terminal=True, **join),
+        ],
+    )
+
+
+def chain_config(n: int = 4, *, process: bool = False, factory: str = "create_echo") -> PipelineConfig:
+    names = [f"s{i}" for i in range(n)]
+    return PipelineConfig(
+        name=f"chain{n}",
+        stages=[
+            StageConfig(
+                name=name,
+                process=f"p_{name}" if process else None,
+                factory_path=f"{T}.{factory}",
+                next=None if i == n - 1 else names[i + 1],
+                terminal=i == n - 1,
+            )
+            for i, name in enumerate(names)
+        ],
+    )
+
+
+async def settled(pipeline: Any, timeout: float = 5.0) -> dict[str, Any]:
+    """Wait until no stage and not the coordinator holds any request; return health()."""
+    with trio.fail_after(timeout):
+        while True:
+            health = await pipeline.health()
+            if health["requests"] == 0 and all(s["active_requests"] == 0 for s in health["stages"].values()):
+                return health
+            await trio.sleep(0.002)

@@ -1,0 +1,175 @@
+"""SGLangScheduler against a fake engine with SGLang's streaming output shape (and a real one on GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
+from schedulers.ar.sglang_backend import SGLangScheduler, create_sglang_scheduler
+
+
+class FakeSGLangEngine:
+    """Like ``sglang.Engine``: cumulative ``text`` + ``meta_info``; hangs-equivalent error off its own loop."""
+
+    def __init__(self, delay: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.delay = delay
+        self.calls: list[dict[str, Any]] = []
+        self.aborted: list[str] = []
+        self.shut_down = False
+
+    async def async_generate(self, *, sampling_params: dict, stream: bool, rid: str, **prompt: Any) -> AsyncIterator:
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("streamed from a loop the engine was not created on")
+        self.calls.append({"sampling_params": sampling_params, "stream": stream, "rid": rid, **prompt})
+        n = sampling_params["max_new_tokens"]
+
+        async def outputs() -> AsyncIterator[dict[str, Any]]:
+            text = ""
+            for i in range(n):
+                await asyncio.sleep(self.delay)
+                if rid in self.aborted:
+                    return
+                text += f"w{i} "
+                finish = {"type": "length", "length": n} if i == n - 1 else None
+                meta = {"id": rid, "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": i + 1}
+                yield {"text": text, "output_ids": list(range(i + 1)), "meta_info": meta}
+
+        return outputs()
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self.aborted.append(rid)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+@pytest.fixture
+def fake() -> Iterator:
+    """Build a scheduler over a fake engine, run it in a thread; stop it and join at the end."""
+    running: list[tuple[SGLangScheduler, threading.Thread]] = []
+    engines: list[FakeSGLangEngine] = []
+
+    def start(delay: float = 0.0, **args: Any) -> tuple[SGLangScheduler, list[FakeSGLangEngine]]:
+        def factory() -> FakeSGLangEngine:
+            engines.append(FakeSGLangEngine(delay))
+            return engines[-1]
+
+        scheduler = SGLangScheduler(factory, **args)
+        thread = threading.Thread(target=scheduler.start)
+        thread.start()
+        running.append((scheduler, thread))
+        return scheduler, engines
+
+    yield start
+    for scheduler, thread in running:
+        scheduler.stop()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    assert all(engine.shut_down for engine in engines)
+
+
+def new_request(rid: str, data: object, **params: object) -> IncomingMessage:
+    return IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(data, params=dict(params)), data))
+
+
+def until_done(scheduler: SGLangScheduler, rids: set[str]) -> list[OutgoingMessage]:
+    pending, seen = set(rids), []
+    while pending:
+        out = scheduler.outbox.get(timeout=10)
+        seen.append(out)
+        if out.type in ("result", "error"):
+            pending.discard(out.request_id)
+    return seen
+
+
+def test_cumulative_engine_text_is_streamed_as_deltas(fake) -> None:
+    scheduler, _ = fake()
+    scheduler.inbox.put(new_request("r", "hello", max_new_tokens=4, stream=True))
+    outputs = until_done(scheduler, {"r"})
+    assert [o.data["text"] for o in outputs if o.type == "stream"] == ["w0 ", "w1 ", "w2 ", "w3 "]
+    assert all(o.metadata == {"modality": "text"} for o in outputs if o.type == "stream")
+    result = outputs[-1].data.data
+    assert (result["text"], result["finish_reason"], result["output_token_ids"]) == (
+        "w0 w1 w2 w3 ",
+        "length",
+        [0, 1, 2, 3],
+    )
+
+
+def test_prompt_and_sampling_params_reach_the_engine(fake) -> None:
+    scheduler, engines = fake()
+    scheduler.inbox.put(new_request("text", "hi there", max_new_tokens=2))
+    scheduler.inbox.put(new_request("ids", {"prompt_token_ids": [5, 6]}, max_new_tokens=1, ignore_eos=True))
+    until_done(scheduler, {"text", "ids"})
+    calls = {call["rid"]: call for call in engines[0].calls}
+    assert calls["text"]["prompt"] == "hi there"
+    assert calls["ids"]["input_ids"] == [5, 6]
+    assert calls["ids"]["sampling_params"] == {"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True}
+    assert all(call["stream"] for call in calls.values())
+
+
+def test_abort_calls_the_engine_abort_and_frees_the_slot(fake) -> None:
+    scheduler, engines = fake(delay=0.005, max_running_requests=1)
+    scheduler.inbox.put(new_request("long", "x", max_new_tokens=1000, stream=True))
+    scheduler.inbox.put(new_request("next", "y", max_new_tokens=2))
+    assert scheduler.outbox.get(timeout=10).request_id == "long"
+    scheduler.abort("long")
+    outputs = until_done(scheduler, {"next"})
+    assert outputs[-1].type == "result"
+    assert engines[0].aborted == ["long"]
+    assert not [o for o in outputs if o.request_id == "long" and o.type != "stream"]
+
+
+def test_full_waiting_queue_answers_with_stage_overloaded(fake) -> None:
+    scheduler, _ = fake(delay=0.05, max_running_requests=1, max_waiting_requests=1)
+    for rid in "abc":
+        scheduler.inbox.put(new_request(rid, "p", max_new_tokens=3))
+    outputs = {o.request_id: o for o in until_done(scheduler, {"a", "b", "c"}) if o.type != "stream"}
+    assert isinstance(outputs["c"].data, StageOverloaded)
+    assert (outputs["a"].type, outputs["b"].type) == ("result", "result")
+
+
+def test_bad_payload_fails_with_a_clear_error(fake) -> None:
+    scheduler, _ = fake()
+    scheduler.inbox.put(new_request("bad", {"neither": 1}))
+    (out,) = until_done(scheduler, {"bad"})
+    assert out.type == "error" and "prompt must be text" in str(out.data)
+
+
+def test_engine_start_failure_is_reported_by_warm_up() -> None:
+    def broken() -> Any:
+        raise OSError("no GPU here")
+
+    scheduler = SGLangScheduler(broken)
+    with pytest.raises(RuntimeError, match="no GPU here"):
+        scheduler.warm_up_serving_thread()
+
+
+@pytest.mark.gpu
+def test_real_sglang_engine_streams_text() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("sglang")
+    model_path = os.environ.get("OMNITRIO_SGLANG_MODEL")
+    if not model_path:
+        pytest.skip("set OMNITRIO_SGLANG_MODEL to a local model directory")
+    scheduler = create_sglang_scheduler(model_path, mem_fraction_static=0.5)
+    thread = threading.Thread(target=scheduler.start)
+    thread.start()
+    try:
+        scheduler.inbox.put(new_request("g", "The capital of France is", max_new_tokens=8, stream=True))
+        outputs = until_done(scheduler, {"g"})
+        streamed = "".join(o.data["text"] for o in outputs if o.type == "stream")
+        assert outputs[-1].type == "result"
+        assert streamed == outputs[-1].data.data["text"]
+    finally:
+        scheduler.stop()
+        thread.join(timeout=60)

@@ -1,0 +1,313 @@
+"""The shared-memory relay: what crosses, how it comes out, and that nothing leaks."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omnitrio.contract import OmniRequest, StagePayload, StreamItem
+from omnitrio.transport.relay import RelayError, ShmPool, ShmReader, header_leases, remove_segments
+
+SLOT = 64 * 1024
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def leftovers(prefix: str) -> list[str]:
+    return glob.glob(f"/dev/shm/{prefix}*")
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    name = f"omnitrio-test-{uuid.uuid4().hex[:10]}-"
+    yield name
+    remove_segments(name)
+
+
+@pytest.fixture
+def pool(prefix: str) -> Iterator[ShmPool]:
+    with ShmPool(prefix, slot_bytes=SLOT, slots=8) as shm_pool:
+        yield shm_pool
+
+
+@pytest.fixture
+def reader() -> Iterator[ShmReader]:
+    with ShmReader() as shm_reader:
+        yield shm_reader
+
+
+def round_trip(pool: ShmPool, reader: ShmReader, obj: object, **kwargs: Any) -> tuple[Any, tuple[int, ...]]:
+    return reader.unpack(pool.pack(obj, **kwargs).header)
+
+
+@dataclasses.dataclass
+class Features:
+    name: str
+    values: Any
+
+
+def sample(dtype: torch.dtype, shape: tuple[int, ...] = (64, 33)) -> torch.Tensor:
+    base = torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)
+    if dtype == torch.bool:
+        return base % 3 == 0
+    if dtype.is_complex:
+        return torch.complex(base, -base).to(dtype)
+    return (base % 200).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.uint8, torch.complex64]
+)
+def test_tensor_of_each_dtype_arrives_equal_through_shared_memory(
+    pool: ShmPool, reader: ShmReader, dtype: torch.dtype
+) -> None:
+    tensor = sample(dtype)
+    out, leases = round_trip(pool, reader, tensor, inline_limit=0)
+    assert leases and out.dtype == dtype and out.shape == tensor.shape
+    assert torch.equal(out, tensor)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int16, np.bool_, np.complex128, np.dtype(">f4")])
+def test_numpy_array_of_each_dtype_arrives_equal_as_numpy(pool: ShmPool, reader: ShmReader, dtype: Any) -> None:
+    array = (np.arange(3000) % 7).astype(dtype).reshape(30, 100)
+    out, leases = round_trip(pool, reader, array, inline_limit=0)
+    assert leases and type(out) is np.ndarray and out.dtype == array.dtype
+    np.testing.assert_array_equal(out, array)
+
+
+def test_non_contiguous_sources_arrive_contiguous_with_the_same_values(pool: ShmPool, reader: ShmReader) -> None:
+    tensor = sample(torch.float32, (40, 50))
+    array = np.asfortranarray(np.arange(2000.0).reshape(40, 50))
+    sources: dict[str, Any] = {
+        "t": tensor.t(),
+        "step": tensor[:, ::3],
+        "conj": sample(torch.complex64).conj(),
+        "np": array[::2, 1:],
+    }
+    out, _ = round_trip(pool, reader, sources, inline_limit=0)
+    for key in ("t", "step", "conj"):
+        assert out[key].is_contiguous() and torch.equal(out[key], sources[key].resolve_conj())
+    assert out["np"].flags.c_contiguous
+    np.testing.assert_array_equal(out["np"], sources["np"])
+
+
+def test_zero_size_tensors_and_arrays_round_trip(pool: ShmPool, reader: ShmReader) -> None:
+    obj = [torch.zeros(0), torch.zeros(3, 0, dtype=torch.bfloat16), np.zeros((0, 4), np.int32)]
+    out, _ = round_trip(pool, reader, obj, inline_limit=0)
+    assert out[0].shape == (0,) and out[1].shape == (3, 0) and out[1].dtype == torch.bfloat16
+    assert out[2].shape == (0, 4) and out[2].dtype == np.int32
+
+
+def test_small_tensors_ride_inline_and_hold_no_lease(pool: ShmPool, reader: ShmReader) -> None:
+    obj: dict[str, Any] = {"t": sample(torch.bfloat16, (8, 8)), "n": np.arange(10), "scalar": torch.tensor(2.5)}
+    packed = pool.pack(obj)
+    out, leases = reader.unpack(packed.header)
+    assert packed.leases == () and leases == () and pool.outstanding == 0
+    assert torch.equal(out["t"], obj["t"]) and out["scalar"].item() == 2.5
+    np.testing.assert_array_equal(out["n"], obj["n"])
+
+
+def test_tensors_nested_anywhere_in_a_payload_cross_and_the_rest_is_kept(pool: ShmPool, reader: ShmReader) -> None:
+    hidden = sample(torch.float32, (100, 100))
+    payload = StagePayload(
+        "r1",
+        OmniRequest(inputs="hi", params={"stream": True}),
+        data={
+            "layers": [{"h": hidden, "mask": np.ones((100, 100), bool)}, ("tag", 3)],
+            "chunk": StreamItem(0, Features("audio", torch.ones(50_000)), "talker"),
+        },
+    )
+    packed = pool.pack(payload, inline_limit=1024)
+    out, leases = reader.unpack(packed.header)
+    assert len(packed.header) < 2048 and leases == packed.leases
+    assert isinstance(out, StagePayload) and out.request_id == "r1" and out.request.params == {"stream": True}
+    assert torch.equal(out.data["layers"][0]["h"], hidden) and out.data["layers"][0]["mask"].all()
+    assert out.data["layers"][1] == ("tag", 3)
+    assert out.data["chunk"].from_stage == "talker" and torch.equal(out.data["chunk"].data.values, torch.ones(50_000))
+
+
+def test_sparse_tensors_and_parameters_keep_their_type(pool: ShmPool, reader: ShmReader) -> None:
+    sparse = torch.eye(300).to_sparse()
+    parameter = torch.nn.Parameter(torch.ones(20_000))
+    out, _ = round_trip(pool, reader, {"sparse": sparse, "param": parameter})
+    assert out["sparse"].is_sparse and torch.equal(out["sparse"].to_dense(), torch.eye(300))
+    assert isinstance(out["param"], torch.nn.Parameter) and torch.equal(out["param"], parameter)
+
+
+def test_requires_grad_is_kept(pool: ShmPool, reader: ShmReader) -> None:
+    out, _ = round_trip(pool, reader, [torch.ones(4, requires_grad=True), torch.ones(20_000, requires_grad=True)])
+    assert out[0].requires_grad and out[1].requires_grad
+
+
+def test_the_same_tensor_twice_crosses_once_and_arrives_as_one_object(pool: ShmPool, reader: ShmReader) -> None:
+    tensor = sample(torch.float32, (100, 100))
+    packed = pool.pack([tensor, tensor], inline_limit=0)
+    out, _ = reader.unpack(packed.header)
+    assert out[0] is out[1] and packed.shm_bytes == tensor.nbytes
+
+
+def test_tensor_larger_than_the_pool_gets_a_segment_removed_on_release(
+    prefix: str, pool: ShmPool, reader: ShmReader
+) -> None:
+    big = sample(torch.float32, (1000, 1000))  # 4 MB > 8 slots of 64 KiB
+    before = len(leftovers(prefix))
+    out, leases = round_trip(pool, reader, big)
+    assert len(leftovers(prefix)) == before + 1
+    assert torch.equal(out, big)
+    pool.release(leases)
+    assert len(leftovers(prefix)) == before
+
+
+def test_more_tensors_than_free_slots_all_arrive_intact(pool: ShmPool, reader: ShmReader) -> None:
+    tensors = [torch.full((SLOT // 4,), float(i)) for i in range(12)]  # one slot each; the pool has 8
+    outs = [round_trip(pool, reader, tensor, inline_limit=0)[0] for tensor in tensors]
+    assert pool.free_slots == 0 and pool.outstanding == 12
+    assert all(torch.equal(out, tensor) for out, tensor in zip(outs, tensors, strict=True))
+
+
+def test_release_frees_the_memory_for_the_next_pack(pool: ShmPool, reader: ShmReader) -> None:
+    first, leases = round_trip(pool, reader, torch.ones(1000), inline_limit=0)
+    pool.release(leases)
+    second, _ = round_trip(pool, reader, torch.zeros(1000), inline_limit=0)
+    assert second.data_ptr() == first.data_ptr() and pool.free_slots == 7
+
+
+def test_a_view_stays_correct_while_its_lease_is_held(pool: ShmPool, reader: ShmReader) -> None:
+    view, _ = round_trip(pool, reader, torch.full((1000,), 7.0), inline_limit=0)
+    for value in range(20):
+        packed = pool.pack(torch.full((1000,), float(value)), inline_limit=0)
+        pool.release(packed.leases)
+    assert torch.equal(view, torch.full((1000,), 7.0))
+
+
+def test_packs_from_two_threads_at_once_do_not_share_memory(pool: ShmPool, reader: ShmReader) -> None:
+    results: dict[int, list[bytes]] = {0: [], 1: []}
+
+    def pack_many(worker: int) -> None:
+        for step in range(30):
+            results[worker].append(pool.pack(torch.full((5000,), float(worker * 100 + step)), inline_limit=0).header)
+
+    threads = [threading.Thread(target=pack_many, args=(worker,)) for worker in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for worker, headers in results.items():
+        for step, header in enumerate(headers):
+            assert torch.equal(reader.unpack(header)[0], torch.full((5000,), float(worker * 100 + step)))
+
+
+def test_releasing_a_lease_twice_is_a_no_op(pool: ShmPool) -> None:
+    packed = pool.pack(torch.ones(20_000))
+    assert pool.release(packed.leases) == 1
+    assert pool.release(packed.leases) == 0 and pool.release([10**9]) == 0
+    assert pool.free_slots == 8
+
+
+def test_release_all_for_a_peer_frees_only_its_leases(pool: ShmPool) -> None:
+    pool.pack(torch.ones(20_000), peer="dead")
+    pool.pack(torch.ones(SLOT), peer="dead")  # a one-off segment too
+    kept = pool.pack(torch.ones(20_000), peer="alive")
+    assert pool.release_all_for("dead") == 2
+    assert pool.outstanding == 1 and pool.release(kept.leases) == 1
+
+
+def test_a_pack_that_fails_releases_what_it_took(pool: ShmPool) -> None:
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        pool.pack([torch.ones(20_000), lambda: None])
+    assert pool.outstanding == 0 and pool.free_slots == 8
+
+
+def test_close_unlinks_every_segment_including_unreleased_ones(prefix: str) -> None:
+    pool = ShmPool(prefix, slot_bytes=SLOT, slots=2)
+    pool.pack(torch.ones(SLOT))  # a one-off, never released
+    pool.pack(torch.ones(1000), inline_limit=0)
+    assert len(leftovers(prefix)) == 2
+    pool.close()
+    assert leftovers(prefix) == []
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.pack({})
+
+
+def test_remove_segments_removes_every_leftover_of_a_prefix(prefix: str) -> None:
+    pools = [ShmPool(prefix, slot_bytes=SLOT, slots=1) for _ in range(2)]
+    pools[0].pack(torch.ones(SLOT))
+    assert remove_segments(prefix) == 3
+    assert leftovers(prefix) == []
+    for pool in pools:
+        pool.close()
+
+
+def test_unpacking_after_the_segment_is_gone_raises_with_the_leases(
+    prefix: str, pool: ShmPool, reader: ShmReader
+) -> None:
+    packed = pool.pack(torch.ones(SLOT))  # one-off segment
+    remove_segments(prefix)
+    with pytest.raises(RelayError, match="is gone") as caught:
+        reader.unpack(packed.header)
+    assert caught.value.leases == packed.leases == header_leases(packed.header)
+
+
+def test_bad_prefixes_are_rejected_by_name() -> None:
+    for bad in ["", "a/b", "../x", "space here"]:
+        with pytest.raises(ValueError, match="prefix"):
+            remove_segments(bad)
+    with pytest.raises(ValueError, match="prefix"):
+        ShmPool("")
+
+
+def test_packing_without_torch_never_imports_torch(prefix: str) -> None:
+    code = f"""
+import sys, numpy as np
+from omnitrio.transport.relay import ShmPool, ShmReader
+with ShmPool({prefix!r}, slot_bytes=65536, slots=2) as pool, ShmReader() as reader:
+    out, leases = reader.unpack(pool.pack({{"a": np.arange(100000), "s": "x"}}).header)
+    assert out["a"].sum() == np.arange(100000).sum() and leases
+    pool.release(leases)
+assert "torch" not in sys.modules, "torch was imported"
+"""
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+def _child_unpack(header: bytes, conn: Any) -> None:
+    with ShmReader() as reader:
+        obj, leases = reader.unpack(header)
+        summary = {key: (str(t.dtype), tuple(t.shape), t.double().sum().item()) for key, t in obj.data.items()}
+        obj.data["f32"][0] = -1.0  # the views are shared memory: the sender's slot sees it
+        conn.send((summary, leases))
+    conn.close()
+
+
+def summarize(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[str, tuple[int, ...], float]]:
+    return {key: (str(t.dtype), tuple(t.shape), t.double().sum().item()) for key, t in tensors.items()}
+
+
+@pytest.mark.slow
+def test_a_spawned_process_unpacks_the_values_that_were_packed(pool: ShmPool) -> None:
+    tensors = {name: sample(dtype, (128, 129)) for name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]}
+    packed = pool.pack(StagePayload("r", OmniRequest(), tensors), peer="child", inline_limit=0)
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child_unpack, args=(packed.header, send))
+    child.start()
+    try:
+        summary, leases = receive.recv()
+    finally:
+        child.join(30)
+    assert child.exitcode == 0
+    assert summary == summarize(tensors) and leases == packed.leases
+    with ShmReader() as reader:  # written by the child, read back through the same slot
+        assert reader.unpack(packed.header)[0].data["f32"][0].eq(-1.0).all()
+    assert pool.release_all_for("child") == len(packed.leases)

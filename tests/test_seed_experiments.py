@@ -1,0 +1,65 @@
+"""The seed chapter's three experiments print exactly the seed's output.
+
+The stage modules in tests/seed/ are the seed's, with only their imports changed; the
+drivers are rewritten for trio.  Each runs inline here; one process per stage in
+test_processes.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from omnitrio import open_pipeline
+from tests.seed import ch4_batch, ch4_fanin, ch4_stream
+
+FANIN_OUTPUT = """\
+{'sources': ['count', 'upper'], 'count': 3, 'count_saw': ['words'], 'upper': 'HELLO OMNI WORLD', 'upper_saw': ['text']}
+{'sources': ['count', 'upper'], 'count': 3, 'count_saw': ['words'], 'upper': 'STAGE BY STAGE', 'upper_saw': ['text']}
+"""
+
+BATCH_OUTPUT = """\
+batch_wait_when_idle=True
+  同时到达的 4 个请求，各自所在批的大小： [4, 4, 4, 4]
+  单独一个请求：批大小 1，多等了 200 ms 吗：True
+batch_wait_when_idle=False
+  同时到达的 4 个请求，各自所在批的大小： [4, 4, 4, 4]
+  单独一个请求：批大小 1，多等了 200 ms 吗：False
+"""
+
+STREAM_OUTPUT = """\
+流式块 #0 来自 vocoder：{'samples': [100, 200]}
+流式块 #1 来自 vocoder：{'samples': [1100, 1200]}
+流式块 #2 来自 vocoder：{'samples': [2100, 2200]}
+完成 来自 vocoder：{'total_samples': 6}
+"""
+
+
+async def test_seed_fan_out_fan_in_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
+    await ch4_fanin.main(inline=True)
+    assert capsys.readouterr().out == FANIN_OUTPUT
+
+
+async def test_seed_batching_window_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
+    await ch4_batch.main(inline=True)
+    assert capsys.readouterr().out == BATCH_OUTPUT
+
+
+async def test_seed_burst_forms_one_batch_every_time_without_idle_wait() -> None:
+    """The reference splits this burst in about 1 run of 5; the atomic inbox hand-off never does."""
+    async with open_pipeline(ch4_batch.make_config(False), inline=True) as pipeline:
+        for round_ in range(10):
+            sizes: list[int] = []
+
+            async def one(i: int, round_: int, sizes: list[int]) -> None:
+                sizes.append((await pipeline.submit(f"b{round_}-{i}", i))["batch_size"])
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(one, i, round_, sizes)
+            assert sizes == [4, 4, 4, 4]
+
+
+async def test_seed_streaming_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
+    await ch4_stream.main(inline=True)
+    assert capsys.readouterr().out == STREAM_OUTPUT

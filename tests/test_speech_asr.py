@@ -1,0 +1,137 @@
+"""ASR: batch transcription stage, the pocketsphinx fallback, streaming sessions with partials and VAD."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
+
+pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
+pytest.importorskip("faster_whisper", reason="the speech extra (faster-whisper) is not installed")
+
+from schedulers.speech.audio import resample
+from schedulers.speech.stages import create_asr_stage, create_streaming_asr_stage
+from schedulers.speech.tts import shared_synthesizer
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+
+
+def words(text: str) -> list[str]:
+    return "".join(c for c in text.lower() if c.isalnum() or c.isspace()).split()
+
+
+@pytest.fixture(scope="module")
+def speech_16k() -> np.ndarray:
+    """About 3 s of synthesized speech at 16 kHz."""
+    tts = shared_synthesizer()
+    return resample(tts.synthesize(SENTENCE), tts.sample_rate, 16_000)
+
+
+def run(scheduler: Any) -> Iterator[Any]:
+    scheduler.warm_up_serving_thread()
+    thread = threading.Thread(target=scheduler.start, daemon=True)
+    thread.start()
+    yield scheduler
+    scheduler.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def asr_stage() -> Iterator[Any]:
+    yield from run(create_asr_stage())
+
+
+@pytest.fixture(scope="module")
+def streaming_stage() -> Iterator[Any]:
+    yield from run(create_streaming_asr_stage(partial_every_ms=700))
+
+
+def until_final(scheduler: Any, rid: str, timeout: float = 30) -> list[OutgoingMessage]:
+    outputs: list[OutgoingMessage] = []
+    deadline = time.monotonic() + timeout
+    while not outputs or outputs[-1].type not in ("result", "error"):
+        message = scheduler.outbox.get(timeout=max(0.0, deadline - time.monotonic()))
+        assert message.request_id == rid
+        outputs.append(message)
+    return outputs
+
+
+def transcription(rid: str, audio: Any, **extra: Any) -> IncomingMessage:
+    inputs = {"task": "transcription", "audio": audio, "language": None, **extra}
+    return IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(), {"raw_inputs": inputs}))
+
+
+def session(rid: str, op: str, sid: str, **extra: Any) -> IncomingMessage:
+    metadata = {"session": {"op": op, "session_id": sid, **extra}}
+    return IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(metadata=metadata)))
+
+
+def test_batch_asr_transcribes_synthesized_speech(asr_stage: Any, speech_16k: np.ndarray) -> None:
+    asr_stage.inbox.put(transcription("t1", speech_16k))
+    (result,) = until_final(asr_stage, "t1")
+    assert words(result.data.data["text"]) == words(SENTENCE)
+    assert result.data.data["audio_ms"] == speech_16k.size * 1000 // 16_000
+
+
+@pytest.mark.slow
+def test_batch_asr_resamples_audio_given_with_its_rate(asr_stage: Any, speech_16k: np.ndarray) -> None:
+    asr_stage.inbox.put(transcription("t24", resample(speech_16k, 16_000, 24_000), sample_rate=24_000))
+    (result,) = until_final(asr_stage, "t24")
+    assert words(result.data.data["text"]) == words(SENTENCE)
+
+
+def test_batch_asr_rejects_missing_audio_by_name(asr_stage: Any) -> None:
+    message = IncomingMessage("bad", "new_request", StagePayload("bad", OmniRequest(), {"raw_inputs": {"x": 1}}))
+    asr_stage.inbox.put(message)
+    (error,) = until_final(asr_stage, "bad")
+    assert error.type == "error" and "'audio'" in str(error.data)
+
+
+@pytest.mark.slow
+def test_pocketsphinx_fallback_recognizes_most_words(speech_16k: np.ndarray) -> None:
+    pytest.importorskip("pocketsphinx")
+    from schedulers.speech.asr import shared_recognizer
+
+    heard = words(shared_recognizer("pocketsphinx").transcribe(speech_16k))
+    assert len(set(heard) & set(words(SENTENCE))) >= 6
+
+
+@pytest.mark.slow
+def test_streaming_asr_gives_partials_before_the_final_text(streaming_stage: Any, speech_16k: np.ndarray) -> None:
+    streaming_stage.inbox.put(session("open", "open", "s1"))
+    until_final(streaming_stage, "open")
+    deltas: list[str] = []
+    step = 4000  # 250 ms pieces, as a client streaming audio would send
+    for index, start in enumerate(range(0, speech_16k.size, step)):
+        rid = f"append{index}"
+        streaming_stage.inbox.put(session(rid, "append", "s1", chunk=speech_16k[start : start + step]))
+        outputs = until_final(streaming_stage, rid)  # one at a time: a real-time client waits between pieces
+        deltas += [m.data for m in outputs if m.type == "stream" and (m.metadata or {}).get("modality") == "text"]
+    streaming_stage.inbox.put(session("close", "close", "s1"))
+    (result,) = until_final(streaming_stage, "close")
+    assert deltas, "no partial transcript before the final one"
+    assert words(result.data.data["text"]) == words(SENTENCE)
+    assert words(SENTENCE)[: len(words("".join(deltas)))] == words("".join(deltas))
+
+
+def test_streaming_session_with_server_vad_reports_turn_boundaries(
+    streaming_stage: Any, speech_16k: np.ndarray
+) -> None:
+    turn_detection = {"type": "server_vad", "silence_duration_ms": 300}
+    config = {"sample_rate": 16_000, "partial_every_ms": None, "turn_detection": turn_detection}
+    streaming_stage.inbox.put(session("vopen", "open", "v1", config=config))
+    until_final(streaming_stage, "vopen")
+    padded = np.concatenate([np.zeros(8000, np.float32), speech_16k, np.zeros(16000, np.float32)])
+    streaming_stage.inbox.put(session("vappend", "append", "v1", chunk=padded))
+    events = [m.data for m in until_final(streaming_stage, "vappend") if m.metadata and m.metadata["modality"] == "vad"]
+    streaming_stage.inbox.put(session("vabort", "abort", "v1"))
+    until_final(streaming_stage, "vabort")
+    assert [event["type"] for event in events] == ["speech_started", "speech_stopped"]
+    assert events[0]["audio_start_ms"] < 500 < events[1]["audio_end_ms"]

@@ -1,0 +1,120 @@
+"""TTS: sentence splitting, sentence-by-sentence streaming, abort between sentences."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
+from schedulers.speech.tts import check_speed, split_sentences
+
+TWO_SENTENCES = "The weather is lovely today. Let us go for a walk in the park."
+
+
+def test_split_sentences_keeps_abbreviations_and_quotes() -> None:
+    text = 'Dr. Smith arrived. "Is it done?" she asked!\nYes'
+    assert split_sentences(text) == ["Dr. Smith arrived.", '"Is it done?"', "she asked!", "Yes"]
+
+
+def test_speed_outside_openai_range_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"speed must be a number between 0.25 and 4.0, got 5"):
+        check_speed(5)
+
+
+@pytest.fixture(scope="module")
+def tts_stage() -> Iterator[Any]:
+    pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
+    from schedulers.speech.stages import create_tts_stage
+
+    scheduler = create_tts_stage()
+    scheduler.warm_up_serving_thread()
+    thread = threading.Thread(target=scheduler.start, daemon=True)
+    thread.start()
+    yield scheduler
+    scheduler.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def speech(rid: str, text: str, *, stream: bool = True, speed: Any = 1.0) -> IncomingMessage:
+    request = OmniRequest(params={"stream": stream})
+    inputs = {"task": "speech", "input": text, "voice": "alloy", "speed": speed}
+    return IncomingMessage(rid, "new_request", StagePayload(rid, request, {"raw_inputs": inputs}))
+
+
+def until_final(scheduler: Any, rid: str, timeout: float = 30) -> list[OutgoingMessage]:
+    outputs: list[OutgoingMessage] = []
+    while not outputs or outputs[-1].type not in ("result", "error"):
+        message = scheduler.outbox.get(timeout=timeout)
+        assert message.request_id == rid
+        outputs.append(message)
+    return outputs
+
+
+def test_two_sentences_stream_as_at_least_two_pcm16_chunks_then_a_result(tts_stage: Any) -> None:
+    tts_stage.inbox.put(speech("two", TWO_SENTENCES))
+    *chunks, result = until_final(tts_stage, "two")
+    assert len(chunks) >= 2
+    assert all(c.type == "stream" and c.metadata == {"modality": "audio"} for c in chunks)
+    assert all(c.data["pcm"].dtype == np.int16 and c.data["sample_rate"] == 24_000 for c in chunks)
+    total = sum(c.data["pcm"].size for c in chunks)
+    assert result.data.data == {"transcript": TWO_SENTENCES, "sample_rate": 24_000, "num_samples": total}
+    assert total > 24_000  # two sentences last well over a second
+
+
+def test_non_streaming_request_returns_the_whole_clip_in_the_result(tts_stage: Any) -> None:
+    tts_stage.inbox.put(speech("whole", "Hello.", stream=False))
+    (result,) = until_final(tts_stage, "whole")
+    assert result.type == "result"
+    assert result.data.data["pcm"].size == result.data.data["num_samples"] > 0
+
+
+def test_abort_stops_further_chunks(tts_stage: Any) -> None:
+    text = " ".join(f"This is sentence number {n} of a long answer." for n in range(1, 9))
+    tts_stage.inbox.put(speech("long", text))
+    first = tts_stage.outbox.get(timeout=30)
+    assert (first.request_id, first.type) == ("long", "stream")
+    tts_stage.abort("long")
+    tts_stage.inbox.put(speech("after", "Done."))
+    later = until_final_skipping_long(tts_stage)
+    assert [m.request_id for m in later if m.request_id == "long"] == []
+
+
+def until_final_skipping_long(scheduler: Any) -> list[OutgoingMessage]:
+    """Everything after the abort, up to the result of the next request ("after")."""
+    outputs: list[OutgoingMessage] = []
+    deadline = time.monotonic() + 30
+    while not (outputs and outputs[-1].request_id == "after" and outputs[-1].type == "result"):
+        outputs.append(scheduler.outbox.get(timeout=max(0.0, deadline - time.monotonic())))
+    return outputs
+
+
+def test_empty_input_is_an_error_naming_the_field(tts_stage: Any) -> None:
+    tts_stage.inbox.put(speech("empty", "   "))
+    (error,) = until_final(tts_stage, "empty")
+    assert error.type == "error" and "input" in str(error.data)
+
+
+def test_bad_speed_is_an_error(tts_stage: Any) -> None:
+    tts_stage.inbox.put(speech("fast", "Hello.", speed=9))
+    (error,) = until_final(tts_stage, "fast")
+    assert error.type == "error" and "speed" in str(error.data)
+
+
+def test_espeak_ng_fallback_speaks_when_installed() -> None:
+    import shutil
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (Debian package espeak-ng)")
+    from schedulers.speech.tts import load_synthesizer, synthesize_sentences
+
+    tts = load_synthesizer("espeak-ng")
+    clips = list(synthesize_sentences(tts, TWO_SENTENCES))
+    assert len(clips) == 2
+    assert all(clip.dtype == np.float32 and np.abs(clip).max() > 0.1 for clip in clips)
+    assert tts.sample_rate == 22_050

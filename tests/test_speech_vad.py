@@ -1,0 +1,75 @@
+"""Voice activity detection: speech start/stop in a synthesized clip padded with silence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schedulers.speech.audio import resample
+from schedulers.speech.vad import EnergyScorer, VadEvent, VoiceActivityDetector
+
+LEAD, TAIL = 16_000, 24_000  # 1 s of silence before, 1.5 s after
+
+
+@pytest.fixture(scope="module")
+def padded_speech() -> tuple[np.ndarray, int]:
+    """A TTS sentence at 16 kHz between silences (and where the silence before it ends)."""
+    pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
+    from schedulers.speech.tts import shared_synthesizer
+
+    tts = shared_synthesizer()
+    speech = resample(tts.synthesize("Hello there, how are you today?"), tts.sample_rate, 16_000)
+    return np.concatenate([np.zeros(LEAD, np.float32), speech, np.zeros(TAIL, np.float32)]), LEAD
+
+
+def feed_in_pieces(detector: VoiceActivityDetector, clip: np.ndarray, piece: int = 1600) -> list[VadEvent]:
+    events: list[VadEvent] = []
+    for start in range(0, clip.size, piece):
+        events += detector.feed(clip[start : start + piece])
+    return events
+
+
+@pytest.mark.parametrize("backend", ["silero", "energy"])
+def test_vad_reports_speech_start_and_stop_around_the_sentence(
+    backend: str, padded_speech: tuple[np.ndarray, int]
+) -> None:
+    if backend == "silero":
+        pytest.importorskip("onnxruntime")
+    clip, _ = padded_speech
+    detector = VoiceActivityDetector(backend=backend, prefix_padding_ms=300, silence_duration_ms=500)  # type: ignore[arg-type]
+    started, stopped = feed_in_pieces(detector, clip)
+    loud = np.flatnonzero(np.abs(clip) > 0.01)
+    assert (started.type, stopped.type) == ("speech_started", "speech_stopped")
+    # Start: the first audible sample minus the 300 ms prefix padding, within a few frames.
+    assert abs(started.sample - (loud[0] - 4800)) <= 3 * 512
+    # Stop: the last audible sample plus the 500 ms of silence that confirms the turn ended.
+    assert abs(stopped.sample - (loud[-1] + 8000)) <= 3 * 512
+
+
+def test_silence_alone_produces_no_events() -> None:
+    detector = VoiceActivityDetector(backend="energy")
+    assert feed_in_pieces(detector, np.zeros(48_000, np.float32)) == []
+
+
+def test_event_offsets_do_not_depend_on_piece_size(padded_speech: tuple[np.ndarray, int]) -> None:
+    clip, _ = padded_speech
+    small = feed_in_pieces(VoiceActivityDetector(scorer=EnergyScorer()), clip, piece=333)
+    large = feed_in_pieces(VoiceActivityDetector(scorer=EnergyScorer()), clip, piece=16_000)
+    assert small == large
+
+
+def test_event_ms_follows_openai_fields() -> None:
+    assert VadEvent("speech_started", 24_000).ms == 1500
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"threshold": 1.5}, "threshold"),
+        ({"prefix_padding_ms": -1}, "prefix_padding_ms"),
+        ({"silence_duration_ms": 0.5}, "silence_duration_ms"),
+    ],
+)
+def test_bad_server_vad_parameters_are_named(kwargs: dict[str, float], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        VoiceActivityDetector(backend="energy", **kwargs)  # type: ignore[arg-type]

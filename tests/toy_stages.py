@@ -1,0 +1,142 @@
+"""Small stage factories and routing functions the core tests build pipelines from."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from omnitrio.contract import StagePayload
+from schedulers.simple import SimpleScheduler
+
+# Stage factories ---------------------------------------------------------------------
+
+
+def create_echo() -> SimpleScheduler:
+    return SimpleScheduler(lambda payload: payload)
+
+
+def create_tag(tag: str = "x") -> SimpleScheduler:
+    """Appends ``tag`` to ``data["path"]`` so tests can see which stages a request crossed."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        data = payload.data if isinstance(payload.data, dict) else {}
+        path = list(data.get("path", []))
+        payload.data = {**data, "path": [*path, tag]}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_words() -> SimpleScheduler:
+    def fn(payload: StagePayload) -> StagePayload:
+        text = payload.data["raw_inputs"]
+        payload.data = {"text": text, "words": text.split()}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_boom() -> SimpleScheduler:
+    """Raises ValueError when the input contains 'boom'; otherwise echoes."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        if "boom" in str(payload.data):
+            raise ValueError("count exploded on purpose")
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_slow(seconds: float = 0.2) -> SimpleScheduler:
+    """Sleeps ``seconds`` (interruptibly by abort) and echoes."""
+    aborted: set[str] = set()
+    lock = threading.Lock()
+
+    def fn(payload: StagePayload) -> StagePayload:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with lock:
+                if payload.request_id in aborted:
+                    break
+            time.sleep(0.005)
+        return payload
+
+    def on_abort(rid: str) -> None:
+        with lock:
+            aborted.add(rid)
+
+    return SimpleScheduler(fn, max_concurrency=8, abort_callback=on_abort)
+
+
+def create_needs_arg(size: int) -> SimpleScheduler:
+    return SimpleScheduler(lambda payload: payload)
+
+
+def create_raises_on_build() -> SimpleScheduler:
+    raise RuntimeError("cannot load weights on purpose")
+
+
+# Routing functions ---------------------------------------------------------------------
+
+
+def route_by_length(request_id: str, payload: StagePayload) -> list[str]:
+    return ["upper"] if len(payload.data["words"]) == 1 else ["upper", "count"]
+
+
+def wait_by_length(request_id: str, from_stage: str, payload: StagePayload) -> list[str]:
+    return ["upper"] if len(payload.request.inputs.split()) == 1 else ["upper", "count"]
+
+
+def route_to_nowhere(request_id: str, payload: Any) -> str:
+    return "nowhere"
+
+
+def route_raises(request_id: str, payload: Any) -> str:
+    if "boom" in str(payload.data):
+        raise KeyError("no route for boom")
+    return "b"
+
+
+def project_text(payload: StagePayload) -> StagePayload:
+    return StagePayload(payload.request_id, payload.request, {"text": payload.data["text"]})
+
+
+def project_words(payload: StagePayload) -> StagePayload:
+    return StagePayload(payload.request_id, payload.request, {"words": list(payload.data["words"])})
+
+
+def project_shared(payload: StagePayload) -> StagePayload:
+    """Shares the original's list: the runtime must copy before handing it over."""
+    return StagePayload(payload.request_id, payload.request, {"words": payload.data["words"]})
+
+
+def project_raises(payload: StagePayload) -> StagePayload:
+    if "boom" in payload.data["text"]:
+        raise RuntimeError("projection broke")
+    return project_text(payload)
+
+
+def merge_by_name(inputs: dict[str, StagePayload]) -> StagePayload:
+    first = next(iter(inputs.values()))
+    data: dict[str, Any] = {"sources": sorted(inputs)}
+    for name in sorted(inputs):
+        data[name] = inputs[name].data
+    return StagePayload(first.request_id, first.request, data)
+
+
+def merge_raises(inputs: dict[str, StagePayload]) -> StagePayload:
+    first = next(iter(inputs.values()))
+    if "boom" in str(first.request.inputs):
+        raise ZeroDivisionError("merge broke")
+    return merge_by_name(inputs)
+
+
+def create_mutating_upper() -> SimpleScheduler:
+    """Mutates what it received in place; other branches must not see it."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        payload.data["words"].append("MUTATED")
+        return payload
+
+    return SimpleScheduler(fn)
