@@ -16,7 +16,8 @@ from omnitrio.errors import (
     RequestTimeout,
 )
 from omnitrio.messages import CompleteMessage, StreamMessage
-from omnitrio.runner import Pipeline, open_pipeline
+from omnitrio.pipeline import Pipeline
+from omnitrio.runner import open_pipeline
 
 __all__ = [
     "CompleteMessage",

@@ -82,6 +82,7 @@ class Coordinator:
         self._send = send
         self._stages = tuple(stage_names)
         self._requests: dict[str, RequestHandle] = {}
+        self._down: set[str] = set()
         self._next_inc = 0
         self._closed = False
         config = topology.config
@@ -168,7 +169,11 @@ class Coordinator:
         request = OmniRequest(inputs=inputs, params=dict(params or {}))
         payload = StagePayload(request_id, request, {"raw_inputs": inputs})
         self._emit(request_id, "request_submitted", {})
-        self._send(Payload(request_id, handle.inc, self.topology.entry, COORDINATOR, payload))
+        try:
+            self._send(Payload(request_id, handle.inc, self.topology.entry, COORDINATOR, payload))
+        except StageFunctionError as exc:
+            del self._requests[request_id]
+            raise RequestFailed(request_id, self.topology.entry, exc.error_type, str(exc)) from exc
         return handle
 
     def _consumed(self, handle: RequestHandle, stage: str) -> None:
@@ -185,9 +190,10 @@ class Coordinator:
         if handle.state == "releasing":
             return
         handle.state = "releasing"
-        handle.unacked = set(self._stages)
-        for stage in self._stages:
+        handle.unacked = set(self._stages) - self._down
+        for stage in handle.unacked.copy():
             self._send(Abort(handle.request_id, handle.inc, stage))
+        self._maybe_released(handle)
 
     def _finish_with(self, handle: RequestHandle, event: Event) -> None:
         if not handle.finished:
@@ -206,11 +212,16 @@ class Coordinator:
     def stage_gone(self, stages: Iterable[str], error_for: Callable[[str], RequestError]) -> None:
         """Stages died: fail every live request and stop waiting for their releases."""
         dead = set(stages)
+        self._down |= dead
         for handle in list(self._requests.values()):
             if handle.state == "live" and not handle.finished:
                 self._abort_everywhere(handle, error_for(handle.request_id))
             handle.unacked -= dead
             self._maybe_released(handle)
+
+    def stages_up(self, stages: Iterable[str]) -> None:
+        """Restarted stages answer aborts again."""
+        self._down -= set(stages)
 
     def _maybe_released(self, handle: RequestHandle) -> None:
         if handle.state == "releasing" and not handle.unacked:

@@ -16,10 +16,11 @@ from typing import Any
 import trio
 
 from omnitrio.config import PipelineConfig, validate
-from omnitrio.coordinator import Coordinator, RequestStream
+from omnitrio.coordinator import Coordinator
 from omnitrio.envelopes import Complete, Failed, Released, StreamOut, ToCoordinator, ToStage
 from omnitrio.errors import StartupError, collapse
 from omnitrio.importing import import_object
+from omnitrio.pipeline import Pipeline, stage_health
 from omnitrio.stage import Stage
 from omnitrio.topology import Topology
 
@@ -58,39 +59,17 @@ class LocalSwitchboard:
         return
 
 
-class Pipeline:
-    """What a caller holds inside ``open_pipeline``: submit, stream, abort, health."""
+class InlinePipeline(Pipeline):
+    """Every stage in the caller's process and trio run."""
 
     def __init__(self, config: PipelineConfig, coordinator: Coordinator, stages: dict[str, Stage]) -> None:
-        self.config = config
-        self.name: str = config.name or "omnitrio"
-        self.coordinator = coordinator
+        super().__init__(config, coordinator)
         self._stages = stages
-        self.metrics_registry: Any = None
-
-    async def submit(
-        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
-    ) -> Any:
-        return await self.coordinator.submit(request_id, inputs, params=params, timeout=timeout)
-
-    def stream(
-        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
-    ) -> RequestStream:
-        return self.coordinator.stream(request_id, inputs, params=params, timeout=timeout)
-
-    async def abort(self, request_id: str, *, wait: bool = False) -> bool:
-        return await self.coordinator.abort(request_id, wait=wait)
 
     async def health(self) -> dict[str, Any]:
-        """``{"requests": live count, "stages": {name: {alive, pid, process, active_requests, restarts}}}``."""
+        pid = os.getpid()
         stages = {
-            name: {
-                "alive": True,
-                "pid": os.getpid(),
-                "process": stage.plan.config.process or "main",
-                "active_requests": stage.active_requests,
-                "restarts": stage.restarts,
-            }
+            name: stage_health(True, pid, stage.plan.config.process or "main", stage.active_requests, stage.restarts)
             for name, stage in self._stages.items()
         }
         return {"requests": self.coordinator.live_requests, "stages": stages}
@@ -121,7 +100,7 @@ async def open_pipeline(config: PipelineConfig, *, inline: bool = False) -> Asyn
                 for stage in board.stages.values():
                     starting.start_soon(nursery.start, stage.run)
             try:
-                yield Pipeline(config, coordinator, board.stages)
+                yield InlinePipeline(config, coordinator, board.stages)
             finally:
                 coordinator.close()
                 nursery.cancel_scope.cancel()

@@ -243,7 +243,10 @@ def test_close_unlinks_every_segment_including_unreleased_ones(prefix: str) -> N
 
 def test_remove_segments_removes_every_leftover_of_a_prefix(prefix: str) -> None:
     pools = [ShmPool(prefix, slot_bytes=SLOT, slots=1) for _ in range(2)]
-    pools[0].pack(torch.ones(SLOT))
+    assert leftovers(prefix) == []  # a pool's segment is created by its first lease
+    for pool in pools:
+        pool.pack(torch.ones(SLOT // 4), inline_limit=0)  # fits a slot: creates the segment
+    pools[0].pack(torch.ones(SLOT))  # larger than the pool: a one-off segment
     assert remove_segments(prefix) == 3
     assert leftovers(prefix) == []
     for pool in pools:

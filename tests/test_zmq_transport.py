@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,7 +52,7 @@ def inproc_pair(ctx: zmq.Context[Any], name: str, hwm: int = 1000) -> tuple[Trio
     return connect(ctx, zmq.PUSH, resolved, options={zmq.SNDHWM: hwm}), pull
 
 
-@pytest.mark.parametrize("n", [10_000, pytest.param(N, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [5_000, pytest.param(N, marks=pytest.mark.slow)])
 async def test_concurrent_send_and_recv_on_one_socket_keep_order_both_ways(
     ctx: zmq.Context[Any], endpoint: str, n: int
 ) -> None:
@@ -167,6 +168,55 @@ async def test_cancelling_the_waiting_fd_owner_hands_the_fd_to_the_other_waiter(
     assert received == [b"only"]
 
 
+def inproc_dealers(ctx: zmq.Context[Any], name: str) -> tuple[TrioZmqSocket, TrioZmqSocket]:
+    a, resolved = bind(ctx, zmq.DEALER, f"inproc://{name}", options={zmq.SNDHWM: 1, zmq.RCVHWM: 1})
+    return a, connect(ctx, zmq.DEALER, resolved, options={zmq.SNDHWM: 1, zmq.RCVHWM: 1})
+
+
+async def test_a_send_that_consumes_the_fd_signal_still_wakes_a_receiver_on_that_socket(
+    ctx: zmq.Context[Any],
+) -> None:
+    a, b = inproc_dealers(ctx, "send-eats-signal")
+    received: list[bytes] = []
+
+    async def receive() -> None:
+        received.append(await a.recv())
+
+    async with a, b, trio.open_nursery() as nursery:
+        nursery.start_soon(receive)  # owns a's FD, waiting for POLLIN
+        await trio.testing.wait_all_tasks_blocked()
+        b.socket.send(b"to a")  # signals a's FD
+        time.sleep(0.005)  # no yield; lets a's next send process commands (libzmq does that at most once per ms)
+        await a.send(b"to b")  # processes a's commands: consumes the signal the receiver waits for
+        await trio.testing.wait_all_tasks_blocked()
+        assert received == [b"to a"]
+
+
+async def test_a_receive_that_consumes_the_fd_signal_still_wakes_a_sender_on_that_socket(
+    ctx: zmq.Context[Any],
+) -> None:
+    a, b = inproc_dealers(ctx, "recv-eats-signal")
+    sent = 0
+
+    async def send_forever() -> None:
+        nonlocal sent
+        while True:
+            await a.send(frame(sent))
+            sent += 1
+
+    async with a, b, trio.open_nursery() as nursery:
+        b.socket.send(b"to a")
+        nursery.start_soon(send_forever)  # blocks on the HWM, owning a's FD and waiting for POLLOUT
+        await trio.testing.wait_all_tasks_blocked()
+        blocked_at = sent
+        while b.socket.poll(0):
+            b.socket.recv()  # frees room: signals a's FD
+        await a.recv_batch()  # drains to EAGAIN, which processes a's commands: consumes that signal
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent > blocked_at
+        nursery.cancel_scope.cancel()
+
+
 async def test_cancelled_send_sent_the_whole_message_or_nothing(ctx: zmq.Context[Any]) -> None:
     push, pull = inproc_pair(ctx, "cancel-send", hwm=2)
     sent: list[list[bytes]] = []
@@ -190,6 +240,14 @@ async def test_cancelled_send_sent_the_whole_message_or_nothing(ctx: zmq.Context
         assert await pull.recv_multipart_batch() == sent
         await push.send([b"still", b"usable"])
         assert await pull.recv_multipart() == [b"still", b"usable"]
+
+
+async def test_try_send_never_waits_and_says_whether_zmq_took_the_message(ctx: zmq.Context[Any]) -> None:
+    push, pull = inproc_pair(ctx, "try-send", hwm=2)
+    async with push, pull:
+        accepted = [m for m in ([b"m", frame(i)] for i in range(100)) if push.try_send(m)]
+        assert 0 < len(accepted) < 100
+        assert await pull.recv_multipart_batch() == accepted
 
 
 async def test_close_wakes_every_pending_task_with_closed_resource_error(ctx: zmq.Context[Any]) -> None:
@@ -267,5 +325,7 @@ async def test_bad_arguments_are_rejected_with_a_clear_error(ctx: zmq.Context[An
             await pull.recv_batch(max_messages=0)
         with pytest.raises(ValueError, match="at least one frame"):
             await push.send([])
+        with pytest.raises(TypeError, match="got str"):
+            await push.send("text")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"needs a zmq\.Socket"):
         TrioZmqSocket("not a socket")  # type: ignore[arg-type]

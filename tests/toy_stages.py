@@ -140,3 +140,65 @@ def create_mutating_upper() -> SimpleScheduler:
         return payload
 
     return SimpleScheduler(fn)
+
+
+def create_pid() -> SimpleScheduler:
+    """Records which process ran it, so tests can find a stage's process."""
+    import os
+
+    def fn(payload: StagePayload) -> StagePayload:
+        data = payload.data if isinstance(payload.data, dict) else {}
+        payload.data = {**data, "pids": [*data.get("pids", []), os.getpid()]}
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_tensor_maker() -> SimpleScheduler:
+    """Returns tensors of several dtypes and shapes, nested, as the input asks."""
+    import torch
+
+    def fn(payload: StagePayload) -> StagePayload:
+        n = int(payload.data["raw_inputs"])
+        big = torch.arange(n, dtype=torch.float32)
+        payload.data = {
+            "big": big,
+            "nested": [{"half": big[:16].half(), "bf16": big[:8].to(torch.bfloat16)}],
+            "transposed": torch.arange(12, dtype=torch.int64).reshape(3, 4).t(),
+            "empty": torch.zeros(0, 5),
+            "flags": torch.tensor([True, False]),
+        }
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_tensor_summary() -> SimpleScheduler:
+    """Summarises what arrived, so the caller can check it crossed intact."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        d = payload.data
+        payload.data = {
+            "big_sum": float(d["big"].sum()),
+            "big_len": d["big"].numel(),
+            "half": d["nested"][0]["half"].float().tolist(),
+            "bf16_dtype": str(d["nested"][0]["bf16"].dtype),
+            "transposed": d["transposed"].tolist(),
+            "empty_shape": list(d["empty"].shape),
+            "flags": d["flags"].tolist(),
+            "tail": d["big"][-3:].clone(),
+        }
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_unpicklable() -> SimpleScheduler:
+    """Returns a lambda for input 'lambda': it cannot cross a process boundary."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        if payload.data["raw_inputs"] == "lambda":
+            payload.data = {"fn": lambda: None}
+        return payload
+
+    return SimpleScheduler(fn)

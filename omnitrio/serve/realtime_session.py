@@ -4,7 +4,12 @@ The session is a plain dict in OpenAI's GA shape (``audio.input/output.format``,
 ``turn_detection``), with the beta spellings (top-level ``turn_detection``, ``voice``,
 ``input_audio_format``) accepted on update and mirrored, so clients of either API read back
 what they set. Audio is PCM16 mono at 24 kHz both ways; any other format is refused with an
-``error`` event naming the field. ``turn_detection`` is stored and echoed, not acted on here.
+``error`` event naming the field.
+
+``turn_detection`` is ``{"type": "server_vad", "threshold", "prefix_padding_ms", "silence_duration_ms",
+"create_response", "interrupt_response"}`` (the default, with OpenAI's default values) or ``null``
+(the client commits turns and asks for responses itself); :func:`turn_detection` reads it with
+every field filled in. ``semantic_vad`` is refused with an error naming the field.
 """
 
 from __future__ import annotations
@@ -36,6 +41,42 @@ class EventError(Exception):
         return self.message
 
 
+SERVER_VAD: dict[str, Any] = {
+    "type": "server_vad",
+    "threshold": 0.5,
+    "prefix_padding_ms": 300,
+    "silence_duration_ms": 500,
+    "create_response": True,
+    "interrupt_response": True,
+}
+
+
+@attrs.frozen
+class TurnDetection:
+    """Server VAD settings with every field filled in (OpenAI's defaults for those not given)."""
+
+    threshold: float
+    prefix_padding_ms: int
+    silence_duration_ms: int
+    create_response: bool
+    interrupt_response: bool
+
+
+def turn_detection(session: Mapping[str, Any]) -> TurnDetection | None:
+    """The session's server VAD settings, or None when the client commits turns itself."""
+    value = session.get("turn_detection")
+    if value is None:
+        return None
+    fields = {**SERVER_VAD, **value}
+    return TurnDetection(
+        threshold=fields["threshold"],
+        prefix_padding_ms=fields["prefix_padding_ms"],
+        silence_duration_ms=fields["silence_duration_ms"],
+        create_response=fields["create_response"],
+        interrupt_response=fields["interrupt_response"],
+    )
+
+
 def default_session(session_id: str, model: str) -> dict[str, Any]:
     return {
         "id": session_id,
@@ -45,9 +86,9 @@ def default_session(session_id: str, model: str) -> dict[str, Any]:
         "output_modalities": ["audio"],
         "instructions": "",
         "voice": "default",
-        "turn_detection": None,
+        "turn_detection": dict(SERVER_VAD),
         "audio": {
-            "input": {"format": dict(_PCM), "turn_detection": None},
+            "input": {"format": dict(_PCM), "turn_detection": dict(SERVER_VAD)},
             "output": {"format": dict(_PCM), "voice": "default"},
         },
     }
@@ -141,7 +182,35 @@ def _check_format(value: Any, param: str) -> None:
 
 
 def _set_turn_detection(session: dict[str, Any], value: Any, param: str) -> None:
-    if value is not None and not isinstance(value, Mapping):
-        raise EventError(f"{param} must be an object or null", param)
+    if value is not None:
+        value = _checked_turn_detection(value, param)
     session["turn_detection"] = copy.deepcopy(value)
     session["audio"]["input"]["turn_detection"] = copy.deepcopy(value)
+
+
+def _checked_turn_detection(value: Any, param: str) -> dict[str, Any]:
+    """A ``server_vad`` object whose fields have the right types and ranges."""
+    if not isinstance(value, Mapping):
+        raise EventError(f"{param} must be an object or null", param)
+    if value.get("type", "server_vad") != "server_vad":
+        raise EventError(
+            f"{param}.type {value.get('type')!r} is not supported; use 'server_vad' or null (manual commit)",
+            f"{param}.type",
+        )
+    checked = {"type": "server_vad", **{k: v for k, v in value.items() if k != "type"}}
+    for key, item in checked.items():
+        match key:
+            case "threshold":
+                ok = isinstance(item, int | float) and not isinstance(item, bool) and 0.0 <= item <= 1.0
+                expected = "a number between 0 and 1"
+            case "prefix_padding_ms" | "silence_duration_ms" | "idle_timeout_ms":
+                ok = item is None if key == "idle_timeout_ms" else False
+                ok = ok or (isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= 10_000)
+                expected = "an integer number of milliseconds between 0 and 10000"
+            case "create_response" | "interrupt_response":
+                ok, expected = isinstance(item, bool), "true or false"
+            case _:
+                ok, expected = True, ""
+        if not ok:
+            raise EventError(f"{param}.{key} must be {expected}, got {item!r}", f"{param}.{key}")
+    return checked

@@ -173,11 +173,19 @@ class SlotArena:
         self._names: set[str] = set()  # every segment we created and have not unlinked
         self._finalizer = weakref.finalize(self, _unlink_quietly, self._names, os.getpid())
         self._pool: Segment | None = None
-        if slots:
-            name = self._stem + "pool"
-            self._pool = Segment.create(name, slots * slot_bytes, prefault=True)
-            self._names.add(name)
         self.closed = False
+
+    def _ensure_pool(self) -> Segment:
+        """Create and pre-fault the pooled segment on the first lease that needs it.
+
+        A process that never sends a big tensor never pays for (or holds) the pool.
+        Called with ``_lock`` held.
+        """
+        if self._pool is None:
+            name = self._stem + "pool"
+            self._names.add(name)
+            self._pool = Segment.create(name, self.slots * self.slot_bytes, prefault=True)
+        return self._pool
 
     @property
     def outstanding(self) -> int:
@@ -198,11 +206,11 @@ class SlotArena:
             self._next_id += 1
             first = self._used.find(b"\x00" * count) if 0 < count <= self.slots else -1
             if first >= 0:
-                assert self._pool is not None
+                pool = self._ensure_pool()
                 self._used[first : first + count] = b"\x01" * count
                 self._remember(lease_id, _Lease(peer, first, count, None))
                 start = first * self.slot_bytes
-                return Region(lease_id, self._pool, start, start + count * self.slot_bytes, False)
+                return Region(lease_id, pool, start, start + count * self.slot_bytes, False)
             self._oneoff_seq += 1
             name = f"{self._stem}x{self._oneoff_seq}"
             self._names.add(name)

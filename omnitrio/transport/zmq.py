@@ -8,8 +8,9 @@ What a caller may rely on:
   message or nothing (zmq accepts a multipart message atomically). A cancelled receive consumed nothing: it
   is only cancelled before it takes a message, never after. A cancelled ``send_batch`` sent a prefix of
   whole messages, in order; use ``send`` per message where the count matters.
-- **Blocking.** ``send``/``send_batch`` wait only while zmq refuses the message (the HWM is reached).
-  ``recv_batch`` returns every message available (up to ``max_messages``) and waits only when none is.
+- **Blocking.** ``send``/``send_batch`` wait only while zmq refuses the message (the HWM is reached);
+  ``try_send`` never waits (for sync callbacks inside the trio run). ``recv_batch`` returns every message
+  available (up to ``max_messages``) and waits only when none is.
 - **Closing.** ``close()`` (also on leaving ``async with``, cancelled or not) wakes every task waiting on the
   socket with ``trio.ClosedResourceError`` and closes it with ``linger`` (default 0: unsent messages are
   dropped, so end a stream with an application-level END and ack before closing). Later calls raise
@@ -37,7 +38,7 @@ import zmq
 
 Frame = bytes | bytearray | memoryview
 Message = Frame | Sequence[Frame]
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class TrioZmqSocket:
@@ -72,6 +73,12 @@ class TrioZmqSocket:
         self._poll()
         if not yielded:
             await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def try_send(self, message: Message) -> bool:
+        """Send without waiting (no checkpoint): True if zmq took the whole message, False at the HWM."""
+        sent = self._send_nowait(message)
+        self._poll()
+        return sent
 
     async def recv(self) -> bytes:
         """Receive one frame (a multipart message comes one frame per call; use ``recv_multipart``)."""
@@ -110,11 +117,11 @@ class TrioZmqSocket:
     ) -> None:
         self.close()
 
-    async def _recv_many(self, op: Callable[[int], T], max_messages: int) -> list[T]:
+    async def _recv_many(self, op: Callable[[int], _T], max_messages: int) -> list[_T]:
         if max_messages < 1:
             raise ValueError(f"max_messages must be at least 1, got {max_messages}")
         await trio.lowlevel.checkpoint_if_cancelled()
-        out: list[T] = []
+        out: list[_T] = []
         yielded = False
         while True:
             self._check_open()
@@ -137,6 +144,8 @@ class TrioZmqSocket:
             match message:
                 case bytes() | bytearray() | memoryview():
                     self.socket.send(message, zmq.NOBLOCK)
+                case str():
+                    raise TypeError("a zmq frame is bytes, got str: encode it first")
                 case []:
                     raise ValueError("a zmq message needs at least one frame, got an empty sequence")
                 case _:

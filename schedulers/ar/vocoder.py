@@ -7,27 +7,23 @@ at once or streamed in chunks.  Streaming (:class:`StreamingGriffinLim`) re-deco
 ``lookahead`` frames, whose samples still depend on frames not yet seen, until the next chunk or
 :meth:`~StreamingGriffinLim.flush`.
 
-:class:`GriffinLimVocoderScheduler` is the stage: ``stream_chunk`` (data: a ``{"mel": [frames, n_mels]}``
-dict or the array itself) are decoded as they arrive, also before the request's payload;
-``stream_done`` plus the payload flush the tail and produce the result; abort drops the state, and
-late chunks of an aborted or finished request never recreate it.  It is written to be rebased on
-``StreamingVocoderBase`` once that exists (its hooks map to ``create_stream_state`` / ``ingest`` /
-``decode_delta`` / ``final_result_data``).
+:class:`GriffinLimVocoderScheduler` is the stage, a :class:`~schedulers.vocoder.StreamingVocoderBase`:
+``stream_chunk`` (data: a ``{"mel": [frames, n_mels]}`` dict or the array itself) are decoded as they
+arrive, also before the request's payload; ``stream_done`` plus the payload flush the tail and produce
+the result; abort drops the state, and late chunks of an aborted or finished request never recreate it.
 """
 
 from __future__ import annotations
 
-import collections
 import math
-import queue
-from typing import Any, Final
+from typing import Any
 
 import attrs
 import numpy as np
 import torch
 
-from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, StreamItem, put_messages
-from schedulers.ar.scheduler import STOP, _Stop
+from omnitrio.contract import StagePayload
+from schedulers.vocoder import StreamingVocoderBase
 
 
 def mel_filterbank(
@@ -147,11 +143,16 @@ def to_pcm16(audio: np.ndarray) -> np.ndarray:
 
 
 @attrs.define(eq=False)
-class _Request:
-    stream: StreamingGriffinLim
-    payload: StagePayload | None = None
-    done: bool = False
+class _Stream:
+    """One request's vocoder state: the streaming decoder, samples ready to emit, and all emitted so far."""
+
+    decoder: StreamingGriffinLim
+    ready: list[np.ndarray] = attrs.field(factory=list)
     pcm: list[np.ndarray] = attrs.field(factory=list)
+
+    def add(self, samples: np.ndarray) -> None:
+        if len(samples):
+            self.ready.append(to_pcm16(samples))
 
 
 def _mel_of(data: Any) -> torch.Tensor:
@@ -166,116 +167,69 @@ def _mel_of(data: Any) -> torch.Tensor:
             )
 
 
-class GriffinLimVocoderScheduler:
+def _has_mel(payload: StagePayload) -> bool:
+    return isinstance(payload.data, dict) and "mel" in payload.data
+
+
+class GriffinLimVocoderScheduler(StreamingVocoderBase[_Stream]):
     """Streaming vocoder stage: mel chunks in, ``{"pcm": int16, "sample_rate"}`` audio chunks out.
 
     Per request, in order: ``stream`` outputs (``metadata={"modality": "audio"}``), one per chunk that
     yielded samples, then the tail chunk and a ``result`` once both the payload and ``stream_done``
     arrived.  The result's payload ``data`` (a dict) gets ``pcm`` (all samples, int16),
     ``sample_rate`` and ``num_samples``.  A payload whose ``data`` holds ``"mel"`` is decoded whole
-    (no stream needed).  A bad chunk fails only its request (``error``).
+    (no stream needed); every other payload is streaming.  A bad chunk fails only its request (``error``).
+    Chunk metadata may name modality ``"mel"`` (what the talker sends) or none.
     """
+
+    stream_source_hint = "GriffinLimVocoder"
+    stream_input_modality = "mel"
 
     def __init__(self, vocoder: GriffinLimVocoder | None = None, *, context: int = 8, lookahead: int = 4) -> None:
         self.vocoder = vocoder or GriffinLimVocoder()
         self.context = context
         self.lookahead = lookahead
-        self._inbox: queue.Queue[IncomingMessage | _Stop] = queue.Queue()
-        self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
-        self._requests: dict[str, _Request] = {}
-        self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()  # aborted / completed
-
-    @property
-    def inbox(self) -> queue.Queue[IncomingMessage | _Stop]:
-        return self._inbox
-
-    @property
-    def outbox(self) -> queue.Queue[OutgoingMessage]:
-        return self._outbox
+        super().__init__(self._decode_whole, sample_rate=self.vocoder.sample_rate)
 
     @property
     def active_requests(self) -> int:
-        return len(self._requests)
+        return self.active_streams
 
     def warm_up_serving_thread(self) -> None:
         torch.set_num_threads(1)
 
-    def start(self) -> None:
-        while not isinstance(message := self._inbox.get(), _Stop):
-            try:
-                outputs = self._handle(message)
-            except Exception as exc:
-                self._forget(message.request_id)
-                outputs = [OutgoingMessage(message.request_id, "error", exc)]
-            put_messages(self._outbox, outputs)
+    def is_streaming_payload(self, payload: StagePayload) -> bool:
+        return not _has_mel(payload)
 
-    def stop(self) -> None:
-        self._inbox.put(STOP)
+    def create_stream_state(self, request_id: str) -> _Stream:
+        return _Stream(StreamingGriffinLim(self.vocoder, self.context, self.lookahead))
 
-    def abort(self, request_id: str) -> None:
-        self._inbox.put(IncomingMessage(request_id, "abort"))
+    def validate_chunk(self, request_id: str, state: _Stream, codes: Any) -> torch.Tensor:
+        return _mel_of(codes)
 
-    def _handle(self, message: IncomingMessage) -> list[OutgoingMessage]:
-        rid = message.request_id
-        if rid in self._finished and message.type != "new_request":
-            return []  # late input of an aborted or finished request
-        match message.type:
-            case "new_request":
-                self._finished.pop(rid, None)
-                payload = message.data
-                if isinstance(payload, StagePayload) and isinstance(payload.data, dict) and "mel" in payload.data:
-                    pcm = to_pcm16(self.vocoder.decode(_mel_of(payload.data)))
-                    return [self._result(rid, payload, [pcm])]
-                request = self._state(rid)
-                request.payload = payload
-                return self._maybe_finish(rid, request)
-            case "stream_chunk":
-                item: StreamItem = message.data
-                pcm = to_pcm16(self._state(rid).stream.push(_mel_of(item.data)))
-                return [self._chunk(rid, pcm)] if len(pcm) else []
-            case "stream_done":
-                request = self._state(rid)
-                request.done = True
-                return self._maybe_finish(rid, request)
-            case "abort":
-                self._forget(rid)
-                return []
+    def ingest(self, request_id: str, state: _Stream, codes: torch.Tensor) -> None:
+        state.add(state.decoder.push(codes))
 
-    def _state(self, rid: str) -> _Request:
-        request = self._requests.get(rid)
-        if request is None:
-            request = self._requests[rid] = _Request(StreamingGriffinLim(self.vocoder, self.context, self.lookahead))
-        return request
+    def decode_delta(self, request_id: str, state: _Stream, *, is_final: bool) -> np.ndarray | None:
+        if is_final:
+            state.add(state.decoder.flush())
+        if not state.ready:
+            return None
+        pcm = np.concatenate(state.ready)
+        state.ready.clear()
+        state.pcm.append(pcm)
+        return pcm
 
-    def _maybe_finish(self, rid: str, request: _Request) -> list[OutgoingMessage]:
-        if not request.done or request.payload is None:
-            return []
-        tail = to_pcm16(request.stream.flush())
-        outputs = [self._chunk(rid, tail)] if len(tail) else []
-        request = self._requests[rid]
-        outputs.append(self._result(rid, request.payload, request.pcm))  # type: ignore[arg-type]
-        return outputs
+    def final_result_data(self, request_id: str, payload: StagePayload, state: _Stream) -> dict[str, Any]:
+        pcm = np.concatenate(state.pcm) if state.pcm else np.zeros(0, np.int16)
+        return _with_audio(payload, pcm, self.vocoder.sample_rate)
 
-    def _chunk(self, rid: str, pcm: np.ndarray) -> OutgoingMessage:
-        self._requests[rid].pcm.append(pcm)
-        data = {"pcm": pcm, "sample_rate": self.vocoder.sample_rate}
-        return OutgoingMessage(rid, "stream", data, metadata={"modality": "audio"})
-
-    def _result(self, rid: str, payload: StagePayload, chunks: list[np.ndarray]) -> OutgoingMessage:
-        self._forget(rid)
-        pcm = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
-        result = {"pcm": pcm, "sample_rate": self.vocoder.sample_rate, "num_samples": len(pcm)}
-        if isinstance(payload.data, dict):
-            payload.data.update(result)
-        else:
-            payload.data = result
-        return OutgoingMessage(rid, "result", payload)
-
-    def _forget(self, rid: str) -> None:
-        self._requests.pop(rid, None)
-        self._finished[rid] = None
-        while len(self._finished) > _FINISHED_MEMORY:
-            self._finished.popitem(last=False)
+    def _decode_whole(self, payload: StagePayload) -> StagePayload:
+        pcm = to_pcm16(self.vocoder.decode(_mel_of(payload.data)))
+        payload.data = _with_audio(payload, pcm, self.vocoder.sample_rate)
+        return payload
 
 
-_FINISHED_MEMORY: Final = 10_000
+def _with_audio(payload: StagePayload, pcm: np.ndarray, sample_rate: int) -> dict[str, Any]:
+    result = {"pcm": pcm, "sample_rate": sample_rate, "num_samples": len(pcm)}
+    return {**payload.data, **result} if isinstance(payload.data, dict) else result

@@ -13,6 +13,8 @@ Session ``config`` (the open command's ``config``):
 * ``turn_detection``: ``None`` or ``{"type": "server_vad", "threshold", "prefix_padding_ms",
   "silence_duration_ms"}``: VAD events are emitted as ``vad`` stream chunks
   ``{"type": "speech_started", "audio_start_ms": ...}`` / ``{"type": "speech_stopped", "audio_end_ms": ...}``;
+  with ``pause_ms`` in it (an omnitrio extension) also ``{"type": "speech_paused" | "speech_resumed",
+  "audio_ms": ...}`` (see :class:`~schedulers.speech.vad.VoiceActivityDetector`);
 * ``language``: passed to the recognizer;
 * ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
   turns partials off (VAD events and the final text still come).
@@ -105,6 +107,7 @@ class StreamingTranscriber:
             prefix_padding_ms=turn.get("prefix_padding_ms", 300),
             silence_duration_ms=turn.get("silence_duration_ms", 500),
             backend=self.vad_backend,
+            pause_ms=turn.get("pause_ms"),
         )
 
     def append(
@@ -125,7 +128,13 @@ class StreamingTranscriber:
         if state.vad is None:
             return
         for event in state.vad.feed(audio):
-            key = "audio_start_ms" if event.type == "speech_started" else "audio_end_ms"
+            match event.type:
+                case "speech_started":
+                    key = "audio_start_ms"
+                case "speech_stopped":
+                    key = "audio_end_ms"
+                case _:
+                    key = "audio_ms"
             if ctx is not None:
                 ctx.emit({"type": event.type, key: event.ms}, modality="vad")
 

@@ -116,6 +116,8 @@ class SentenceStreamingTTSScheduler:
             self.outbox.put(OutgoingMessage(request_id, "error", data=exc))
             return
         stream = bool(payload.request.params.get("stream", False))
+        if not request.text.strip():
+            clips = iter(())  # nothing to say (a lenient ``parse`` allows it): an empty result, no error
         self._jobs.append(_Job(request_id, payload, request.text, stream, clips, resampler))
 
     def _step(self, job: _Job) -> None:

@@ -8,7 +8,11 @@
 * ``speech_stopped.sample`` is where ``silence_duration_ms`` of silence after the last
   speech frame completed — the end of that audio, silence included.
 
-Events alternate, starting with ``speech_started``, and come in stream order.  The frame
+Events alternate, starting with ``speech_started``, and come in stream order.  With
+``pause_ms`` set, a turn may also report ``speech_paused`` (``pause_ms`` of silence so far:
+the turn *may* be ending, so a server can start preparing its answer) and ``speech_resumed``
+(speech came back before ``speech_stopped``: whatever was prepared is stale).  A pause is
+always followed by exactly one of ``speech_resumed`` or ``speech_stopped``.  The frame
 scorer is Silero VAD (the ONNX model shipped in the ``silero-vad`` wheel, run by onnxruntime
 with numpy: no torch, no download) or, when that is unavailable, a frame-energy detector.
 A detector holds per-stream state: one per audio stream, used by one thread at a time.
@@ -36,7 +40,7 @@ _HYSTERESIS = 0.15  # speech continues while the score stays above threshold - 0
 class VadEvent:
     """A turn boundary: ``type`` and its absolute sample offset in the stream (16 kHz)."""
 
-    type: Literal["speech_started", "speech_stopped"]
+    type: Literal["speech_started", "speech_stopped", "speech_paused", "speech_resumed"]
     sample: int
     sample_rate: int = ASR_SAMPLE_RATE
 
@@ -146,11 +150,14 @@ class VoiceActivityDetector:
         silence_duration_ms: int = 500,
         backend: VadBackendName = "auto",
         scorer: FrameScorer | None = None,
+        pause_ms: int | None = None,
     ) -> None:
         self.threshold = _check_unit("threshold", threshold)
         self.prefix_padding = _check_ms("prefix_padding_ms", prefix_padding_ms) * ASR_SAMPLE_RATE // 1000
         self.silence_samples = _check_ms("silence_duration_ms", silence_duration_ms) * ASR_SAMPLE_RATE // 1000
+        self.pause_samples = None if pause_ms is None else _check_ms("pause_ms", pause_ms) * ASR_SAMPLE_RATE // 1000
         self.scorer = scorer if scorer is not None else new_scorer(backend)
+        self._paused = False
         self._pending = np.zeros(0, dtype=np.float32)
         self._consumed = 0  # samples scored so far
         self._speaking = False
@@ -178,7 +185,20 @@ class VoiceActivityDetector:
                 events.append(VadEvent("speech_started", max(0, frame_start - self.prefix_padding)))
             elif self._speaking and probability >= self.threshold - _HYSTERESIS:
                 self._last_speech_end = self._consumed
-            elif self._speaking and self._consumed - self._last_speech_end >= self.silence_samples:
-                self._speaking = False
-                events.append(VadEvent("speech_stopped", self._last_speech_end + self.silence_samples))
+                if self._paused:
+                    self._paused = False
+                    events.append(VadEvent("speech_resumed", frame_start))
+            elif self._speaking:
+                events += self._silent_frame()
         return events
+
+    def _silent_frame(self) -> list[VadEvent]:
+        """The turn's silence grew by a frame: maybe a pause, maybe the end of the turn."""
+        silent = self._consumed - self._last_speech_end
+        if silent >= self.silence_samples:
+            self._speaking = self._paused = False
+            return [VadEvent("speech_stopped", self._last_speech_end + self.silence_samples)]
+        if self.pause_samples is not None and not self._paused and silent >= self.pause_samples:
+            self._paused = True
+            return [VadEvent("speech_paused", self._last_speech_end + self.pause_samples)]
+        return []

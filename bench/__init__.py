@@ -1,0 +1,1 @@
+"""Benchmarks for omnitrio and the peer runtime: they print figures and write results, never assert timings."""

@@ -1,0 +1,330 @@
+"""``python -m omnitrio``: serve a pipeline, run one request, check or trace a config.
+
+::
+
+    python -m omnitrio serve [--config FILE] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
+    python -m omnitrio run [--config FILE] [--set k=v ...] [--audio-out FILE.wav] INPUT
+    python -m omnitrio check [--set k=v ...] FILE
+    python -m omnitrio trace ...            (omnitrio.trace, when it is installed)
+
+Without ``--config``, ``serve`` and ``run`` use the default pipeline: ``configs/speech.toml`` next to
+the ``omnitrio`` package (the repository checkout an editable install points at). The server listens
+on loopback unless told otherwise; a busy port is an error that names the address (checked before
+any model loads, never a silent switch to another port). SIGINT or SIGTERM drains in-flight requests
+and exits 0. Exit codes: 0 success, 1 the request or the server failed, 2 bad usage or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+import time
+import wave
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from omnitrio.config import PipelineConfig, load
+from omnitrio.errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "speech.toml"
+log = logging.getLogger("omnitrio.cli")
+
+
+class UsageError(Exception):
+    """Bad command-line input; printed as ``omnitrio: error: ...`` with exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m omnitrio",
+        description="Serve multi-stage omni model pipelines (speech, text, audio) on trio.",
+        epilog="Without --config, serve and run use the default offline speech pipeline "
+        f"({DEFAULT_CONFIG}). Each command has its own --help.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def overrides(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override one config field, e.g. --set asr.factory.cpu_threads=1 (repeatable)",
+        )
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve a pipeline over the OpenAI-compatible HTTP and realtime WebSocket API",
+        description="Serve a pipeline: /v1/chat/completions, /v1/audio/speech, /v1/audio/transcriptions, "
+        "WS /v1/realtime, /health, /metrics. Ctrl-C drains in-flight requests and exits.",
+    )
+    serve.add_argument("--config", type=Path, help="pipeline TOML file (default: the offline speech pipeline)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s; 0: any free port)")
+    serve.add_argument(
+        "--graceful-timeout", type=float, default=5.0, help="seconds in-flight requests get on shutdown (default: 5)"
+    )
+    overrides(serve)
+
+    run = commands.add_parser(
+        "run",
+        help="run one request from the shell and print its streamed output",
+        description="Submit INPUT to the pipeline and print what it streams, then the result as JSON. "
+        'INPUT is JSON when it parses as JSON (e.g. \'{"task": "speech", "input": "Hello."}\'), '
+        "otherwise a plain string; '-' reads it from stdin.",
+    )
+    run.add_argument("--config", type=Path, help="pipeline TOML file (default: the offline speech pipeline)")
+    run.add_argument("--audio-out", type=Path, metavar="FILE.wav", help="also write streamed audio to a WAV file")
+    run.add_argument("--timeout", type=float, default=None, help="deadline of the request in seconds")
+    overrides(run)
+    run.add_argument("input", metavar="INPUT", help="the request inputs (JSON or text; '-' for stdin)")
+
+    check = commands.add_parser(
+        "check",
+        help="validate a config and print its stage graph",
+        description="Load and validate a pipeline file (importing every factory and function it names) "
+        "and print its stages and edges. Exit 0 when valid, 2 with the error otherwise.",
+    )
+    check.add_argument("file", type=Path, metavar="FILE", help="pipeline TOML file")
+    overrides(check)
+
+    trace = commands.add_parser(
+        "trace",
+        help="request timelines of a pipeline (omnitrio.trace)",
+        description="Arguments after 'trace' go to omnitrio.trace; run 'python -m omnitrio trace --help'.",
+        add_help=False,
+    )
+    trace.add_argument("args", nargs=argparse.REMAINDER, help="arguments for omnitrio.trace")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console entry point; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        match args.command:
+            case "serve":
+                return _serve(args)
+            case "run":
+                return _run(args)
+            case "check":
+                return _check(args)
+            case "trace":
+                return _trace(args.args)
+    except (ConfigError, UsageError) as exc:
+        print(f"omnitrio: error: {exc}", file=sys.stderr)
+        return 2
+    raise AssertionError(args.command)
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def load_config(path: Path | None, overrides: Sequence[str]) -> PipelineConfig:
+    """The pipeline at ``path`` (the default pipeline when None), overridden and validated."""
+    if path is None:
+        if not DEFAULT_CONFIG.is_file():
+            raise UsageError(
+                f"the default pipeline {DEFAULT_CONFIG} is missing (it ships in the repository's configs/; "
+                "install omnitrio editable from a checkout, or pass --config FILE)"
+            )
+        path = DEFAULT_CONFIG
+    return load(path, overrides)
+
+
+def _inline(config: PipelineConfig) -> bool:
+    """Run every stage in this process unless the config asks for processes and they are supported."""
+    if not any(stage.process for stage in config.stages):
+        return True
+    try:
+        import omnitrio.processes  # noqa: F401
+    except ImportError:
+        log.warning("stage processes are not available in this build; running every stage in this process")
+        return True
+    return False
+
+
+# -- check -------------------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = load_config(args.file, args.overrides)
+    print(describe(config))
+    return 0
+
+
+def describe(config: PipelineConfig) -> str:
+    """The stage graph as text: one stage per line with where its outputs go."""
+    lines = [f"pipeline {config.name!r}: {len(config.stages)} stages, entry {config.entry_stage!r}"]
+    if config.terminal_stages_fn:
+        lines.append(f"  terminal stages per request: {config.terminal_stages_fn}")
+    width = max(len(stage.name) for stage in config.stages)
+    for stage in config.stages:
+        where = f"[{stage.process}]" if stage.process else "[main]"
+        edges = ["terminal"] if stage.terminal else [f"-> {', '.join(stage.next_stages)}"]
+        if stage.route_fn:
+            edges.append(f"route {stage.route_fn}")
+        if stage.wait_for:
+            edges.append(f"waits for {', '.join(stage.wait_for)} (merge {stage.merge_fn})")
+        if stage.stream_to:
+            edges.append(f"streams to {', '.join(stage.stream_to)}")
+        lines.append(f"  {stage.name:<{width}}  {where:<8} {stage.factory_path}  {'; '.join(edges)}")
+    return "\n".join(lines)
+
+
+# -- serve -------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from omnitrio.serve import BindError, bind_socket
+
+    config = load_config(args.config, args.overrides)
+    _log_to_stderr()
+    try:
+        bind_socket(args.host, args.port).close()  # fail on a busy port now, not after loading models
+    except BindError as exc:
+        print(f"omnitrio: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        trio.run(_serve_async, config, args)
+    except KeyboardInterrupt:
+        print("omnitrio: interrupted while starting", file=sys.stderr)
+        return 130
+    except BindError as exc:
+        print(f"omnitrio: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None:
+    from omnitrio.runner import open_pipeline
+    from omnitrio.serve import serve
+
+    names = ", ".join(stage.name for stage in config.stages)
+    print(f"omnitrio: starting {config.name!r} ({names}); the first start loads models...", file=sys.stderr)
+    started = time.perf_counter()
+    async with open_pipeline(config, inline=_inline(config)) as pipeline:
+        elapsed = time.perf_counter() - started
+        print(f"omnitrio: pipeline ready in {elapsed:.1f} s", file=sys.stderr)
+
+        async with trio.open_nursery() as nursery:
+            serving = partial(serve, pipeline, host=args.host, port=args.port, graceful_timeout=args.graceful_timeout)
+            port = await nursery.start(serving)
+            print(f"omnitrio: serving {pipeline.name!r} on http://{args.host}:{port} (Ctrl-C stops)", file=sys.stderr)
+    print("omnitrio: stopped", file=sys.stderr)
+
+
+def _log_to_stderr() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+def parse_input(text: str) -> Any:
+    """``INPUT`` as given on the command line: JSON when it parses, else the string itself."""
+    if text == "-":
+        text = sys.stdin.read()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _run(args: argparse.Namespace) -> int:
+    from omnitrio.errors import RequestError
+
+    config = load_config(args.config, args.overrides)
+    inputs = parse_input(args.input)
+    try:
+        result = trio.run(_run_async, config, inputs, args)
+    except RequestError as exc:
+        print(f"\nomnitrio: request failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summarize(result), indent=2, default=str))
+    return 0
+
+
+async def _run_async(config: PipelineConfig, inputs: Any, args: argparse.Namespace) -> Any:
+    from omnitrio.messages import CompleteMessage, StreamMessage
+    from omnitrio.runner import open_pipeline
+
+    audio = _AudioSink(args.audio_out)
+    async with open_pipeline(config, inline=_inline(config)) as pipeline:
+        async with pipeline.stream("cli-run", inputs, timeout=args.timeout) as messages:
+            async for message in messages:
+                match message:
+                    case StreamMessage(chunk=str(text)):
+                        print(text, end="", flush=True)
+                    case StreamMessage(chunk=chunk, from_stage=stage, modality=modality):
+                        audio.add(chunk)
+                        print(f"[{stage} {modality or 'stream'}: {json.dumps(summarize(chunk), default=str)}]")
+                    case CompleteMessage():
+                        continue
+        print()
+        audio.close()
+        return messages.result
+
+
+def summarize(value: Any) -> Any:
+    """JSON-friendly ``value``: arrays become ``"<int16 array of 5120 samples>"``."""
+    match value:
+        case dict():
+            return {str(k): summarize(v) for k, v in value.items()}
+        case list() | tuple():
+            return [summarize(v) for v in value]
+        case str() | int() | float() | bool() | None:
+            return value
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"<{getattr(value, 'dtype', '?')} array of shape {tuple(shape)}>"
+    return repr(value)
+
+
+class _AudioSink:
+    """Streamed ``{"pcm", "sample_rate"}`` chunks to a PCM16 WAV file (when a path was given)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._wav: wave.Wave_write | None = None
+
+    def add(self, chunk: Any) -> None:
+        if self.path is None or not isinstance(chunk, dict) or "pcm" not in chunk:
+            return
+        import numpy as np
+
+        pcm = np.asarray(chunk["pcm"])
+        if pcm.dtype.kind == "f":
+            pcm = np.round(np.clip(pcm, -1.0, 1.0) * 32767.0)
+        if self._wav is None:
+            self._wav = wave.open(str(self.path), "wb")  # closed in close()
+            self._wav.setnchannels(1)
+            self._wav.setsampwidth(2)
+            self._wav.setframerate(int(chunk["sample_rate"]))
+        self._wav.writeframes(pcm.astype("<i2").tobytes())
+
+    def close(self) -> None:
+        if self._wav is not None:
+            self._wav.close()
+            print(f"omnitrio: audio written to {self.path}", file=sys.stderr)
+
+
+# -- trace -------------------------------------------------------------------------------------
+
+
+def _trace(argv: Sequence[str]) -> int:
+    if importlib.util.find_spec("omnitrio.trace") is None:
+        print("omnitrio: error: 'trace' is not available in this build (omnitrio.trace is missing)", file=sys.stderr)
+        return 2
+    trace = importlib.import_module("omnitrio.trace")
+    code: int = trace.main(list(argv))
+    return code

@@ -1,0 +1,46 @@
+"""What a caller holds inside ``open_pipeline``: submit, stream, abort, health.
+
+The same API whether the stages run in the caller's process or in spawned ones; only
+:meth:`Pipeline.health` differs (it must ask other processes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnitrio.config import PipelineConfig
+from omnitrio.coordinator import Coordinator, RequestStream
+
+
+class Pipeline:
+    """A running pipeline; see :func:`omnitrio.open_pipeline`."""
+
+    def __init__(self, config: PipelineConfig, coordinator: Coordinator) -> None:
+        self.config = config
+        self.name: str = config.name or "omnitrio"
+        self.coordinator = coordinator
+        self.metrics_registry: Any = None
+
+    async def submit(
+        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        """Run one request; return the terminal ``payload.data`` (see ``Coordinator.submit``)."""
+        return await self.coordinator.submit(request_id, inputs, params=params, timeout=timeout)
+
+    def stream(
+        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> RequestStream:
+        """Stream one request (see ``Coordinator.stream``)."""
+        return self.coordinator.stream(request_id, inputs, params=params, timeout=timeout)
+
+    async def abort(self, request_id: str, *, wait: bool = False) -> bool:
+        """Abort a live request everywhere; True if it was live (see ``Coordinator.abort``)."""
+        return await self.coordinator.abort(request_id, wait=wait)
+
+    async def health(self) -> dict[str, Any]:
+        """``{"requests": n, "stages": {name: {alive, pid, process, active_requests, restarts}}}``."""
+        raise NotImplementedError
+
+
+def stage_health(alive: bool, pid: int, process: str, active: int, restarts: int) -> dict[str, Any]:
+    return {"alive": alive, "pid": pid, "process": process, "active_requests": active, "restarts": restarts}

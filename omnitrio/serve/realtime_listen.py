@@ -1,0 +1,110 @@
+"""Server-side turn detection for one realtime session, done by the pipeline's streaming ASR stage.
+
+A :class:`TurnListener` owns one ASR session of the pipeline (a ``SessionScheduler`` stage). It is
+driven with ordinary pipeline requests whose inputs are ``{"task": "asr_session", "command": {"op":
+"open" | "append" | "abort", "session_id", ...}}``: ``open`` asks for server VAD with the client's
+settings, each ``append`` carries the PCM16 24 kHz bytes the client sent since the last one, and
+the VAD events the stage streams back (``modality == "vad"``) go to ``on_event`` in stream order.
+
+Why through the pipeline and not a VAD in the server: the server never imports model code, and a
+pipeline may run its stages in other processes. The cost is one small request per append; while
+one is in flight, further audio is coalesced into the next, so the listener never falls behind.
+
+Besides OpenAI's ``speech_started`` / ``speech_stopped`` the listener asks for ``speech_paused``
+(the turn *may* be ending, ``PAUSE_LEAD_MS`` before ``speech_stopped`` could confirm it) and
+``speech_resumed`` (it did not): the connection uses them to prepare its answer speculatively.
+
+What a caller may rely on: :meth:`TurnListener.run` raises if the session cannot be opened (the
+stage's error, e.g. its ``max_sessions``, names the limit) and before it reports ``started``
+nothing is delivered; whatever way ``run`` ends, the ASR session is aborted (shielded, bounded
+by ``CLOSE_TIMEOUT`` seconds), so a closed socket never leaves session state in the pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from omnitrio.messages import StreamMessage
+from omnitrio.serve.audio import REALTIME_RATE
+from omnitrio.serve.context import ServedPipeline
+from omnitrio.serve.realtime_session import TurnDetection
+
+PAUSE_LEAD_MS = 400  # start preparing the answer when this much silence is still needed to end the turn
+CLOSE_TIMEOUT = 2.0
+
+OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def session_config(detection: TurnDetection) -> dict[str, Any]:
+    """The ``open`` command's config: 24 kHz PCM16 in, server VAD with a speculation point, no partials."""
+    vad = {
+        "type": "server_vad",
+        "threshold": detection.threshold,
+        "prefix_padding_ms": detection.prefix_padding_ms,
+        "silence_duration_ms": detection.silence_duration_ms,
+        "pause_ms": max(0, detection.silence_duration_ms - PAUSE_LEAD_MS),
+    }
+    return {"sample_rate": REALTIME_RATE, "turn_detection": vad, "partial_every_ms": None}
+
+
+class TurnListener:
+    """Streams a session's input audio to the pipeline's ASR session and reports its VAD events."""
+
+    def __init__(
+        self,
+        pipeline: ServedPipeline,
+        session_id: str,
+        detection: TurnDetection,
+        on_event: OnEvent,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.session_id = session_id
+        self.detection = detection
+        self.on_event = on_event
+        self.timeout = timeout
+        self._audio_in, self._audio = trio.open_memory_channel[bytes](math.inf)
+        self._commands = 0
+
+    def feed(self, pcm16: bytes) -> None:
+        """Queue appended audio (never blocks; the caller bounds the session's total input)."""
+        self._audio_in.send_nowait(pcm16)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open the ASR session, then forward audio until cancelled; the session is aborted on any exit."""
+        try:
+            await self._command("open", config=session_config(self.detection))
+            task_status.started()
+            async for first in self._audio:
+                await self._command("append", chunk=first + self._drain())
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                await self._quietly("abort")
+
+    def _drain(self) -> bytes:
+        parts = []
+        while True:
+            try:
+                parts.append(self._audio.receive_nowait())
+            except trio.WouldBlock:
+                return b"".join(parts)
+
+    async def _command(self, op: str, **fields: Any) -> None:
+        self._commands += 1
+        request_id = f"{self.session_id}-{op}-{self._commands}"
+        inputs = {"task": "asr_session", "command": {"op": op, "session_id": self.session_id, **fields}}
+        async with self.pipeline.stream(request_id, inputs, timeout=self.timeout) as messages:
+            async for message in messages:
+                if isinstance(message, StreamMessage) and message.modality == "vad":
+                    await self.on_event(message.chunk)
+
+    async def _quietly(self, op: str) -> None:
+        try:
+            await self._command(op)
+        except Exception:
+            return  # the session is gone already (never opened, or the pipeline is closing)

@@ -1,0 +1,120 @@
+"""How messages cross a process boundary: frames, codec, and the process-level messages.
+
+A wire message is two frames: the sending process's name, then one msgpack-encoded
+msgspec Struct (about 1 µs to encode and decode).  User data — a payload, a chunk, a
+result — is packed by the sender's :class:`~omnitrio.transport.relay.ShmPool`: pickled,
+with every large tensor or array copied once into shared memory and referenced by a
+lease.  The receiver unpacks zero-copy views and reports the leases it holds; the stage
+that received them sends :class:`ReleaseLeases` back when its request scope ends.
+Pickle is used only for user objects, never for the control messages themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from omnitrio.envelopes import (
+    Abort,
+    Chunk,
+    Complete,
+    Credit,
+    Done,
+    Failed,
+    Payload,
+    Released,
+    StreamOut,
+    ToCoordinator,
+    ToStage,
+)
+
+
+class Ready(msgspec.Struct, tag="ready", array_like=True):
+    """Child → parent: every stage of ``process`` has started; it listens on ``address``."""
+
+    process: str
+    pid: int
+
+
+class StartupFailed(msgspec.Struct, tag="startfail", array_like=True):
+    """Child → parent: a stage could not start; ``error`` carries the child's traceback."""
+
+    process: str
+    error: str
+
+
+class HealthQuery(msgspec.Struct, tag="hq", array_like=True):
+    qid: int
+
+
+class HealthReply(msgspec.Struct, tag="hr", array_like=True):
+    """Per stage: ``[active_requests, restarts of its scheduler]``."""
+
+    qid: int
+    process: str
+    stages: dict[str, list[int]]
+
+
+class Shutdown(msgspec.Struct, tag="bye", array_like=True):
+    pass
+
+
+class PeerDown(msgspec.Struct, tag="down", array_like=True):
+    """Parent → everyone: ``process`` died; free what was lent to it, refuse sends to it."""
+
+    process: str
+
+
+class PeerUp(msgspec.Struct, tag="up", array_like=True):
+    """Parent → everyone: ``process`` is back, listening on ``address``."""
+
+    process: str
+    address: str
+
+
+class ReleaseLeases(msgspec.Struct, tag="rel", array_like=True):
+    """Receiver → sender: these shared-memory leases may be reused."""
+
+    leases: list[int]
+
+
+Control = Ready | StartupFailed | HealthQuery | HealthReply | Shutdown | PeerDown | PeerUp | ReleaseLeases
+WireMessage = ToStage | ToCoordinator | Control
+
+_BODY_TYPES = (Payload, Complete, StreamOut)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(
+    Payload
+    | Chunk
+    | Done
+    | Abort
+    | Credit
+    | Complete
+    | StreamOut
+    | Failed
+    | Released
+    | Ready
+    | StartupFailed
+    | HealthQuery
+    | HealthReply
+    | Shutdown
+    | PeerDown
+    | PeerUp
+    | ReleaseLeases
+)
+
+
+def encode(message: WireMessage) -> bytes:
+    """Encode a message whose user data (if any) is already packed into bytes."""
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | memoryview) -> WireMessage:
+    return _decoder.decode(data)  # type: ignore[no-any-return]
+
+
+def carries_body(message: Any) -> bool:
+    """Whether ``message`` holds user data that must be packed to cross a process."""
+    return isinstance(message, (*_BODY_TYPES, Chunk))

@@ -1,0 +1,139 @@
+"""The glue of the default speech pipeline (``configs/speech.toml``): routing by task and two small stages.
+
+One graph serves every route of the server (see ``omnitrio.serve`` for the input shapes)::
+
+    ingress ─┬─ transcription ──▶ asr ──────────────▶ text_out
+             ├─ realtime ───────▶ asr ─▶ responder ─▶ tts            (a committed turn)
+             ├─ asr_session ────▶ stream_asr                          (open / append / close / abort)
+             ├─ chat ───────────▶ responder ─┬─ audio asked ─▶ tts
+             │                               └─ text only ──▶ text_out
+             └─ speech ─────────▶ tts
+
+``terminal_stages_fn`` (:func:`terminal_stages`) names, from the inputs alone, the one terminal
+stage that completes each request, so the coordinator never waits for a branch that was not taken.
+``ingress`` also moves an ``asr_session`` command into ``request.metadata["session"]`` (where the
+:class:`~schedulers.session.SessionScheduler` reads it) and asks streaming stages to stream
+(``params["stream"]``) for every task whose audio is played as it comes.
+
+The responder is whatever ``factory_path`` the config names; it receives ``{"text": transcript}``
+(realtime) or the raw chat inputs, and must return ``payload.data = {"text": answer}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnitrio.contract import StagePayload
+from schedulers.session import SESSION_METADATA_KEY
+from schedulers.simple import SimpleScheduler
+from schedulers.speech.requests import SpeechRequest, raw_inputs, speech_request
+from schedulers.speech.tts import shared_synthesizer
+from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
+
+TASKS = ("chat", "speech", "transcription", "realtime", "asr_session")
+_ENTRY = {
+    "transcription": "asr",
+    "realtime": "asr",
+    "asr_session": "stream_asr",
+    "chat": "responder",
+    "speech": "tts",
+}
+_STREAMED = frozenset({"chat", "speech", "realtime"})
+
+
+def task_of(inputs: Any) -> str:
+    """The task of a request's inputs; a bare string is a chat turn. ``ValueError`` names what is wrong."""
+    if isinstance(inputs, str):
+        return "chat"
+    task = inputs.get("task") if isinstance(inputs, dict) else None
+    if task not in TASKS:
+        raise ValueError(f"inputs need 'task' set to one of {list(TASKS)} (or a plain string), got {task!r}")
+    return str(task)
+
+
+def wants_audio(inputs: Any) -> bool:
+    """Whether the answer is spoken: realtime and speech always, chat when ``modalities`` asks for audio."""
+    match task_of(inputs):
+        case "realtime" | "speech":
+            return True
+        case "chat":
+            return isinstance(inputs, dict) and "audio" in (inputs.get("modalities") or ())
+        case _:
+            return False
+
+
+def terminal_stages(request_id: str, inputs: Any) -> list[str]:
+    """The terminal stage whose result completes the request (``terminal_stages_fn``)."""
+    match task_of(inputs):
+        case "asr_session":
+            return ["stream_asr"]
+        case "transcription":
+            return ["text_out"]
+        case _:
+            return ["tts"] if wants_audio(inputs) else ["text_out"]
+
+
+def route_ingress(request_id: str, payload: StagePayload) -> str:
+    return _ENTRY[task_of(payload.request.inputs)]
+
+
+def route_asr(request_id: str, payload: StagePayload) -> str:
+    """A transcription is the answer; a realtime turn's transcript goes to the responder."""
+    return "responder" if task_of(payload.request.inputs) == "realtime" else "text_out"
+
+
+def route_responder(request_id: str, payload: StagePayload) -> str:
+    return "tts" if wants_audio(payload.request.inputs) else "text_out"
+
+
+def _admit(payload: StagePayload) -> StagePayload:
+    inputs = payload.request.inputs
+    task = task_of(inputs)
+    if task == "asr_session":
+        command = inputs.get("command")
+        if not isinstance(command, dict):
+            raise ValueError(f"an asr_session request needs 'command' (a session command dict), got {command!r}")
+        payload.request.metadata[SESSION_METADATA_KEY] = command
+    if task in _STREAMED:
+        payload.request.params.setdefault("stream", True)
+    return payload
+
+
+def create_ingress_stage() -> SimpleScheduler:
+    """Checks the task and prepares the request for its branch (see the module docstring)."""
+    return SimpleScheduler(_admit)
+
+
+def _text_out(payload: StagePayload) -> StagePayload:
+    data = raw_inputs(payload)
+    text = data.get("text", "") if isinstance(data, dict) else str(data)
+    payload.data = {"text": text}
+    return payload
+
+
+def create_text_output_stage() -> SimpleScheduler:
+    """The terminal of text answers (transcripts, text-only chat): ``payload.data = {"text": ...}``."""
+    return SimpleScheduler(_text_out)
+
+
+def _lenient_speech_request(payload: StagePayload) -> SpeechRequest:
+    """A realtime turn whose transcript is empty (noise, a cough) is answered with silence, not an error."""
+    data = raw_inputs(payload)
+    if (
+        task_of(payload.request.inputs) == "realtime"
+        and isinstance(data, dict)
+        and not str(data.get("text", "")).strip()
+    ):
+        return SpeechRequest(text="")
+    return speech_request(payload)
+
+
+def create_speech_stage(
+    *, backend: str = "auto", output_sample_rate: int = 24_000, threads: int = 2
+) -> SentenceStreamingTTSScheduler:
+    """Streaming TTS (sentence by sentence) for this pipeline; empty realtime answers are silent."""
+    options: dict[str, Any] = {"threads": threads} if backend in ("auto", "piper") else {}
+    synthesizer = shared_synthesizer(backend, **options)  # type: ignore[arg-type]
+    return SentenceStreamingTTSScheduler(
+        synthesizer, output_sample_rate=output_sample_rate, parse=_lenient_speech_request
+    )

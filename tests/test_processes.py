@@ -1,0 +1,154 @@
+"""Stages in spawned processes: seed experiments, relay, supervision, clean shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, StageConfig, open_pipeline
+from omnitrio.errors import StartupError
+from tests.pipelines import T, chain_config, fan_config, settled
+from tests.seed import ch4_batch, ch4_fanin, ch4_stream
+from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPUT
+
+
+def our_shm() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith("omnitrio-")]
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> None:
+    before = set(our_shm())
+    yield
+    assert set(our_shm()) - before == set()
+
+
+async def test_seed_fan_out_fan_in_in_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    await ch4_fanin.main(inline=False)
+    assert capsys.readouterr().out == FANIN_OUTPUT
+
+
+async def test_seed_batching_window_in_a_process(capsys: pytest.CaptureFixture[str]) -> None:
+    await ch4_batch.main(inline=False)
+    assert capsys.readouterr().out == BATCH_OUTPUT
+
+
+async def test_seed_streaming_in_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    await ch4_stream.main(inline=False)
+    assert capsys.readouterr().out == STREAM_OUTPUT
+
+
+async def test_each_process_group_is_its_own_process_and_shared_groups_share_one() -> None:
+    config = chain_config(3, process=True, factory="create_pid")
+    config.stages[2].process = config.stages[1].process
+    async with open_pipeline(config) as pipeline:
+        result = await pipeline.submit("r", "x")
+        health = await pipeline.health()
+    pids = result["pids"]
+    assert pids[0] != pids[1] and pids[1] == pids[2] and os.getpid() not in pids
+    assert health["stages"]["s0"]["pid"] == pids[0]
+    assert health["stages"]["s2"]["process"] == "p_s1"
+
+
+async def test_tensors_cross_processes_intact() -> None:
+    n = 1 << 20  # 4 MB: through shared memory, not pickle
+    config = PipelineConfig(
+        stages=[
+            StageConfig(name="make", process="p1", factory_path=f"{T}.create_tensor_maker", next="check"),
+            StageConfig(name="check", process="p2", factory_path=f"{T}.create_tensor_summary", terminal=True),
+        ]
+    )
+    async with open_pipeline(config) as pipeline:
+        out = await pipeline.submit("r", n)
+        await settled(pipeline)
+    assert out["big_sum"] == float(sum(range(n)))
+    assert out["big_len"] == n
+    assert out["half"] == [float(i) for i in range(16)]
+    assert out["bf16_dtype"] == "torch.bfloat16"
+    assert out["transposed"] == [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
+    assert out["empty_shape"] == [0, 5]
+    assert out["flags"] == [True, False]
+    assert out["tail"].tolist() == [n - 3, n - 2, n - 1]
+
+
+async def test_unpicklable_payload_fails_only_that_request_naming_the_stage() -> None:
+    config = chain_config(2, process=True)
+    config.stages[0].factory_path = f"{T}.create_unpicklable"
+    async with open_pipeline(config) as pipeline:
+        with pytest.raises(RequestFailed, match="stage 's0'.*cannot cross a process boundary") as info:
+            await pipeline.submit("bad", "lambda")
+        assert info.value.stage == "s0"
+        assert await pipeline.submit("good", "fine") == {"raw_inputs": "fine"}
+        await settled(pipeline)
+
+
+async def test_failures_in_processes_leave_no_state_anywhere() -> None:
+    async with open_pipeline(fan_config(process=True)) as pipeline:
+        with pytest.raises(RequestFailed, match="stage 'count' raised ValueError"):
+            await pipeline.submit("bad", "boom")
+        assert (await pipeline.submit("ok", "a b"))["sources"] == ["count", "upper"]
+        await settled(pipeline)
+
+
+async def test_a_killed_stage_process_fails_its_requests_fast_and_is_restarted() -> None:
+    config = chain_config(2, process=True)
+    config.stages[1].factory_path = f"{T}.create_slow"
+    config.stages[1].factory = FactoryArgs(seconds=30.0)
+    async with open_pipeline(config) as pipeline:
+        victim = (await pipeline.health())["stages"]["s1"]["pid"]
+        failed_at: list[float] = []
+
+        async def caller() -> None:
+            with pytest.raises(RequestFailed, match=r"process 'p_s1' \(stages s1\) died with exit code -9") as info:
+                await pipeline.submit("r", "x")
+            assert info.value.error_type == "ProcessDied"
+            failed_at.append(time.perf_counter())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            await trio.sleep(0.3)
+            killed_at = time.perf_counter()
+            os.kill(victim, signal.SIGKILL)
+        assert failed_at[0] - killed_at < 1.0
+        with trio.fail_after(30):
+            while not (await pipeline.health())["stages"]["s1"]["alive"]:
+                await trio.sleep(0.05)
+        health = await pipeline.health()
+        assert health["stages"]["s1"]["restarts"] == 1
+        assert health["stages"]["s1"]["pid"] != victim
+        config_fast = await pipeline.submit("after", "y", timeout=60)
+        assert config_fast == {"raw_inputs": "y"}
+        await settled(pipeline)
+
+
+async def test_a_child_whose_factory_raises_fails_start_up_with_its_traceback() -> None:
+    config = chain_config(2, process=True)
+    config.stages[1].factory_path = f"{T}.create_raises_on_build"
+    before = {p.name for p in Path("/proc").iterdir() if p.name.isdigit()}
+    with pytest.raises(StartupError, match=r"(?s)process 'p_s1'.*failed to start.*cannot load weights on purpose"):
+        async with open_pipeline(config):
+            pass
+    after = {p.name for p in Path("/proc").iterdir() if p.name.isdigit()}
+    leftover = [pid for pid in after - before if "omnitrio" in _cmdline(pid)]
+    assert leftover == []
+
+
+async def test_leaving_the_pipeline_removes_its_endpoint_directory(tmp_path: Path) -> None:
+    config = chain_config(2, process=True)
+    config.endpoints.base_path = str(tmp_path / "ep")
+    async with open_pipeline(config) as pipeline:
+        await pipeline.submit("r", "x")
+        assert any(p.suffix == ".sock" for p in (tmp_path / "ep").iterdir())
+    assert not any(p.suffix == ".sock" for p in (tmp_path / "ep").iterdir())
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
