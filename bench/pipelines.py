@@ -12,6 +12,7 @@ import tempfile
 from typing import Any
 
 T = "bench.toy_stages"
+S = "bench.toy_stream"
 FANIN = "ch4_fanin_stages"  # the seed's module name; each driver puts its own copy on the path
 BATCH = "ch4_batch_stages"
 
@@ -76,7 +77,7 @@ def talker_vocoder(classes: Any, *, process: bool, slow: bool = False, steps: in
         classes.StageConfig(
             name="talker",
             process="p_talker" if process else None,
-            factory_path=f"{T}.create_slow_talker" if slow else f"{T}.create_talker",
+            factory_path=f"{S}.create_slow_talker" if slow else f"{S}.create_talker",
             factory=talker_args,
             next="vocoder",
             stream_to=["vocoder"],
@@ -84,7 +85,7 @@ def talker_vocoder(classes: Any, *, process: bool, slow: bool = False, steps: in
         classes.StageConfig(
             name="vocoder",
             process="p_vocoder" if process else None,
-            factory_path=f"{T}.create_vocoder",
+            factory_path=f"{S}.create_vocoder",
             terminal=True,
             can_accept_stream_before_payload=True,
         ),

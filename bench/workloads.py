@@ -156,28 +156,20 @@ async def rss_snapshot(api: Api) -> dict[str, float | None]:
 # ------------------------------------------------------------------ benchmarks
 
 
-async def startup(rt: Runtime, quick: bool) -> dict[str, Any]:
-    """open → ready and exit → stopped, for 1 and 4 stages (one process each in process mode)."""
-    out: dict[str, Any] = {}
-    for n in (1, 4):
-        runs = []
-        for _ in range(1 if quick else 3):
-            async with rt.open(pipelines.chain(rt.classes, n, process=rt.process)) as (api, times):
-                await api.submit(rid("start"), "x")
-            runs.append({"start_s": times["start_s"], "stop_s": times["stop_s"]})
-        out[f"{n}_stage"] = median_runs(runs)
-    return out
-
-
 async def hop_latency(rt: Runtime, quick: bool) -> dict[str, Any]:
-    """c=1 latency through 1 and 4 identity stages; per extra hop = (4-stage − 1-stage) / 3."""
+    """c=1 latency through 1 and 4 identity stages, and each open's start-up and shutdown time.
+
+    Per extra hop = (4-stage p50 − 1-stage p50) / 3.  Full runs open each chain 3 times
+    (fresh processes) and report medians.
+    """
     n, warmup = (200, 30) if quick else (1000, 100)
     out: dict[str, Any] = {}
     for stages in (1, 4):
         runs = []
         for _ in range(1 if quick else 3):
-            async with rt.open(pipelines.chain(rt.classes, stages, process=rt.process)) as (api, _):
-                runs.append(await c1_latency(api, "x", n, warmup, f"hop{stages}"))
+            async with rt.open(pipelines.chain(rt.classes, stages, process=rt.process)) as (api, times):
+                figures = await c1_latency(api, "x", n, warmup, f"hop{stages}")
+            runs.append({**figures, "start_s": times["start_s"], "stop_s": times["stop_s"]})
         out[f"chain{stages}"] = median_runs(runs)
     out["per_extra_hop_p50_ms"] = (out["chain4"]["p50_ms"] - out["chain1"]["p50_ms"]) / 3
     return out
@@ -200,17 +192,20 @@ async def fan(rt: Runtime, quick: bool, *, rss: bool) -> dict[str, Any]:
             tp = await throughput(rt, api, "hello omni world", n_rss, 256, "fanrss")
             after = await rss_snapshot(api)
             scale = 10000 / n_rss
+            growth = {
+                k: (after[k] - before[k]) * scale  # type: ignore[operator]
+                for k in before
+                if before[k] is not None and after.get(k) is not None
+            }
+            stages = [v for k, v in growth.items() if k != "parent"]
             out["rss"] = {
                 "requests": n_rss,
                 "req_per_s": tp["req_per_s"],
                 "errors": tp["errors"],
                 "start_mib": before,
                 "end_mib": after,
-                "growth_mib_per_10k": {
-                    k: (after[k] - before[k]) * scale  # type: ignore[operator]
-                    for k in before
-                    if before[k] is not None and after.get(k) is not None
-                },
+                "growth_mib_per_10k": growth,
+                "max_stage_growth_mib_per_10k": max(stages) if stages else None,
             }
     return out
 
@@ -279,7 +274,6 @@ async def abort(rt: Runtime, quick: bool) -> dict[str, Any]:
     """Abort mid-stream (after chunk 20 of 200, 5 ms per step): time for the abort call to return."""
     trials = 5 if quick else 15
     samples = []
-    after = []
     async with rt.open(pipelines.talker_vocoder(rt.classes, process=rt.process, slow=True)) as (api, _):
         await api.submit(rid("aw"), "warm")
         for _ in range(trials):
@@ -294,7 +288,6 @@ async def abort(rt: Runtime, quick: bool) -> dict[str, Any]:
                             await api.abort(r)
                             samples.append(now() - t0)
                             break
-            after.append(chunks)
         probe_t0 = now()
         await api.submit(rid("probe"), "after aborts")
         probe = now() - probe_t0
@@ -306,10 +299,15 @@ def stamp(result: dict[str, Any], t0: float) -> dict[str, Any]:
     return {**result, "loadavg": loadavg(), "wall_s": round(now() - t0, 2)}
 
 
-async def run_suite(rt: Runtime, quick: bool, progress: Any, only: set[str] | None = None) -> dict[str, Any]:
-    """Every benchmark that makes sense for ``rt``; a failing one records its error and the rest go on."""
+async def run_suite(
+    rt: Runtime, quick: bool, progress: Any, only: set[str] | None = None, budget_s: float | None = None
+) -> dict[str, Any]:
+    """Every benchmark that makes sense for ``rt``; a failing one records its error and the rest go on.
+
+    With ``budget_s``, benchmarks not yet started once the suite has run that long are
+    recorded as skipped (``--quick`` must finish on a loaded 2-core machine).
+    """
     plan: list[tuple[str, Callable[[], Awaitable[dict[str, Any]]]]] = [
-        ("startup", lambda: startup(rt, quick)),
         ("hop_latency", lambda: hop_latency(rt, quick)),
         ("fan", lambda: fan(rt, quick, rss=rt.process)),
         ("streaming", lambda: streaming(rt, quick)),
@@ -321,6 +319,9 @@ async def run_suite(rt: Runtime, quick: bool, progress: Any, only: set[str] | No
     results: dict[str, Any] = {}
     for name, body in plan:
         if only and name not in only:
+            continue
+        if budget_s is not None and progress.elapsed() > budget_s:
+            results[name] = {"skipped": f"over the {budget_s:.0f} s time budget", "loadavg": loadavg()}
             continue
         label = f"{name} [{rt.name}]"
         t0 = progress.start(label)

@@ -65,6 +65,7 @@ class SchedulerBridge:
         self._pump_thread: threading.Thread | None = None
         self._closed = False
         self._stopping = False
+        self._paused = False
 
     # -- trio -> thread -------------------------------------------------------------
 
@@ -114,10 +115,29 @@ class SchedulerBridge:
         except trio.RunFinishedError:
             return
 
+    def pause(self) -> None:
+        """Stop draining the outbox: a request's consumer has fallen far behind.
+
+        The scheduler's outputs wait in its own outbox; a bounded outbox then blocks the
+        scheduler, so memory stays bounded instead of growing in this process.
+        """
+        self._paused = True
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            self._request_drain()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     def _drain(self) -> None:
         """Runs in the trio thread: hand queued outputs to the stage, a batch at a time."""
         with self._wake_lock:
             self._wake_pending = False
+        if self._paused:
+            return
         outbox = self._outbox
         batch: list[OutgoingMessage] = []
         try:

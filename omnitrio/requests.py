@@ -25,6 +25,9 @@ from omnitrio.contract import OutgoingMessage
 from omnitrio.fanin import FanIn
 
 STREAM_WINDOW = 64
+BACKLOG_HIGH = 1024
+"""Outputs one request may have buffered at a stage before the scheduler's outbox stops draining."""
+BACKLOG_LOW = 256
 TOMBSTONE_SECONDS = 30.0
 TOMBSTONE_LIMIT = 100_000
 
@@ -67,6 +70,11 @@ class RequestScope:
     def push(self, message: OutgoingMessage) -> None:
         """Hand the request task an output (or a synthetic error); never blocks."""
         self.outputs_in.send_nowait(message)
+
+    @property
+    def backlog(self) -> int:
+        """Outputs waiting for this request's task."""
+        return self.outputs.statistics().current_buffer_used
 
     def fail_with(self, error: BaseException | str) -> None:
         """Fail the request from outside its task (bad input routing, merge errors)."""

@@ -42,7 +42,7 @@ from omnitrio.envelopes import (
     ToStage,
 )
 from omnitrio.fanin import FanIn, FanInError
-from omnitrio.requests import RequestScope, Tombstones
+from omnitrio.requests import BACKLOG_HIGH, BACKLOG_LOW, RequestScope, Tombstones
 from omnitrio.topology import StageFunctionError, StagePlan
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,8 @@ class Stage:
             req = requests.get(out.request_id)
             if req is not None:
                 req.push(out)
+                if req.backlog >= BACKLOG_HIGH and self._bridge is not None:
+                    self._bridge.pause()
             elif out.type == "admitted" and self._nursery is not None:
                 admitted = RequestScope(out.request_id, 0)
                 admitted.got_payload = admitted.in_scheduler = True
@@ -233,6 +235,8 @@ class Stage:
                 async for out in req.outputs:
                     if req.aborted:  # the output raced the abort out of the channel
                         return
+                    if self._bridge is not None and self._bridge.paused and req.backlog <= BACKLOG_LOW:
+                        self._bridge.resume()
                     match out.type:
                         case "stream":
                             await self._send_stream(req, out)
@@ -303,6 +307,8 @@ class Stage:
     def _let_go(self, req: RequestScope) -> None:
         if self._requests.get(req.request_id) is req:
             del self._requests[req.request_id]
+        if self._bridge is not None and self._bridge.paused:
+            self._bridge.resume()  # the backlog that paused it may have been this request's
         req.outputs_in.close()
         if req.in_scheduler and req.outcome != "done" and self._bridge is not None:
             self._bridge.abort(req.request_id)

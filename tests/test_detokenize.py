@@ -116,7 +116,7 @@ def test_one_byte_per_chunk_emits_each_character_once_complete() -> None:
 
 def test_invalid_bytes_are_flushed_at_the_end_rather_than_lost() -> None:
     with running(detokenizer()) as s:
-        put_atomically(s.inbox, [tokens("r", 0, [104, 0xE4, 0xB8]), done("r"), payload("r")])
+        put_atomically(s.inbox, [tokens("r", 0, [104]), tokens("r", 1, [0xE4, 0xB8]), done("r"), payload("r")])
         outputs = until_final(s, "r")
     assert deltas(outputs) == ["h", "\ufffd"]
     assert outputs[-1].data.data == {"text": "h\ufffd"}
@@ -177,7 +177,7 @@ def test_streaming_request_without_chunks_emits_the_payload_text_once() -> None:
 
 def test_done_before_payload_completes_when_the_payload_arrives() -> None:
     with running(detokenizer()) as s:
-        put_atomically(s.inbox, [tokens("r", 0, [104, 0xC3]), done("r")])
+        put_atomically(s.inbox, [tokens("r", 0, [104]), tokens("r", 1, [0xC3]), done("r")])
         assert take(s.outbox)[0].data == "h"
         s.inbox.put(payload("r", stream=False))  # chunks came first: it streams whatever params say
         outputs = until_final(s, "r")

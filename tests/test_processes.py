@@ -80,7 +80,7 @@ async def test_unpicklable_payload_fails_only_that_request_naming_the_stage() ->
     config = chain_config(2, process=True)
     config.stages[0].factory_path = f"{T}.create_unpicklable"
     async with open_pipeline(config) as pipeline:
-        with pytest.raises(RequestFailed, match="stage 's0'.*cannot cross a process boundary") as info:
+        with pytest.raises(RequestFailed, match=r"stage 's0'.*cannot cross a process boundary") as info:
             await pipeline.submit("bad", "lambda")
         assert info.value.stage == "s0"
         assert await pipeline.submit("good", "fine") == {"raw_inputs": "fine"}

@@ -11,7 +11,7 @@ import trio
 
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.audio import float_to_pcm16
-from tests.fake_pipeline import Served, start_server, tone
+from tests.fake_pipeline import FakeRequest, Served, start_server, tone
 
 
 @pytest.fixture
@@ -33,6 +33,18 @@ async def receive_until(rt: RealtimeClient, event_type: str) -> list[dict[str, A
                 return events
 
 
+def first_response(served: Served) -> FakeRequest:
+    """The first response request the server made (the default server VAD also tries an ASR session)."""
+    return next(request for request in served.fake.history if request.inputs["task"] == "realtime")
+
+
+async def manual_turns(rt: RealtimeClient) -> None:
+    """Take ``session.created``, then turn server VAD off: the client commits and asks for responses."""
+    await rt.receive()
+    await rt.send({"type": "session.update", "session": {"turn_detection": None}})
+    await receive_until(rt, "session.updated")
+
+
 async def commit_one_second(rt: RealtimeClient) -> None:
     await rt.send({"type": "input_audio_buffer.append", "audio": one_second_b64()})
     await rt.send({"type": "input_audio_buffer.commit"})
@@ -44,6 +56,21 @@ async def test_connect_sends_session_created_with_pcm16_24khz(served: Served) ->
         event = await rt.receive()
     assert event["type"] == "session.created"
     assert event["session"]["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24_000}
+
+
+async def test_server_vad_is_the_default_turn_detection(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        event = await rt.receive()
+    assert event["session"]["turn_detection"]["type"] == "server_vad"
+    assert event["session"]["turn_detection"]["silence_duration_ms"] == 500
+
+
+async def test_unsupported_turn_detection_is_an_error_naming_the_field(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt)
+        await rt.send({"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad"}}})
+        error = (await receive_until(rt, "error"))[-1]
+    assert error["error"]["param"] == "session.turn_detection.type"
 
 
 async def test_session_update_stores_turn_detection(served: Served) -> None:
@@ -59,17 +86,17 @@ async def test_session_update_stores_turn_detection(served: Served) -> None:
 
 async def test_committed_audio_reaches_the_pipeline_as_16khz_float32(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
-        await rt.receive()
+        await manual_turns(rt)
         await commit_one_second(rt)
         await rt.send({"type": "response.create"})
         await receive_until(rt, "response.done")
-    audio = served.fake.history[0].inputs["audio"]
+    audio = first_response(served).inputs["audio"]
     assert (audio.dtype, audio.shape) == (np.float32, (16_000,))
 
 
 async def test_response_streams_audio_under_both_event_names_then_done(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
-        await rt.receive()
+        await manual_turns(rt)
         await commit_one_second(rt)
         await rt.send({"type": "response.create"})
         events = await receive_until(rt, "response.done")
@@ -86,7 +113,7 @@ async def test_response_streams_audio_under_both_event_names_then_done(served: S
 
 async def test_clear_empties_the_input_buffer(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
-        await rt.receive()
+        await manual_turns(rt)
         await rt.send({"type": "input_audio_buffer.append", "audio": one_second_b64()})
         await rt.send({"type": "input_audio_buffer.clear"})
         await receive_until(rt, "input_audio_buffer.cleared")
@@ -96,7 +123,7 @@ async def test_clear_empties_the_input_buffer(served: Served) -> None:
 
 
 async def slow_response(rt: RealtimeClient) -> None:
-    await rt.receive()
+    await manual_turns(rt)
     await rt.send({"type": "session.update", "session": {"instructions": "slow"}})
     await commit_one_second(rt)
     await rt.send({"type": "response.create"})
@@ -109,7 +136,7 @@ async def test_response_cancel_aborts_the_request_and_reports_cancelled(served: 
         await rt.send({"type": "response.cancel"})
         done = (await receive_until(rt, "response.done"))[-1]
     assert done["response"]["status"] == "cancelled"
-    assert served.fake.history[0].outcome == "aborted"
+    assert first_response(served).outcome == "aborted"
 
 
 async def test_second_response_create_while_one_runs_is_an_error(served: Served) -> None:
@@ -123,7 +150,7 @@ async def test_second_response_create_while_one_runs_is_an_error(served: Served)
 async def test_closing_the_socket_aborts_the_response(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
         await slow_response(rt)
-    request = served.fake.history[0]
+    request = first_response(served)
     with trio.fail_after(2):
         await request.exited.wait()
     assert request.outcome == "aborted"
@@ -131,7 +158,7 @@ async def test_closing_the_socket_aborts_the_response(served: Served) -> None:
 
 async def test_failed_response_reports_failed_and_keeps_the_session(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
-        await rt.receive()
+        await manual_turns(rt)
         await rt.send({"type": "session.update", "session": {"instructions": "fail"}})
         await rt.send({"type": "response.create"})
         done = (await receive_until(rt, "response.done"))[-1]

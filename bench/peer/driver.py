@@ -99,9 +99,9 @@ class PeerRuntime:
             times["stop_s"] = time.perf_counter() - t1
 
 
-async def main(quick: bool, out: str, only: set[str] | None) -> None:
+async def main(quick: bool, out: str, only: set[str] | None, budget_s: float | None) -> None:
     progress = Progress("peer")
-    results = await workloads.run_suite(PeerRuntime(), quick, progress, only)
+    results = await workloads.run_suite(PeerRuntime(), quick, progress, only, budget_s)
     with open(out, "w") as f:
         json.dump({"runtime": "sglang-omni==0.1.9", "loadavg_end": loadavg(), "results": results}, f, indent=1)
 
@@ -111,6 +111,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", default="")
+    parser.add_argument("--budget-s", type=float, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    asyncio.run(main(args.quick, args.out, set(filter(None, args.only.split(",")))))
+    asyncio.run(main(args.quick, args.out, set(filter(None, args.only.split(","))), args.budget_s))

@@ -158,9 +158,9 @@ class RealtimeConnection:
             case "session.update":
                 before = self.session.get("turn_detection")
                 self.session = updated_session(self.session, event.get("session"))
-                await self.emit({"type": "session.updated", "session": self.session})
                 if self.session.get("turn_detection") != before:
                     self._listen()
+                await self.emit({"type": "session.updated", "session": self.session})
             case "input_audio_buffer.append":
                 self._append(decode_audio_append(event))
             case "input_audio_buffer.commit":
@@ -265,10 +265,10 @@ class RealtimeConnection:
             case "speech_started":
                 self._drop_speculation()
                 self.turn_start = max(offset, self.buffer_start)
+                if detection.interrupt_response and self.response is not None:
+                    self._cancel(self.response)  # barge-in; before the event, so no audio follows it
                 started = {"audio_start_ms": offset // _MS, "item_id": self.item_id}
                 await self.emit({"type": "input_audio_buffer.speech_started", **started})
-                if detection.interrupt_response and self.response is not None:
-                    self._cancel(self.response)
             case "speech_paused":
                 if detection.create_response and self.response is None and self.turn_start is not None:
                     self._drop_speculation()

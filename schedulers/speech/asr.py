@@ -93,6 +93,7 @@ class WhisperRecognizer:
             beam_size=self.beam_size,
             vad_filter=False,
             condition_on_previous_text=False,
+            without_timestamps=True,  # no timestamp tokens to decode: the text is all a caller gets
         )
         return " ".join(segment.text.strip() for segment in segments).strip()
 

@@ -21,6 +21,8 @@ The responder is whatever ``factory_path`` the config names; it receives ``{"tex
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from omnitrio.contract import StagePayload
@@ -39,6 +41,7 @@ _ENTRY = {
     "speech": "tts",
 }
 _STREAMED = frozenset({"chat", "speech", "realtime"})
+log = logging.getLogger("schedulers.speech")
 
 
 def task_of(inputs: Any) -> str:
@@ -133,7 +136,10 @@ def create_speech_stage(
 ) -> SentenceStreamingTTSScheduler:
     """Streaming TTS (sentence by sentence) for this pipeline; empty realtime answers are silent."""
     options: dict[str, Any] = {"threads": threads} if backend in ("auto", "piper") else {}
+    started = time.perf_counter()
+    log.info("loading speech synthesis (%s) ...", backend)
     synthesizer = shared_synthesizer(backend, **options)  # type: ignore[arg-type]
+    log.info("speech synthesis %s ready in %.1f s", synthesizer.name, time.perf_counter() - started)
     return SentenceStreamingTTSScheduler(
         synthesizer, output_sample_rate=output_sample_rate, parse=_lenient_speech_request
     )

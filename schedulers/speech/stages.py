@@ -13,7 +13,11 @@ same backend and options) and returns a scheduler obeying ``omnitrio.contract``:
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Literal
+
+import numpy as np
 
 from omnitrio.contract import StagePayload
 from schedulers.session import SessionScheduler
@@ -27,6 +31,7 @@ from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
 from schedulers.speech.vad import VadBackendName
 
 ResponderMode = Literal["repeat"]
+log = logging.getLogger("schedulers.speech")
 
 
 def create_tts_stage(
@@ -38,10 +43,21 @@ def create_tts_stage(
     return SentenceStreamingTTSScheduler(synthesizer, output_sample_rate=output_sample_rate)
 
 
+_warmed: set[int] = set()
+
+
 def _recognizer(backend: AsrBackendName, compute_type: str, cpu_threads: int, beam_size: int) -> SpeechRecognizer:
+    started = time.perf_counter()
     if backend == "pocketsphinx":
-        return shared_recognizer(backend)
-    return shared_recognizer(backend, compute_type=compute_type, cpu_threads=cpu_threads, beam_size=beam_size)
+        recognizer = shared_recognizer(backend)
+    else:
+        recognizer = shared_recognizer(backend, compute_type=compute_type, cpu_threads=cpu_threads, beam_size=beam_size)
+    if id(recognizer) not in _warmed:  # the first decode is 2-3x slower; pay it at startup, not on a request
+        log.info("loading speech recognition (%s) ...", backend)
+        recognizer.transcribe(np.zeros(ASR_SAMPLE_RATE, dtype=np.float32))
+        _warmed.add(id(recognizer))
+        log.info("speech recognition %s ready in %.1f s", recognizer.name, time.perf_counter() - started)
+    return recognizer
 
 
 def _transcriber(recognizer: SpeechRecognizer) -> Any:

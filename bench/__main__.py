@@ -1,0 +1,158 @@
+"""``python -m bench [--quick] [--no-peer] [--only a,b]``: run the suite, print the table, write results.
+
+Order: the transport floor, omnitrio inline, omnitrio with one process per stage (if the
+runtime supports it yet), then the peer in its own venv as a subprocess — one after the
+other, so no two measurements share the CPUs.  Writes ``bench/results/latest.{json,md,png}``
+and a timestamped copy of the JSON.  ``--quick`` cuts sample counts and gives the process
+and peer parts a time budget (benchmarks past it are recorded as skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bench import floor, report
+from bench.measure import Progress, loadavg
+from bench.peer import setup_venv
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QUICK_TOTAL_S = 170.0
+
+
+def machine() -> str:
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} CPUs, {mem_gib:.0f} GiB, Python {platform.python_version()}, {platform.machine()}"
+
+
+def warm_imports() -> None:
+    """Import the stage modules once, so the first pipeline's start-up is not charged with them."""
+    import bench.toy_stages
+    import bench.toy_stream
+    import tests.seed.ch4_batch_stages
+    import tests.seed.ch4_fanin_stages  # noqa: F401
+
+
+async def processes_available() -> str | None:
+    """None when ``open_pipeline`` with ``process=`` works; otherwise why not (error or hang)."""
+    from omnitrio import open_pipeline
+
+    from bench import pipelines
+    from bench.omni_runtime import OmniRuntime
+
+    config = pipelines.chain(OmniRuntime.classes, 1, process=True)
+    try:
+        with trio.move_on_after(90) as scope:
+            async with open_pipeline(config, inline=False) as pipeline:
+                await pipeline.submit("probe", "x")
+                health = await pipeline.health()
+                if all(s["pid"] == os.getpid() for s in health["stages"].values()):
+                    return "open_pipeline(process=...) ran the stage in the parent process"
+    except Exception as exc:
+        return f"not available yet: {type(exc).__name__}: {exc}"
+    if scope.cancelled_caught:
+        return "not available yet: open_pipeline with process= did not start within 90 s"
+    return None
+
+
+async def omnitrio_suites(args: argparse.Namespace, progress: Progress, t_start: float) -> dict[str, Any]:
+    from bench.omni_runtime import OmniRuntime
+    from bench.workloads import run_suite
+
+    out: dict[str, Any] = {}
+    out["omnitrio-inline"] = await run_suite(OmniRuntime(process=False), args.quick, progress, args.only)
+    t0 = progress.start("probe omnitrio processes")
+    why = await processes_available()
+    progress.done("probe omnitrio processes", t0, why or "available")
+    if why:
+        out["omnitrio-processes"] = {"unavailable": why}
+    else:
+        budget = None
+        if args.quick:
+            budget = progress.elapsed() + max(30.0, (QUICK_TOTAL_S - (time.perf_counter() - t_start)) / 2)
+        out["omnitrio-processes"] = await run_suite(OmniRuntime(process=True), args.quick, progress, args.only, budget)
+    return out
+
+
+def run_peer(args: argparse.Namespace, progress: Progress, t_start: float) -> dict[str, Any]:
+    """The same suite on the peer, in its venv, as a subprocess; its progress lines pass through."""
+    if not setup_venv.is_ready():
+        return {"unavailable": "peer venv missing: run `python -m bench.peer setup` first"}
+    out_file = RESULTS / "tmp" / "peer.json"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.unlink(missing_ok=True)
+    cmd = [str(setup_venv.python()), "-m", "bench.peer.driver", "--out", str(out_file)]
+    if args.quick:
+        remaining = QUICK_TOTAL_S - (time.perf_counter() - t_start)
+        cmd += ["--quick", "--budget-s", str(max(20.0, remaining - 25))]
+    if args.only:
+        cmd += ["--only", ",".join(sorted(args.only))]
+    t0 = progress.start("peer driver (subprocess)")
+    proc = subprocess.run(cmd, cwd=RESULTS.parent.parent, env=setup_venv.peer_env(), check=False)
+    progress.done("peer driver (subprocess)", t0, f"exit {proc.returncode}")
+    if proc.returncode != 0 or not out_file.exists():
+        return {"unavailable": f"peer driver exited with {proc.returncode} (its stderr is above)"}
+    return json.loads(out_file.read_text())["results"]
+
+
+def write(doc: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    latest = RESULTS / "latest.json"
+    latest.write_text(json.dumps(doc, indent=1, default=str))
+    stamp = doc["started"].replace(":", "").replace("-", "")
+    shutil.copy(latest, RESULTS / f"{stamp}{'-quick' if doc['quick'] else ''}.json")
+    (RESULTS / "latest.md").write_text(report.markdown(doc))
+    report.chart(doc, RESULTS / "latest.png")
+    return latest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer samples; whole run under ~3 minutes")
+    parser.add_argument("--no-peer", action="store_true", help="skip the SGLang-Omni comparison")
+    parser.add_argument("--only", default="", help="comma-separated benchmark names (hop_latency, fan, ...)")
+    args = parser.parse_args()
+    args.only = set(filter(None, args.only.split(","))) or None
+    print(
+        "omnitrio benchmarks. This machine may be shared with other work: every result records the load "
+        "average, and figures move between runs. Nothing here asserts a timing.",
+        flush=True,
+    )
+    t_start = time.perf_counter()
+    progress = Progress("omnitrio")
+    doc: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "quick": args.quick,
+        "machine": machine(),
+        "loadavg_start": loadavg(),
+        "results": {},
+    }
+    warm_imports()
+    t0 = progress.start("transport floor")
+    doc["results"]["floor"] = floor.run(args.quick)
+    progress.done("transport floor", t0)
+    doc["results"].update(trio.run(omnitrio_suites, args, progress, t_start))
+    if args.no_peer:
+        doc["results"]["peer"] = {"unavailable": "skipped (--no-peer)"}
+    else:
+        doc["results"]["peer"] = run_peer(args, progress, t_start)
+    doc["loadavg_end"] = loadavg()
+    doc["wall_s"] = round(time.perf_counter() - t_start, 1)
+    latest = write(doc)
+    print()
+    print(report.text_table(doc["results"]))
+    print(f"\nwrote {latest}, latest.md, latest.png ({doc['wall_s']} s; load {doc['loadavg_start']} → {doc['loadavg_end']})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

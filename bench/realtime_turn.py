@@ -1,0 +1,222 @@
+"""Realtime turn latency of the default speech pipeline, as a client of ``python -m omnitrio serve`` sees it.
+
+Turn latency: from receiving ``input_audio_buffer.speech_stopped`` to receiving the first
+``response.output_audio.delta`` of the answer, with server VAD (silence_duration_ms=500) and the
+client streaming its microphone in real time (100 ms chunks: speech, then silence). Measured at 1
+and at 8 concurrent sessions (their turns start 0.6 s apart, like independent users). Barge-in:
+while an answer streams, the client starts speaking; measured from sending the first speech chunk,
+and from receiving ``speech_started``, to ``response.done`` (cancelled); plus ``response.cancel`` to
+``response.done``. Audio deltas received after ``speech_started`` are counted (should be 0).
+
+Run: ``.venv/bin/python bench/realtime_turn.py [--turns 4] [--sessions 1 8]``. The server runs in a
+subprocess (its own GIL), started as a user would. Figures go to ``bench/results/realtime_turn.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from omnitrio.client import RealtimeClient, open_realtime  # noqa: E402
+
+RATE = 24_000
+CHUNK = RATE // 10  # 100 ms
+UTTERANCES = [
+    "Turn left at the second traffic light.",
+    "My phone battery is almost empty.",
+    "The weather will be sunny and warm tomorrow.",
+    "Please send the report before Friday.",
+]
+LONG = "The train to Boston leaves from platform seven. The library closes at nine. We need chairs for the room."
+RESULTS = ROOT / "bench" / "results" / "realtime_turn.json"
+
+
+def synthesize(texts: list[str]) -> list[bytes]:
+    from schedulers.speech.audio import float_to_pcm16, resample
+    from schedulers.speech.tts import shared_synthesizer
+
+    tts = shared_synthesizer()
+    return [float_to_pcm16(resample(tts.synthesize(t), tts.sample_rate, RATE)).tobytes() for t in texts]
+
+
+def silence(seconds: float) -> bytes:
+    return bytes(2 * int(seconds * RATE))
+
+
+async def stream_audio(rt: RealtimeClient, pcm: bytes, start: float) -> float:
+    """Send ``pcm`` in real time from ``start`` (trio clock); returns when the last chunk is due."""
+    for i, offset in enumerate(range(0, len(pcm), 2 * CHUNK)):
+        await trio.sleep_until(start + i * 0.1)
+        await rt.send(
+            {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[offset : offset + 2 * CHUNK]).decode()}
+        )
+    return start + len(pcm) / 2 / RATE
+
+
+async def turn_session(url: str, clips: list[bytes], delay: float, latencies: list[float]) -> None:
+    """Speak each clip then 3 s of silence, in real time; record speech_stopped → first audio."""
+    await trio.sleep(delay)
+    async with open_realtime(url) as rt:
+        await rt.receive()
+        timeline = b"".join(silence(0.3) + clip + silence(3.0) for clip in clips)
+        async with trio.open_nursery() as nursery:
+
+            async def listen() -> None:
+                stopped: float | None = None
+                answered = 0
+                while answered < len(clips):
+                    event = await rt.receive()
+                    match event["type"]:
+                        case "input_audio_buffer.speech_stopped":
+                            stopped = trio.current_time()
+                        case "response.output_audio.delta" if stopped is not None:
+                            latencies.append(trio.current_time() - stopped)
+                            stopped = None
+                        case "response.done":
+                            answered += 1
+
+            nursery.start_soon(listen)
+            end = await stream_audio(rt, timeline, trio.current_time())
+            with trio.move_on_after(max(0.0, end - trio.current_time()) + 5):
+                await trio.sleep_forever()
+            nursery.cancel_scope.cancel()
+
+
+async def barge_in(url: str, long_clip: bytes, interruption: bytes) -> dict[str, float]:
+    """Speak, wait for the answer's first audio, then speak again; time until response.done."""
+    async with open_realtime(url) as rt:
+        await rt.receive()
+        result: dict[str, float] = {}
+        async with trio.open_nursery() as nursery:
+            first_audio = trio.Event()
+            done = trio.Event()
+
+            async def listen() -> None:
+                late = 0
+                started_at: float | None = None
+                while True:
+                    event = await rt.receive()
+                    match event["type"]:
+                        case "response.output_audio.delta":
+                            if started_at is not None:
+                                late += 1
+                            first_audio.set()
+                        case "input_audio_buffer.speech_started" if first_audio.is_set():
+                            started_at = trio.current_time()
+                        case "response.done" if first_audio.is_set():
+                            result["status_cancelled"] = float(event["response"]["status"] == "cancelled")
+                            result["from_speech_started_ms"] = 1000 * (trio.current_time() - (started_at or 0))
+                            result["audio_deltas_after_speech_started"] = late
+                            result["done_at"] = trio.current_time()
+                            done.set()
+                            return
+
+            nursery.start_soon(listen)
+            start = trio.current_time()
+            await stream_audio(rt, silence(0.3) + long_clip + silence(0.8), start)
+            while not first_audio.is_set():
+                await stream_audio(rt, silence(0.1), trio.current_time())
+            sent = trio.current_time()
+            with trio.move_on_after(10):
+                async with trio.open_nursery() as talk:
+                    talk.start_soon(stream_audio, rt, interruption + silence(2.0), sent)
+                    await done.wait()
+                    talk.cancel_scope.cancel()
+            result["from_first_speech_chunk_ms"] = 1000 * (result.get("done_at", sent) - sent)
+            result.pop("done_at", None)
+            nursery.cancel_scope.cancel()
+        return result
+
+
+async def cancel_time(url: str, long_clip: bytes) -> float:
+    """Manual turns: commit, response.create, response.cancel at the first audio; ms until response.done."""
+    async with open_realtime(url) as rt:
+        await rt.receive()
+        await rt.send({"type": "session.update", "session": {"turn_detection": None}})
+        await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(long_clip).decode()})
+        await rt.send({"type": "input_audio_buffer.commit"})
+        await rt.send({"type": "response.create"})
+        sent = 0.0
+        while True:
+            event = await rt.receive()
+            if event["type"] == "response.output_audio.delta" and not sent:
+                sent = trio.current_time()
+                await rt.send({"type": "response.cancel"})
+            if event["type"] == "response.done":
+                return 1000 * (trio.current_time() - sent)
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    ms = sorted(1000 * x for x in latencies)
+    if not ms:
+        return {"turns": 0}
+    return {
+        "turns": len(ms),
+        "p50_ms": round(statistics.median(ms), 1),
+        "p90_ms": round(ms[min(len(ms) - 1, int(0.9 * len(ms)))], 1),
+        "max_ms": round(ms[-1], 1),
+        "mean_ms": round(statistics.fmean(ms), 1),
+    }
+
+
+def start_server() -> tuple[subprocess.Popen[str], int]:
+    command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0"]
+    server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    assert server.stderr is not None
+    for line in server.stderr:
+        print(line, end="", file=sys.stderr)
+        found = re.search(r"serving .* on http://127\.0\.0\.1:(\d+)", line)
+        if found:
+            return server, int(found.group(1))
+    raise RuntimeError(f"the server exited with {server.wait()} before serving")
+
+
+async def main(turns: int, session_counts: list[int]) -> dict[str, Any]:
+    clips = synthesize(UTTERANCES)
+    long_clip, interruption = synthesize([LONG, "Stop, please stop."])
+    server, port = start_server()
+    url = f"ws://127.0.0.1:{port}/v1/realtime"
+    results: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_before": os.getloadavg()[0]}
+    try:
+        for sessions in session_counts:
+            latencies: list[float] = []
+            async with trio.open_nursery() as nursery:
+                for i in range(sessions):
+                    session_clips = [clips[(i + t) % len(clips)] for t in range(turns)]
+                    nursery.start_soon(turn_session, url, session_clips, 0.6 * i, latencies)
+            results[f"sessions_{sessions}"] = summary(latencies)
+            print(f"{sessions} session(s): {results[f'sessions_{sessions}']}", flush=True)
+        results["barge_in"] = await barge_in(url, long_clip, interruption)
+        results["response_cancel_ms"] = round(await cancel_time(url, long_clip), 1)
+        results["load_avg_after"] = os.getloadavg()[0]
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(30)
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8], help="concurrent sessions to measure")
+    args = parser.parse_args()
+    figures = trio.run(main, args.turns, args.sessions)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))

@@ -1,0 +1,166 @@
+"""Streams between stages and to the caller: order, end signals, refusal, flow control."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from omnitrio import (
+    CompleteMessage,
+    FactoryArgs,
+    PipelineConfig,
+    RequestFailed,
+    StageConfig,
+    StreamMessage,
+    open_pipeline,
+)
+from tests.pipelines import settled
+
+S = "tests.stream_stages"
+
+
+def talk_config(*, accept_early: bool = True, process: bool = False, **producer: object) -> PipelineConfig:
+    return PipelineConfig(
+        stages=[
+            StageConfig(
+                name="talker",
+                process="p_talker" if process else None,
+                factory_path=f"{S}.create_producer",
+                factory=FactoryArgs(**producer),
+                next="b",
+                stream_to=["b"],
+            ),
+            StageConfig(
+                name="b",
+                process="p_b" if process else None,
+                factory_path=f"{S}.create_counter",
+                terminal=True,
+                can_accept_stream_before_payload=accept_early,
+            ),
+        ]
+    )
+
+
+async def test_end_of_stream_before_the_payload_completes_when_the_payload_arrives() -> None:
+    async with open_pipeline(talk_config(count=5), inline=True) as pipeline:
+        result = await pipeline.submit("r", "x")
+    assert result["chunk_ids"] == [0, 1, 2, 3, 4]
+    assert result["events"] == ["done-before-payload", "payload", "done"]
+
+
+async def test_only_the_chosen_stream_target_gets_the_end_signal() -> None:
+    config = PipelineConfig(
+        stages=[
+            StageConfig(
+                name="talker",
+                factory_path=f"{S}.create_producer",
+                factory=FactoryArgs(count=3),
+                next=["b", "c"],
+                stream_to=["b", "c"],
+                stream_done_to_fn=f"{S}.done_only_to_b",
+            ),
+            StageConfig(
+                name="b", factory_path=f"{S}.create_counter", terminal=True, can_accept_stream_before_payload=True
+            ),
+            StageConfig(
+                name="c",
+                factory_path=f"{S}.create_counter",
+                factory=FactoryArgs(streaming=False),
+                terminal=True,
+                can_accept_stream_before_payload=True,
+            ),
+        ]
+    )
+    async with open_pipeline(config, inline=True) as pipeline:
+        result = await pipeline.submit("r", "x")
+    assert result["b"]["done"] is True and result["b"]["chunk_ids"] == [0, 1, 2]
+    assert result["c"]["done"] is False and result["c"]["chunk_ids"] == [0, 1, 2]
+
+
+async def test_stream_before_payload_is_refused_when_not_allowed() -> None:
+    async with open_pipeline(talk_config(accept_early=False, count=2), inline=True) as pipeline:
+        with pytest.raises(RequestFailed, match="can_accept_stream_before_payload=false") as info:
+            await pipeline.submit("r", "x")
+        assert info.value.stage == "b"
+        await settled(pipeline)
+
+
+@pytest.mark.parametrize("process", [False, True])
+async def test_terminal_stream_reaches_the_caller_in_order_then_complete(process: bool) -> None:
+    config = PipelineConfig(
+        stages=[
+            StageConfig(
+                name="talker",
+                process="p_talker" if process else None,
+                factory_path=f"{S}.create_producer",
+                factory=FactoryArgs(count=200),
+                terminal=True,
+            )
+        ]
+    )
+    async with open_pipeline(config, inline=not process) as pipeline:
+        got: list[StreamMessage | CompleteMessage] = []
+        async with pipeline.stream("r", "x") as stream:
+            async for msg in stream:
+                got.append(msg)
+    chunks = [m for m in got if isinstance(m, StreamMessage)]
+    assert [m.chunk_id for m in chunks] == list(range(200))
+    assert [m.chunk["i"] for m in chunks] == list(range(200))
+    assert {m.modality for m in chunks} == {"test"}
+    assert isinstance(got[-1], CompleteMessage) and got[-1].result == {"sent": 200}
+
+
+def endless_config(**producer: object) -> PipelineConfig:
+    factory = FactoryArgs(count=0, **producer)
+    stage = StageConfig(name="talker", factory_path=f"{S}.create_producer", factory=factory, terminal=True)
+    return PipelineConfig(stages=[stage])
+
+
+async def test_leaving_a_stream_early_aborts_the_request_everywhere() -> None:
+    async with open_pipeline(endless_config(), inline=True) as pipeline:
+        async with pipeline.stream("r", "x") as stream:
+            async for _ in stream:
+                break
+        await settled(pipeline)
+
+
+async def test_one_requests_backlog_does_not_delay_anothers_first_chunk() -> None:
+    config = endless_config()
+    config.stages[0].factory = FactoryArgs(count=600, outbox_size=1000)
+    async with open_pipeline(config, inline=True) as pipeline:
+        async with pipeline.stream("hog", "x") as hog:
+            await hog.__anext__()  # 600 chunks come; nobody reads them
+            await trio.sleep(0.2)
+            with trio.fail_after(5):
+                async with pipeline.stream("other", "y") as other:
+                    first = await other.__anext__()
+            assert isinstance(first, StreamMessage) and first.request_id == "other"
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def test_a_slow_caller_does_not_make_the_producer_process_grow() -> None:
+    config = endless_config(chunk_bytes=64 * 1024)
+    config.stages[0].process = "p_talker"
+    async with open_pipeline(config) as pipeline:
+        pid = (await pipeline.health())["stages"]["talker"]["pid"]
+        async with pipeline.stream("slow", "x") as stream:
+            await stream.__anext__()
+            await trio.sleep(0.5)  # the producer runs ahead until flow control stops it
+            baseline = _rss_kib(pid)
+            for _ in range(40):
+                await stream.__anext__()
+                await trio.sleep(0.02)
+            grown = _rss_kib(pid) - baseline
+        # Unbounded, 0.8 s of an unthrottled producer would be gigabytes of 64 KiB chunks.
+        assert grown < 50 * 1024, f"producer grew by {grown} KiB"
+        assert os.path.exists(f"/proc/{pid}")
+        await settled(pipeline)
