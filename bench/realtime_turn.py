@@ -23,11 +23,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -98,6 +98,8 @@ class Coordinator:
         """Refuse new requests; fail the live ones (the pipeline is going away)."""
         self._closed = True
         for handle in list(self._requests.values()):
+            if handle.state == "live" and not handle.finished:
+                self._emit(handle.request_id, "request_aborted", {"reason": "shutdown"})
             self._finish_with(handle, RequestAborted(handle.request_id, "aborted: the pipeline shut down"))
             handle.released.set()
         self._requests.clear()
@@ -140,6 +142,7 @@ class Coordinator:
             return False
         aborted = handle.state == "live" and not handle.finished
         if aborted:
+            self._emit(request_id, "request_aborted", {"reason": "abort"})
             self._abort_everywhere(handle, RequestAborted(request_id))
         if wait:
             await handle.released.wait()
@@ -155,6 +158,7 @@ class Coordinator:
         if request_id in self._requests:
             raise DuplicateRequest(request_id, f"request {request_id!r} is still live; use another id")
         if self.max_in_flight is not None and len(self._requests) >= self.max_in_flight:
+            self._emit(request_id, "request_rejected", {"reason": "max_in_flight"})
             raise Overloaded(
                 request_id, f"{len(self._requests)} requests in flight (max_in_flight={self.max_in_flight})"
             )
@@ -204,6 +208,8 @@ class Coordinator:
     def _leave(self, handle: RequestHandle, error: RequestError | None = None) -> None:
         """The caller stopped waiting; abort the request if it is still running."""
         if handle.state == "live" and not handle.finished:
+            reason = "timeout" if isinstance(error, RequestTimeout) else "client"
+            self._emit(handle.request_id, "request_aborted", {"reason": reason})
             self._abort_everywhere(handle, error or RequestAborted(handle.request_id, "aborted: the caller left"))
         elif handle.state == "live" and self._requests.get(handle.request_id) is handle:
             del self._requests[handle.request_id]
@@ -215,7 +221,10 @@ class Coordinator:
         self._down |= dead
         for handle in list(self._requests.values()):
             if handle.state == "live" and not handle.finished:
-                self._abort_everywhere(handle, error_for(handle.request_id))
+                error = error_for(handle.request_id)
+                fields = {"stage": getattr(error, "stage", ""), "error_type": getattr(error, "error_type", "")}
+                self._emit(handle.request_id, "request_failed", fields)
+                self._abort_everywhere(handle, error)
             handle.unacked -= dead
             self._maybe_released(handle)
 
@@ -236,6 +245,8 @@ class Coordinator:
             return
         match envelope:
             case StreamOut(src=src, chunk_id=chunk_id, body=body, modality=modality):
+                if chunk_id == 0:
+                    self._emit(envelope.rid, "first_stream_chunk", {"from_stage": src, "modality": modality})
                 if not handle.finished:
                     handle.events_in.send_nowait(StreamMessage(envelope.rid, src, chunk_id, body, modality))
             case Complete(src=src, body=body):
@@ -255,7 +266,7 @@ class Coordinator:
                     error = Overloaded(envelope.rid, f"stage {stage!r}: {message}")
                 else:
                     error = RequestFailed(envelope.rid, stage, error_type, message)
-                self._emit(envelope.rid, "request_failed", {"stage": stage})
+                self._emit(envelope.rid, "request_failed", {"stage": stage, "error_type": error_type})
                 self._abort_everywhere(handle, error)
             case Released(stage=stage):
                 handle.unacked.discard(stage)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -130,6 +130,9 @@ class Host:
         if isinstance(envelope, Chunk):
             return msgspec.structs.replace(envelope, body=packed.header, metadata=None)
         return msgspec.structs.replace(envelope, body=packed.header)
+
+    def transport_to(self, stage: str) -> str:
+        return "local" if self.homes.get(stage) == self.name else "ipc"
 
     def send_control(self, dest: str, message: Any) -> None:
         link = self._links.get(dest)
@@ -276,10 +279,6 @@ class Host:
             self._ctx = None
         self._pool.close()
         self._reader.close()
-
-    def lent_to(self, processes: Iterable[str]) -> None:
-        for process in processes:
-            self._pool.release_all_for(process)
 
 
 async def _pump_until_closed(link: Link) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 from omnitrio.config import PipelineConfig
 from omnitrio.coordinator import Coordinator, RequestStream
+from omnitrio.events import EventRecorder, combine_hooks, recorder_from_env
+from omnitrio.metrics import PipelineMetrics
 
 
 class Pipeline:
@@ -19,7 +21,15 @@ class Pipeline:
         self.config = config
         self.name: str = config.name or "omnitrio"
         self.coordinator = coordinator
-        self.metrics_registry: Any = None
+        self.recorder: EventRecorder | None = recorder_from_env("main")
+        self.metrics = PipelineMetrics(stage_health=self._stage_gauges)
+        self.metrics_registry = self.metrics.registry
+        rec = self.recorder
+        coordinator.on_event = combine_hooks(self.metrics.on_event, rec.coordinator_event if rec else None)
+
+    def _stage_gauges(self) -> dict[str, dict[str, int]]:
+        """Per stage ``{"active_requests", "queue_depth"}`` for a metrics scrape (synchronous)."""
+        return {}
 
     async def submit(
         self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None

@@ -37,6 +37,7 @@ import trio
 from omnitrio.config import PipelineConfig
 from omnitrio.coordinator import Coordinator
 from omnitrio.errors import RequestFailed, StartupError, collapse
+from omnitrio.events import flush_periodically, recorder_from_env
 from omnitrio.host import MAIN, Host
 from omnitrio.pipeline import Pipeline, stage_health
 from omnitrio.stage import Stage
@@ -96,13 +97,14 @@ class ProcessPipeline(Pipeline):
         addresses = {MAIN: self._address(MAIN, 0)}
         addresses.update({name: self._address(name, 0) for name in self.children})
         self.host = Host(MAIN, self.homes, addresses, f"{prefix}{MAIN}-", self._on_control)
-        for name, plan in topology.plans.items():
-            if self.homes[name] == MAIN:
-                from omnitrio.runner import scheduler_builder
-
-                self.host.stages[name] = Stage(plan, scheduler_builder(config, name), self.host)
+        self._gauges: dict[str, dict[str, int]] = {}
         super().__init__(config, Coordinator(topology, self.host.send, topology.plans))
         self.host.coordinator = self.coordinator
+        from omnitrio.runner import scheduler_builder
+
+        for name, plan in topology.plans.items():
+            if self.homes[name] == MAIN:
+                self.host.stages[name] = Stage(plan, scheduler_builder(config, name), self.host, self.recorder)
         self._health_waiters: dict[int, tuple[trio.Event, dict[str, Any]]] = {}
         self._next_qid = 0
         self._closing = False
@@ -110,6 +112,12 @@ class ProcessPipeline(Pipeline):
 
     def _address(self, process: str, generation: int) -> str:
         return f"ipc://{self._base}/{process}-{generation}.sock"
+
+    def _stage_gauges(self) -> dict[str, dict[str, int]]:
+        gauges = dict(self._gauges)  # children's figures as of the last health() call
+        for name, local in self.host.stages.items():
+            gauges[name] = {"active_requests": local.active_requests, "queue_depth": local.queue_depth}
+        return gauges
 
     async def health(self) -> dict[str, Any]:
         """Live request count and, per stage, alive / pid / process / active requests / restarts."""
@@ -134,7 +142,8 @@ class ProcessPipeline(Pipeline):
             reply = replies.get(child.name)
             pid = child.process.pid if child.process is not None and child.process.pid else 0
             for stage in child.stages:
-                active, stage_restarts = reply.get(stage, (0, 0)) if reply is not None else (0, 0)
+                active, stage_restarts, depth = reply.get(stage, (0, 0, 0)) if reply is not None else (0, 0, 0)
+                self._gauges[stage] = {"active_requests": active, "queue_depth": depth}
                 alive = child.alive and reply is not None
                 stages[stage] = stage_health(alive, pid, child.name, active, child.restarts + stage_restarts)
         return {"requests": self.coordinator.live_requests, "stages": stages}
@@ -271,6 +280,8 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(pipeline.host.run)
+            if pipeline.recorder is not None:
+                nursery.start_soon(flush_periodically, pipeline.recorder)
             try:
                 for child in pipeline.children.values():
                     pipeline._spawn(child)
@@ -294,6 +305,8 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
         raise single from single.__cause__
     finally:
         pipeline.host.close()
+        if pipeline.recorder is not None:
+            pipeline.recorder.close()
         remove_segments(prefix)
         if created_base:
             shutil.rmtree(base, ignore_errors=True)
@@ -324,18 +337,29 @@ async def _child_run(spec: ChildSpec) -> None:
             case wire.Shutdown():
                 shutdown.set()
             case wire.HealthQuery(qid=qid):
-                stages = {name: [s.active_requests, s.restarts] for name, s in host.stages.items()}
+                stages = {name: [s.active_requests, s.restarts, s.queue_depth] for name, s in host.stages.items()}
                 host.send_control(MAIN, wire.HealthReply(qid, spec.process, stages))
             case _:
                 return
 
     host = Host(spec.process, spec.homes, spec.addresses, f"{spec.shm_prefix}{spec.process}-", on_control)
+    recorder = recorder_from_env(spec.process)
+    try:
+        await _serve_child(spec, host, recorder, shutdown, scheduler_builder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+async def _serve_child(spec: ChildSpec, host: Host, recorder: Any, shutdown: trio.Event, builder: Any) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(host.run)
+        if recorder is not None:
+            nursery.start_soon(flush_periodically, recorder)
         try:
             topology = Topology.compile(spec.config, [n for n, home in spec.homes.items() if home == spec.process])
             for name, plan in topology.plans.items():
-                host.stages[name] = Stage(plan, scheduler_builder(spec.config, name), host)
+                host.stages[name] = Stage(plan, builder(spec.config, name), host, recorder)
             async with trio.open_nursery() as starting:
                 for stage in host.stages.values():
                     starting.start_soon(nursery.start, stage.run)

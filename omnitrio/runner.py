@@ -19,6 +19,7 @@ from omnitrio.config import PipelineConfig, validate
 from omnitrio.coordinator import Coordinator
 from omnitrio.envelopes import Complete, Failed, Released, StreamOut, ToCoordinator, ToStage
 from omnitrio.errors import StartupError, collapse
+from omnitrio.events import flush_periodically
 from omnitrio.importing import import_object
 from omnitrio.pipeline import Pipeline, stage_health
 from omnitrio.stage import Stage
@@ -58,13 +59,21 @@ class LocalSwitchboard:
     def release(self, leases: Sequence[Any]) -> None:
         return
 
+    def transport_to(self, stage: str) -> str:
+        return "local"
+
 
 class InlinePipeline(Pipeline):
     """Every stage in the caller's process and trio run."""
 
     def __init__(self, config: PipelineConfig, coordinator: Coordinator, stages: dict[str, Stage]) -> None:
-        super().__init__(config, coordinator)
         self._stages = stages
+        super().__init__(config, coordinator)
+
+    def _stage_gauges(self) -> dict[str, dict[str, int]]:
+        return {
+            n: {"active_requests": s.active_requests, "queue_depth": s.queue_depth} for n, s in self._stages.items()
+        }
 
     async def health(self) -> dict[str, Any]:
         pid = os.getpid()
@@ -85,22 +94,25 @@ async def open_pipeline(config: PipelineConfig, *, inline: bool = False) -> Asyn
     if not inline and any(s.process for s in config.stages):
         from omnitrio.processes import open_process_pipeline
 
-        async with open_process_pipeline(config) as pipeline:
-            yield pipeline
+        async with open_process_pipeline(config) as in_processes:
+            yield in_processes
         return
     topology = Topology.compile(config)
     board = LocalSwitchboard()
-    for name, plan in topology.plans.items():
-        board.stages[name] = Stage(plan, scheduler_builder(config, name), board)
-    coordinator = Coordinator(topology, board.send, board.stages)
+    coordinator = Coordinator(topology, board.send, topology.plans)
     board.coordinator = coordinator
+    pipeline = InlinePipeline(config, coordinator, board.stages)
+    for name, plan in topology.plans.items():
+        board.stages[name] = Stage(plan, scheduler_builder(config, name), board, pipeline.recorder)
     try:
         async with trio.open_nursery() as nursery:
+            if pipeline.recorder is not None:
+                nursery.start_soon(flush_periodically, pipeline.recorder)
             async with trio.open_nursery() as starting:
                 for stage in board.stages.values():
                     starting.start_soon(nursery.start, stage.run)
             try:
-                yield InlinePipeline(config, coordinator, board.stages)
+                yield pipeline
             finally:
                 coordinator.close()
                 nursery.cancel_scope.cancel()
@@ -109,3 +121,6 @@ async def open_pipeline(config: PipelineConfig, *, inline: bool = False) -> Asyn
         if single is group:
             raise
         raise single from single.__cause__
+    finally:
+        if pipeline.recorder is not None:
+            pipeline.recorder.close()

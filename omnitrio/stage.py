@@ -41,6 +41,7 @@ from omnitrio.envelopes import (
     ToCoordinator,
     ToStage,
 )
+from omnitrio.events import EventRecorder
 from omnitrio.fanin import FanIn, FanInError
 from omnitrio.requests import BACKLOG_HIGH, BACKLOG_LOW, RequestScope, Tombstones
 from omnitrio.topology import StageFunctionError, StagePlan
@@ -55,12 +56,21 @@ class Switchboard(Protocol):
 
     def release(self, leases: Sequence[Any]) -> None: ...
 
+    def transport_to(self, stage: str) -> str: ...
+
 
 class Stage:
     """One stage of the pipeline, running inside some process's trio loop."""
 
-    def __init__(self, plan: StagePlan, build_scheduler: Callable[[], Any], switchboard: Switchboard) -> None:
+    def __init__(
+        self,
+        plan: StagePlan,
+        build_scheduler: Callable[[], Any],
+        switchboard: Switchboard,
+        recorder: EventRecorder | None = None,
+    ) -> None:
         self.plan = plan
+        self._rec = recorder
         self.name = plan.name
         self._build_scheduler = build_scheduler
         self._board = switchboard
@@ -72,6 +82,12 @@ class Stage:
         self.scheduler: Any = None
 
     # -- health ---------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        """Messages waiting in the scheduler's inbox (0 when it cannot say)."""
+        qsize = getattr(getattr(self.scheduler, "inbox", None), "qsize", None)
+        return int(qsize()) if callable(qsize) else 0
 
     @property
     def active_requests(self) -> int:
@@ -163,6 +179,9 @@ class Stage:
         assert bridge is not None
         match envelope:
             case Payload(src=src, body=body):
+                if self._rec is not None:
+                    kind = "submit" if src == COORDINATOR else "payload"
+                    self._rec.emit(req.request_id, self.name, "stage_input_received", from_stage=src, kind=kind)
                 try:
                     payload = self._gather(req, src, body)
                 except (FanInError, StageFunctionError) as exc:
@@ -171,10 +190,16 @@ class Stage:
                 if payload is not None:
                     req.got_payload = req.in_scheduler = True
                     bridge.put(IncomingMessage(req.request_id, "new_request", payload))
+                    if self._rec is not None:
+                        self._rec.emit(req.request_id, self.name, "stage_dispatch")
             case Chunk(src=src, chunk_id=chunk_id, body=body, metadata=metadata):
                 if self._refuse_early_stream(req, f"stream chunk #{chunk_id} from {src!r}"):
                     return
                 req.in_scheduler = True
+                if self._rec is not None and chunk_id == 0:
+                    self._rec.emit(
+                        req.request_id, self.name, "stage_input_received", from_stage=src, kind="chunk", chunk_id=0
+                    )
                 item = StreamItem(chunk_id, body, src, metadata)
                 bridge.put(IncomingMessage(req.request_id, "stream_chunk", item))
             case Done(src=src):
@@ -276,7 +301,10 @@ class Stage:
                 raise StageFunctionError(
                     f"stream output of stage {self.name!r}", "ValueError", f"target {target!r} is not in stream_to"
                 )
-            self._board.send(Chunk(rid, req.inc, target, self.name, req.next_chunk_id(target), out.data, out.metadata))
+            chunk_id = req.next_chunk_id(target)
+            if self._rec is not None and chunk_id == 0:
+                self._rec.emit(rid, self.name, "stage_first_stream_chunk_sent", to=target)
+            self._board.send(Chunk(rid, req.inc, target, self.name, chunk_id, out.data, out.metadata))
 
     def _route_result(self, req: RequestScope, result: Any) -> None:
         """End-of-stream signals first, then the result to each next stage (or the caller)."""
@@ -284,14 +312,21 @@ class Stage:
         if plan.stream_to:
             for target in plan.stream_done_targets(rid, result):
                 self._board.send(Done(rid, inc, target, self.name))
+        rec = self._rec
         if plan.terminal:
             data = result.data if isinstance(result, StagePayload) else result
+            if rec is not None:
+                rec.emit(rid, self.name, "stage_complete", terminal=True, next=[])
             self._board.send(Complete(rid, inc, self.name, data))
             return
         targets = plan.targets(rid, result)
         fan_out = len(targets) > 1
         bodies = [plan.project(t, result, fan_out=fan_out) for t in targets]
+        if rec is not None:
+            rec.emit(rid, self.name, "stage_complete", terminal=False, next=targets)
         for target, body in zip(targets, bodies, strict=True):
+            if rec is not None:  # before the send: a local send delivers at once
+                rec.emit(rid, self.name, "stage_hop_sent", to_stage=target, transport=self._board.transport_to(target))
             self._board.send(Payload(rid, inc, target, self.name, body))
 
     def _report_failure(self, req: RequestScope, error: Any) -> None:
@@ -301,6 +336,8 @@ class Stage:
         else:
             error_type, message = "Error", str(error)
         self._tombstones.add(req.request_id, req.inc)
+        if self._rec is not None:
+            self._rec.emit(req.request_id, self.name, "stage_failed", error_type=error_type)
         overloaded = isinstance(error, StageOverloaded)
         self._board.send(Failed(req.request_id, req.inc, self.name, error_type, message, overloaded))
 
@@ -316,6 +353,8 @@ class Stage:
             self._board.release(req.leases)
             req.leases.clear()
         if req.aborted:
+            if self._rec is not None:
+                self._rec.emit(req.request_id, self.name, "stage_aborted")
             self._board.send(Released(req.request_id, req.inc, self.name))
 
 
