@@ -202,3 +202,44 @@ def create_unpicklable() -> SimpleScheduler:
         return payload
 
     return SimpleScheduler(fn)
+
+
+class CrashingScheduler:
+    """Echoes requests; its start() raises when a request asks it to 'crash'."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.outbox: queue.Queue[Any] = queue.Queue()
+
+    def warm_up_serving_thread(self) -> None:
+        return
+
+    def start(self) -> None:
+        from omnitrio.contract import OutgoingMessage
+
+        while (msg := self.inbox.get()) is not None:
+            if msg.type != "new_request":
+                continue
+            if msg.data.data["raw_inputs"] == "crash":
+                raise RuntimeError("scheduler loop broke on purpose")
+            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+
+    def stop(self) -> None:
+        self.inbox.put(None)
+
+    def abort(self, request_id: str) -> None:
+        return
+
+
+def create_crashing() -> CrashingScheduler:
+    return CrashingScheduler()
+
+
+def wait_for_raises(request_id: str, from_stage: str, payload: StagePayload) -> list[str]:
+    raise LookupError("wait_for_fn broke")
+
+
+def stream_done_raises(request_id: str, result: Any) -> list[str]:
+    raise ValueError("stream_done_to_fn broke")
