@@ -300,12 +300,19 @@ def stamp(result: dict[str, Any], t0: float) -> dict[str, Any]:
 
 
 async def run_suite(
-    rt: Runtime, quick: bool, progress: Any, only: set[str] | None = None, budget_s: float | None = None
+    rt: Runtime,
+    quick: bool,
+    progress: Any,
+    only: set[str] | None = None,
+    budget_s: float | None = None,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every benchmark that makes sense for ``rt``; a failing one records its error and the rest go on.
 
     With ``budget_s``, benchmarks not yet started once the suite has run that long are
-    recorded as skipped (``--quick`` must finish on a loaded 2-core machine).
+    recorded as skipped (``--quick`` must finish on a loaded 2-core machine).  ``on_result``
+    sees the results so far after each benchmark (the peer driver saves them, so a run
+    stopped at its deadline keeps what it measured).
     """
     plan: list[tuple[str, Callable[[], Awaitable[dict[str, Any]]]]] = [
         ("hop_latency", lambda: hop_latency(rt, quick)),
@@ -331,4 +338,6 @@ async def run_suite(
         except Exception as exc:
             results[name] = stamp({"error": f"{type(exc).__name__}: {exc}"}, t0)
             progress.done(label, t0, f"FAILED: {type(exc).__name__}: {exc}")
+        if on_result is not None:
+            on_result(results)
     return results

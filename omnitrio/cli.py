@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console entry point; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["trace"]:
+        return _trace(argv[1:])  # every argument, options included, belongs to omnitrio.trace
     args = build_parser().parse_args(argv)
     try:
         match args.command:
