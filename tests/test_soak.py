@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
-
-from omnitrio import PipelineConfig
 
 from bench.soak import fan_pipeline, soak, stream_pipeline
 
