@@ -228,6 +228,7 @@ async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None
 
 def _log_to_stderr() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # it logs every clip it decodes
 
 
 # -- run ---------------------------------------------------------------------------------------

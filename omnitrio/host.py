@@ -139,7 +139,7 @@ class Host:
         if link is None:
             log.debug("host %r: dropping %s for unknown process %r", self.name, type(message).__name__, dest)
             return
-        link.send((self._name_frame, wire.encode(message)))
+        link.send(wire.encode(message))
 
     def release(self, leases: Sequence[Lease]) -> None:
         """Give received shared-memory leases back to the processes that lent them."""
@@ -152,9 +152,8 @@ class Host:
 
     # -- inbound --------------------------------------------------------------------
 
-    def _dispatch(self, frames: list[bytes]) -> None:
-        src = frames[0].decode()
-        message = wire.decode(frames[1])
+    def _dispatch(self, src: str, frame: bytes) -> None:
+        message = wire.decode(frame)
         match message:
             case Payload() | Chunk() | Done() | Abort() | Credit():
                 self._to_stage(src, message)
@@ -231,7 +230,7 @@ class Host:
     def _connect(self, process: str) -> None:
         assert self._ctx is not None and self._nursery is not None
         socket = connect(self._ctx, zmq.PUSH, self.addresses[process], options={zmq.SNDHWM: HWM}, linger=2000)
-        link = Link(socket)
+        link = Link(socket, self._name_frame)
         self._links[process] = link
         self._nursery.start_soon(_pump_until_closed, link)
 
@@ -257,10 +256,12 @@ class Host:
         dispatch = self._dispatch
         while True:
             for frames in await self._inbound.recv_multipart_batch(RECV_BATCH):
-                try:
-                    dispatch(frames)
-                except Exception:
-                    log.exception("host %r: failed to handle a message", self.name)
+                src = frames[0].decode()
+                for frame in frames[1:]:
+                    try:
+                        dispatch(src, frame)
+                    except Exception:
+                        log.exception("host %r: failed to handle a message from %r", self.name, src)
 
     async def flush(self) -> None:
         """Wait until every queued outbound message has been handed to zmq."""

@@ -1,8 +1,9 @@
 """Stages in spawned OS processes: start-up, supervision, restart and shutdown.
 
-``open_process_pipeline`` spawns one process per distinct ``process`` name (``spawn``
-context: never a fork of a process that may have touched CUDA), all in parallel, and
-waits until each reports every stage ready.  A child that cannot import or build its
+``open_process_pipeline`` starts one process per distinct ``process`` name — a fresh
+interpreter (spawn, never a fork of a process that may have touched CUDA) that reads
+its spec from a pipe, so the caller's ``__main__`` is never re-imported — all in
+parallel, and waits until each reports every stage ready.  A child that cannot import or build its
 scheduler makes start-up fail with the child's traceback, leaving no process behind.
 
 A child's death is seen at once — trio waits on its sentinel fd, nothing polls — and
@@ -18,17 +19,18 @@ pipeline.  A child whose parent dies notices through a pidfd and exits.
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import os
+import pickle
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import attrs
@@ -67,21 +69,22 @@ class Child:
 
     name: str
     stages: list[str]
-    process: BaseProcess | None = None
+    process: trio.Process | None = None
     generation: int = 0
     restarts: int = 0
     alive: bool = False
     ready: trio.Event = attrs.field(factory=trio.Event)
-    startup_error: str | None = None
-    supervised: bool = False
     exited: trio.Event = attrs.field(factory=trio.Event)
+    """Set by the reaper task when this generation's process has exited."""
+    startup_error: str | None = None
 
-    async def wait_exit(self) -> None:
-        """Until the process has exited (only one task may wait on its sentinel)."""
-        if self.supervised:
-            await self.exited.wait()
-        elif self.process is not None:
-            await trio.lowlevel.wait_readable(self.process.sentinel)
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else 0
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.process.returncode if self.process is not None else None
 
 
 class ProcessPipeline(Pipeline):
@@ -108,7 +111,7 @@ class ProcessPipeline(Pipeline):
         self._health_waiters: dict[int, tuple[trio.Event, dict[str, Any]]] = {}
         self._next_qid = 0
         self._closing = False
-        self._ctx = multiprocessing.get_context("spawn")
+        self._nursery: trio.Nursery | None = None
 
     def _address(self, process: str, generation: int) -> str:
         return f"ipc://{self._base}/{process}-{generation}.sock"
@@ -140,7 +143,7 @@ class ProcessPipeline(Pipeline):
         self._health_waiters.pop(qid, None)
         for child in self.children.values():
             reply = replies.get(child.name)
-            pid = child.process.pid if child.process is not None and child.process.pid else 0
+            pid = child.pid
             for stage in child.stages:
                 active, stage_restarts, depth = reply.get(stage, (0, 0, 0)) if reply is not None else (0, 0, 0)
                 self._gauges[stage] = {"active_requests": active, "queue_depth": depth}
@@ -169,22 +172,32 @@ class ProcessPipeline(Pipeline):
 
     # -- children ------------------------------------------------------------------------
 
-    def _spawn(self, child: Child) -> None:
+    async def _spawn(self, child: Child) -> None:
+        """Start a fresh interpreter for ``child`` and hand it its spec through stdin."""
+        assert self._nursery is not None
         child.ready = trio.Event()
+        child.exited = trio.Event()
         child.startup_error = None
         spec = ChildSpec(child.name, self.config, self.homes, dict(self.host.addresses), self._prefix, os.getpid())
-        process = self._ctx.Process(target=child_main, args=(spec,), name=f"omnitrio-{child.name}", daemon=False)
-        process.start()
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; 2 cores are shared by every process
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", "from omnitrio.processes import child_entry; child_entry()"],
+            stdin=subprocess.PIPE,
+            env=env,
+        )
+        assert process.stdin is not None
+        await process.stdin.send_all(json.dumps(sys.path).encode() + b"\n" + pickle.dumps(spec))
+        await process.stdin.aclose()
         child.process = process
+        self._nursery.start_soon(_reap, process, child.exited)
 
     async def _wait_ready(self, child: Child, timeout: float) -> None:
-        assert child.process is not None
         with trio.move_on_after(timeout) as scope:
             async with trio.open_nursery() as nursery:
 
                 async def died() -> None:
-                    assert child.process is not None
-                    await trio.lowlevel.wait_readable(child.process.sentinel)
+                    await child.exited.wait()
                     await trio.sleep(0.05)  # its StartupFailed message may still be in flight
                     child.ready.set()
 
@@ -198,32 +211,24 @@ class ProcessPipeline(Pipeline):
         if scope.cancelled_caught:
             raise StartupError(f"process {child.name!r} did not start within {timeout:g} s (startup_timeout)")
         if not child.alive:
-            code = child.process.exitcode if child.process is not None else None
             raise StartupError(
-                f"process {child.name!r} (stages {child.stages}) exited with code {code} during start-up"
+                f"process {child.name!r} (stages {child.stages}) exited with code {child.exit_code} during start-up"
             )
 
     async def _supervise(self, child: Child) -> None:
         """Watch one child; on death fail its requests and restart it per policy."""
-        child.supervised = True
         while True:
-            assert child.process is not None
-            child.exited = trio.Event()
-            await trio.lowlevel.wait_readable(child.process.sentinel)
-            child.exited.set()
+            await child.exited.wait()
             if self._closing:
                 return
             child.alive = False
-            # The sentinel closes as the process exits; reaping it may take a moment longer.
-            await trio.to_thread.run_sync(child.process.join, 1.0)
-            code = child.process.exitcode
-            self._on_death(child, code)
+            self._on_death(child, child.exit_code)
             if self.config.restart != "on-failure" or child.restarts >= self.config.max_restarts:
                 return
             child.restarts += 1
             child.generation += 1
             self.host.addresses[child.name] = self._address(child.name, child.generation)
-            self._spawn(child)
+            await self._spawn(child)
             try:
                 await self._wait_ready(child, self.config.startup_timeout)
             except StartupError:
@@ -260,12 +265,19 @@ class ProcessPipeline(Pipeline):
             if process is None:
                 continue
             with trio.move_on_after(STOP_GRACE):
-                await child.wait_exit()
-            if process.exitcode is None:
+                await child.exited.wait()
+            if process.returncode is None:
                 process.kill()
                 with trio.move_on_after(2.0):
-                    await child.wait_exit()
-            process.join(0)
+                    await child.exited.wait()
+
+
+async def _reap(process: trio.Process, exited: trio.Event) -> None:
+    """The one task that waits for a process (trio watches its pidfd)."""
+    try:
+        await process.wait()
+    finally:
+        exited.set()
 
 
 @asynccontextmanager
@@ -279,12 +291,13 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
     pipeline = ProcessPipeline(config, topology, base, prefix)
     try:
         async with trio.open_nursery() as nursery:
+            pipeline._nursery = nursery
             await nursery.start(pipeline.host.run)
             if pipeline.recorder is not None:
                 nursery.start_soon(flush_periodically, pipeline.recorder)
             try:
                 for child in pipeline.children.values():
-                    pipeline._spawn(child)
+                    await pipeline._spawn(child)
                 async with trio.open_nursery() as starting:
                     for stage in pipeline.host.stages.values():
                         starting.start_soon(nursery.start, stage.run)
@@ -317,6 +330,14 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
 
 
 # -- the child side ----------------------------------------------------------------------------
+
+
+def child_entry() -> None:
+    """``python -c`` entry of a stage process: read the parent's sys.path and the spec from stdin."""
+    raw = sys.stdin.buffer.read()
+    path, _, blob = raw.partition(b"\n")
+    sys.path[:0] = [p for p in json.loads(path) if p not in sys.path]
+    child_main(pickle.loads(blob))
 
 
 def child_main(spec: ChildSpec) -> None:

@@ -152,3 +152,17 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+async def test_a_burst_submitted_together_forms_one_batch_in_a_process_every_time() -> None:
+    async with open_pipeline(ch4_batch.make_config(False)) as pipeline:
+        for round_ in range(10):
+            sizes: list[int] = []
+
+            async def one(i: int, round_: int, sizes: list[int]) -> None:
+                sizes.append((await pipeline.submit(f"b{round_}-{i}", i))["batch_size"])
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(one, i, round_, sizes)
+            assert sizes == [4, 4, 4, 4]

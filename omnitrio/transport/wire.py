@@ -1,7 +1,7 @@
 """How messages cross a process boundary: frames, codec, and the process-level messages.
 
-A wire message is two frames: the sending process's name, then one msgpack-encoded
-msgspec Struct (about 1 µs to encode and decode).  User data — a payload, a chunk, a
+A zmq message carries the sending process's name, then one frame per message, each a
+msgpack-encoded msgspec Struct (about 1 µs to encode and decode).  User data — a payload, a chunk, a
 result — is packed by the sender's :class:`~omnitrio.transport.relay.ShmPool`: pickled,
 with every large tensor or array copied once into shared memory and referenced by a
 lease.  The receiver unpacks zero-copy views and reports the leases it holds; the stage

@@ -1,0 +1,140 @@
+"""The realtime voice loop on the default pipeline: speech in, the transcript spoken back, barge-in, limits."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from omnitrio import open_pipeline
+from omnitrio.cli import DEFAULT_CONFIG
+from omnitrio.client import RealtimeClient, open_realtime
+from omnitrio.config import load
+from omnitrio.serve import serve
+
+pytestmark = pytest.mark.slow
+SENTENCE = "Turn left at the second traffic light."
+LONG = "The train to Boston leaves from platform seven. The library closes at nine. We need chairs for the room."
+RATE = 24_000
+
+
+@asynccontextmanager
+async def realtime_url(overrides: Sequence[str] = ()) -> AsyncIterator[str]:
+    """A server on a free port in front of the default pipeline (stages in this process)."""
+    pytest.importorskip("piper", reason="the speech extra is not installed")
+    async with open_pipeline(load(DEFAULT_CONFIG, overrides), inline=True) as pipeline:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
+            yield f"ws://127.0.0.1:{port}/v1/realtime"
+            nursery.cancel_scope.cancel()
+
+
+def pcm16(text: str, silence_after: float = 0.0) -> bytes:
+    from schedulers.speech.audio import float_to_pcm16, resample
+    from schedulers.speech.tts import shared_synthesizer
+
+    tts = shared_synthesizer("auto", threads=2)
+    audio = resample(tts.synthesize(text), tts.sample_rate, RATE)
+    padded = np.concatenate([np.zeros(RATE // 5, np.float32), audio, np.zeros(int(silence_after * RATE), np.float32)])
+    return float_to_pcm16(padded).tobytes()
+
+
+async def send_audio(rt: RealtimeClient, pcm: bytes, chunk_ms: int = 100) -> None:
+    step = 2 * RATE * chunk_ms // 1000
+    for i in range(0, len(pcm), step):
+        await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + step]).decode()})
+
+
+async def events_until(rt: RealtimeClient, event_type: str, seconds: float = 60) -> list[dict[str, Any]]:
+    events = []
+    with trio.fail_after(seconds):
+        while True:
+            events.append(await rt.receive())
+            if events[-1]["type"] == event_type:
+                return events
+
+
+def heard(events: list[dict[str, Any]]) -> list[str]:
+    """What Whisper hears in the response audio of ``events``."""
+    from schedulers.speech.asr import shared_recognizer
+    from schedulers.speech.audio import resample
+
+    pcm = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
+    return words(
+        shared_recognizer("auto", compute_type="int8", cpu_threads=2, beam_size=1).transcribe(
+            resample(audio, RATE, 16_000)
+        )
+    )
+
+
+def words(text: str) -> list[str]:
+    return "".join(c for c in text.lower() if c.isalnum() or c.isspace()).split()
+
+
+async def test_manual_commit_is_answered_with_speech_of_the_transcript() -> None:
+    async with realtime_url() as url, open_realtime(url) as rt:
+        await rt.receive()
+        await rt.send({"type": "session.update", "session": {"turn_detection": None}})
+        await send_audio(rt, pcm16(SENTENCE))
+        await rt.send({"type": "input_audio_buffer.commit"})
+        await rt.send({"type": "response.create"})
+        events = await events_until(rt, "response.done")
+    assert events[-1]["response"]["status"] == "completed"
+    assert not [e for e in events if e["type"].startswith("input_audio_buffer.speech")]
+    assert heard(events) == words(SENTENCE)
+
+
+async def test_server_vad_answers_speech_then_silence_without_a_commit() -> None:
+    async with realtime_url() as url, open_realtime(url) as rt:
+        await rt.receive()
+        await send_audio(rt, pcm16(SENTENCE, silence_after=1.0))
+        events = await events_until(rt, "response.done")
+    types = [e["type"] for e in events]
+    order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
+    assert [t for t in types if t in order] == order
+    assert types.index("input_audio_buffer.committed") < types.index("response.created")
+    assert events[-1]["response"]["status"] == "completed"
+    assert heard(events) == words(SENTENCE)
+
+
+async def test_speaking_over_a_response_cancels_it_and_silences_its_audio() -> None:
+    async with realtime_url() as url, open_realtime(url) as rt:
+        await rt.receive()
+        await send_audio(rt, pcm16(LONG, silence_after=1.0))
+        await events_until(rt, "response.output_audio.delta")
+        await send_audio(rt, pcm16("Stop, please stop.", silence_after=0.2))
+        events = await events_until(rt, "response.done")
+    types = [e["type"] for e in events]
+    assert "input_audio_buffer.speech_started" in types
+    after_barge_in = types[types.index("input_audio_buffer.speech_started") :]
+    assert "response.output_audio.delta" not in after_barge_in
+    assert events[-1]["response"]["status"] == "cancelled"
+
+
+async def test_a_session_past_the_asr_session_limit_gets_an_error_naming_it() -> None:
+    async with realtime_url(["stream_asr.factory.max_sessions=1"]) as url, open_realtime(url) as first:
+        await first.receive()
+        await send_audio(first, pcm16("Hello.", silence_after=0.1))
+        async with open_realtime(url) as second:
+            await second.receive()
+            error = (await events_until(second, "error", 10))[-1]["error"]
+    assert "max_sessions=1" in error["message"]
+    assert error["code"] == "overloaded"
+
+
+async def test_closing_the_socket_releases_the_asr_session() -> None:
+    async with realtime_url(["stream_asr.factory.max_sessions=1"]) as url:
+        for _ in range(2):
+            async with open_realtime(url) as rt:
+                await rt.receive()
+                await send_audio(rt, pcm16(SENTENCE, silence_after=1.0))
+                events = await events_until(rt, "response.done")
+            assert events[-1]["response"]["status"] == "completed"
+            await trio.sleep(1)  # the server aborts the ASR session just after the socket closed
