@@ -105,9 +105,9 @@ async def test_audio_and_image_parts_reach_the_thinker_through_their_encoders(pi
     _, both = await collect(pipeline, "m", chat(media))
     _, audio_only = await collect(pipeline, "o", chat(media[:2]))
     prompt = plain["detokenize"]["usage"]["prompt_tokens"]
-    # 1 s of audio: 100 mel frames, 4x downsampled → 25 tokens; a 32x32 image: 16 patches.
-    assert both["detokenize"]["usage"]["prompt_tokens"] == prompt + 25 + 16
-    assert audio_only["detokenize"]["usage"]["prompt_tokens"] == prompt + 25
+    # 1 s of audio: 101 mel frames (10 ms hop, centred), 4x downsampled → 26 tokens; a 32x32 image: 16 patches.
+    assert both["detokenize"]["usage"]["prompt_tokens"] == prompt + 26 + 16
+    assert audio_only["detokenize"]["usage"]["prompt_tokens"] == prompt + 26
     assert both["detokenize"]["text"] != plain["detokenize"]["text"]
 
 
@@ -151,9 +151,9 @@ async def test_openai_client_streams_text_and_pcm16_audio_at_24khz(served: Serve
     chunks = await trio.to_thread.run_sync(run)
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     text = "".join(d.content or "" for d in deltas)
-    audio = [getattr(d, "audio", None) or {} for d in deltas]
-    pcm = b"".join(base64.b64decode(a["data"]) for a in audio if a.get("data"))
-    transcript = "".join(a.get("transcript", "") for a in audio)
+    audio = [d.audio for d in deltas if d.audio]
+    pcm = b"".join(base64.b64decode(a.data) for a in audio if a.data)
+    transcript = "".join(a.transcript or "" for a in audio)
     assert text and text == transcript
     assert len(pcm) == 2 * MAX_TOKENS * SAMPLES_PER_TOKEN  # PCM16 mono: 24 kHz in, 24 kHz out
     samples = np.frombuffer(pcm, "<i2")
@@ -229,3 +229,11 @@ def test_realtime_llm_config_keeps_the_speech_graph_and_swaps_the_responder() ->
     speech, llm = load(CONFIGS / "speech.toml"), load(CONFIGS / "realtime-llm.toml")
     assert [s.name for s in llm.stages] == [s.name for s in speech.stages]
     assert llm.stage("responder").factory_path == "schedulers.omni.responder.create_thinker_responder"
+
+
+def test_qwen3_omni_gpu_config_validates_without_importing_sglang() -> None:
+    import sys
+
+    config = load(CONFIGS / "qwen3-omni.toml")
+    assert config.stage("thinker").factory_path == "schedulers.ar.sglang_backend.create_sglang_scheduler"
+    assert "sglang" not in sys.modules

@@ -17,6 +17,7 @@ from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.config import load
 from omnitrio.serve import serve
+from tests.test_speech_roundtrip import word_error_rate
 
 pytestmark = pytest.mark.slow
 SENTENCE = "Turn left at the second traffic light."
@@ -60,22 +61,20 @@ async def events_until(rt: RealtimeClient, event_type: str, seconds: float = 60)
                 return events
 
 
-def heard(events: list[dict[str, Any]]) -> list[str]:
+def heard(events: list[dict[str, Any]]) -> str:
     """What Whisper hears in the response audio of ``events``."""
     from schedulers.speech.asr import shared_recognizer
     from schedulers.speech.audio import resample
 
     pcm = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
     audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
-    return words(
-        shared_recognizer("auto", compute_type="int8", cpu_threads=2, beam_size=1).transcribe(
-            resample(audio, RATE, 16_000)
-        )
-    )
+    recognizer = shared_recognizer("auto", compute_type="int8", cpu_threads=2, beam_size=1)
+    return recognizer.transcribe(resample(audio, RATE, 16_000))
 
 
-def words(text: str) -> list[str]:
-    return "".join(c for c in text.lower() if c.isalnum() or c.isspace()).split()
+def matches(hypothesis: str, reference: str) -> bool:
+    """Whisper heard the reference, up to an odd word (a "2nd" for "second")."""
+    return word_error_rate(reference, hypothesis) <= 0.2
 
 
 async def test_manual_commit_is_answered_with_speech_of_the_transcript() -> None:
@@ -88,7 +87,7 @@ async def test_manual_commit_is_answered_with_speech_of_the_transcript() -> None
         events = await events_until(rt, "response.done")
     assert events[-1]["response"]["status"] == "completed"
     assert not [e for e in events if e["type"].startswith("input_audio_buffer.speech")]
-    assert heard(events) == words(SENTENCE)
+    assert matches(heard(events), SENTENCE)
 
 
 async def test_server_vad_answers_speech_then_silence_without_a_commit() -> None:
@@ -101,7 +100,7 @@ async def test_server_vad_answers_speech_then_silence_without_a_commit() -> None
     assert [t for t in types if t in order] == order
     assert types.index("input_audio_buffer.committed") < types.index("response.created")
     assert events[-1]["response"]["status"] == "completed"
-    assert heard(events) == words(SENTENCE)
+    assert matches(heard(events), SENTENCE)
 
 
 async def test_speaking_over_a_response_cancels_it_and_silences_its_audio() -> None:

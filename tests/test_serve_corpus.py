@@ -12,6 +12,7 @@ import trio
 
 from omnitrio.client import open_realtime
 from tests.fake_pipeline import Served, start_server
+from tests.test_serve_realtime import manual_turns
 
 CHAT = "/v1/chat/completions"
 SPEECH = "/v1/audio/speech"
@@ -123,7 +124,7 @@ async def test_malformed_realtime_event_gets_an_error_event_and_the_socket_stays
     served: Served, frame: str, code: str
 ) -> None:
     async with open_realtime(served.ws_url) as rt:
-        await rt.receive()
+        await manual_turns(rt)
         await rt.connection.send_message(frame)
         with trio.fail_after(5):
             error = await rt.receive()
@@ -137,7 +138,7 @@ async def test_malformed_realtime_event_gets_an_error_event_and_the_socket_stays
 
 async def test_binary_realtime_frame_is_an_error_event(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
-        await rt.receive()
+        await manual_turns(rt)
         await rt.connection.send_message(b"\x00\x01")
         with trio.fail_after(5):
             error = await rt.receive()

@@ -4,7 +4,7 @@ What a caller may rely on:
 
 - **Ordering.** Messages leave in the order their sends completed; a ``send_batch`` sends its messages in list
   order, and messages come out of ``recv``/``recv_batch`` in the order zmq delivers them (FIFO per peer).
-- **Whole messages and cancellation.** Every method is a trio checkpoint. A cancelled ``send`` sent the whole
+- **Whole messages and cancellation.** Every async method is a trio checkpoint. A cancelled ``send`` sent the whole
   message or nothing (zmq accepts a multipart message atomically). A cancelled receive consumed nothing: it
   is only cancelled before it takes a message, never after. A cancelled ``send_batch`` sent a prefix of
   whole messages, in order; use ``send`` per message where the count matters.
@@ -19,10 +19,10 @@ What a caller may rely on:
   first, then call it (or ``ctx.destroy(linger=0)``). A socket belongs to the thread of its trio run.
 
 Why it is shaped so: ``zmq.FD`` is edge-triggered and signals POLLIN and POLLOUT changes alike. Any send,
-recv or ``EVENTS`` read can consume the edge another waiter needed, so after each of them ``_poll`` re-reads
-``EVENTS`` and wakes the waiters whose condition now holds. Trio lets one task at a time wait on an fd, so the
-first waiter owns ``wait_readable(FD)`` and the others park; ``_poll`` also kicks the owner out of its wait,
-and an owner that leaves hands the fd on by waking the parked tasks.
+recv or ``EVENTS`` read can consume the edge another waiter needed, so after each of them (while anyone
+waits) ``_poll`` re-reads ``EVENTS`` and wakes the waiters whose condition now holds. Trio lets one task at a
+time wait on an fd, so the first waiter owns ``wait_readable(FD)`` and the others park; ``_poll`` also kicks
+the owner out of its wait, and an owner that leaves hands the fd on by waking the parked tasks.
 """
 
 from __future__ import annotations
@@ -68,17 +68,19 @@ class TrioZmqSocket:
         """Send many messages in order, waiting only on the HWM (one checkpoint, not one per message)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         yielded = False
-        for message in messages:
-            while not self._send_nowait(message):
-                yielded |= await self._wait(_POLLOUT)
-        self._poll()
+        try:
+            for message in messages:
+                while not self._send_nowait(message):
+                    yielded |= await self._wait(_POLLOUT)
+        finally:
+            self._wake_others()
         if not yielded:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
     def try_send(self, message: Message) -> bool:
         """Send without waiting (no checkpoint): True if zmq took the whole message, False at the HWM."""
         sent = self._send_nowait(message)
-        self._poll()
+        self._wake_others()
         return sent
 
     async def recv(self) -> bytes:
@@ -124,17 +126,18 @@ class TrioZmqSocket:
         await trio.lowlevel.checkpoint_if_cancelled()
         out: list[_T] = []
         yielded = False
-        while True:
-            self._check_open()
-            try:
-                while len(out) < max_messages:
-                    out.append(op(zmq.NOBLOCK))
-            except zmq.Again:
-                pass  # drained: everything available is in `out`
-            if out:
-                break
-            yielded |= await self._wait(_POLLIN)
-        self._poll()
+        try:
+            while not out:
+                self._check_open()
+                try:
+                    while len(out) < max_messages:
+                        out.append(op(zmq.NOBLOCK))
+                except zmq.Again:
+                    pass  # drained: everything available is in `out`
+                if not out:
+                    yielded |= await self._wait(_POLLIN)
+        finally:
+            self._wake_others()
         if not yielded:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return out
@@ -169,6 +172,11 @@ class TrioZmqSocket:
             self._owner[1].cancel()
         return events
 
+    def _wake_others(self) -> None:
+        """After a send or recv: with nobody waiting there is no edge to lose (a waiter polls before it waits)."""
+        if not self.socket.closed and (self._owner is not None or any(self._lots.values())):
+            self._poll()
+
     async def _wait(self, flag: int) -> bool:
         """Return once EVENTS shows ``flag``; say whether this task yielded meanwhile."""
         yielded = False
@@ -188,7 +196,8 @@ class TrioZmqSocket:
             finally:
                 self._owner = None
                 for lot in self._lots.values():
-                    lot.unpark_all()  # hand the fd on: a parked task re-checks and becomes the owner
+                    if lot:
+                        lot.unpark_all()  # hand the fd on: a parked task re-checks and becomes the owner
 
 
 def bind(

@@ -23,6 +23,10 @@ Output (``OutgoingMessage``), in order per request:
 * or one ``error``: ``StageOverloaded`` when the waiting queue is full, ``ValueError`` for a bad
   request, or the exception a model step raised (that fails every request in that step's batch).
 
+``prepare`` (optional) maps each ``new_request`` payload, on the scheduler thread, before its prompt
+is read: a pipeline whose requests do not already carry a prompt (chat messages, say) builds one
+there; a ``ValueError`` it raises fails that request only.
+
 ``batch_sizes`` records how many requests produced a token in each step (the last
 ``stats_history`` steps); ``on_step`` is called with each step's :class:`StepStats` on the scheduler
 thread.  The inbox is unbounded so the IO side never blocks; the bound applies to the engine's
@@ -125,8 +129,10 @@ class ARScheduler:
         stream: bool | None = None,
         on_step: Callable[[StepStats], None] | None = None,
         stats_history: int = 10_000,
+        prepare: Callable[[StagePayload], StagePayload] | None = None,
     ) -> None:
         self.engine = engine
+        self.prepare = prepare
         self.tokenizer = tokenizer
         self.default_max_new_tokens = default_max_new_tokens
         self.stream = stream
@@ -179,15 +185,18 @@ class ARScheduler:
         match message.type:
             case "new_request":
                 try:
+                    payload = message.data
+                    if self.prepare is not None and isinstance(payload, StagePayload):
+                        payload = self.prepare(payload)
                     request, wants_stream = parse_generation_request(
-                        rid, message.data, self.tokenizer, self.default_max_new_tokens
+                        rid, payload, self.tokenizer, self.default_max_new_tokens
                     )
                     self.engine.add(request)
                 except (ValueError, StageOverloaded) as exc:
                     self._outbox.put(OutgoingMessage(rid, "error", exc))
                     return
                 streams = self.stream if self.stream is not None else wants_stream
-                self._live[rid] = _Live(message.data, streams, request.prompt_ids)
+                self._live[rid] = _Live(payload, streams, request.prompt_ids)
             case "abort":
                 self.engine.abort(rid)
                 self._live.pop(rid, None)
