@@ -107,7 +107,13 @@ class Coordinator:
     # -- public API -----------------------------------------------------------------
 
     async def submit(
-        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        request_id: str,
+        inputs: Any,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Any:
         """Run one request to completion and return the terminal stage's ``payload.data``.
 
@@ -115,20 +121,26 @@ class Coordinator:
         :class:`RequestFailed`, :class:`RequestAborted`, :class:`RequestTimeout`,
         :class:`Overloaded` or :class:`DuplicateRequest`.
         """
-        async with RequestStream(self, request_id, inputs, params, timeout) as stream:
+        async with RequestStream(self, request_id, inputs, params, timeout, metadata) as stream:
             async for _ in stream:
                 pass
             return stream.result
 
     def stream(
-        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        request_id: str,
+        inputs: Any,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> RequestStream:
         """Stream one request: ``StreamMessage`` items, then ``CompleteMessage`` per terminal.
 
         Use ``async with pipeline.stream(...) as s: async for msg in s``; leaving the block
         early aborts the request everywhere.  A bare ``async for`` works too.
         """
-        return RequestStream(self, request_id, inputs, params, timeout)
+        return RequestStream(self, request_id, inputs, params, timeout, metadata)
 
     async def abort(self, request_id: str, *, wait: bool = False) -> bool:
         """Abort a live request at every stage.
@@ -150,7 +162,9 @@ class Coordinator:
 
     # -- internals ------------------------------------------------------------------
 
-    def _open(self, request_id: str, inputs: Any, params: dict[str, Any] | None) -> RequestHandle:
+    def _open(
+        self, request_id: str, inputs: Any, params: dict[str, Any] | None, metadata: dict[str, Any] | None = None
+    ) -> RequestHandle:
         if self._closed:
             raise PipelineClosed("the pipeline is closed")
         if not isinstance(request_id, str) or not request_id:
@@ -170,7 +184,7 @@ class Coordinator:
         events_in, events = trio.open_memory_channel[Event](math.inf)
         handle = RequestHandle(request_id, self._next_inc, terminals, events_in, events)
         self._requests[request_id] = handle
-        request = OmniRequest(inputs=inputs, params=dict(params or {}))
+        request = OmniRequest(inputs=inputs, params=dict(params or {}), metadata=dict(metadata or {}))
         payload = StagePayload(request_id, request, {"raw_inputs": inputs})
         self._emit(request_id, "request_submitted", {})
         try:
@@ -291,8 +305,10 @@ class RequestStream:
         inputs: Any,
         params: dict[str, Any] | None,
         timeout: float | None,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         self._coordinator = coordinator
+        self._metadata = metadata
         self._request_id = request_id
         self._inputs = inputs
         self._params = params
@@ -323,7 +339,7 @@ class RequestStream:
                     raise ValueError(f"timeout must be > 0, got {self._timeout}")
                 self._deadline = trio.current_time() + self._timeout
             coordinator = self._coordinator
-            self._handle = coordinator._open(self._request_id, self._inputs, self._params)
+            self._handle = coordinator._open(self._request_id, self._inputs, self._params, self._metadata)
             token = trio.lowlevel.current_trio_token()
             self._finalizer = weakref.finalize(self, _leave_later, token, coordinator, self._handle)
             self._finalizer.atexit = False

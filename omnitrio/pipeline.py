@@ -32,16 +32,31 @@ class Pipeline:
         return {}
 
     async def submit(
-        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        request_id: str,
+        inputs: Any,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> Any:
-        """Run one request; return the terminal ``payload.data`` (see ``Coordinator.submit``)."""
-        return await self.coordinator.submit(request_id, inputs, params=params, timeout=timeout)
+        """Run one request; return the terminal ``payload.data`` (see ``Coordinator.submit``).
+
+        ``params`` and ``metadata`` become the fields of the ``OmniRequest`` every stage sees.
+        """
+        return await self.coordinator.submit(request_id, inputs, params=params, timeout=timeout, metadata=metadata)
 
     def stream(
-        self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        request_id: str,
+        inputs: Any,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> RequestStream:
         """Stream one request (see ``Coordinator.stream``)."""
-        return self.coordinator.stream(request_id, inputs, params=params, timeout=timeout)
+        return self.coordinator.stream(request_id, inputs, params=params, timeout=timeout, metadata=metadata)
 
     async def abort(self, request_id: str, *, wait: bool = False) -> bool:
         """Abort a live request everywhere; True if it was live (see ``Coordinator.abort``)."""

@@ -106,7 +106,13 @@ class Stage:
     async def _supervise_scheduler(self, *, task_status: trio.TaskStatus[None]) -> None:
         started = False
         while True:
-            self.scheduler = self._build_scheduler()
+            if started:
+                # Synchronously: requests keep arriving and must find the new bridge.
+                self.scheduler = self._build_scheduler()
+            else:
+                # Loading models can take seconds: build in a worker thread so the IO loop
+                # (and the other stages of this process, loading in parallel) stay responsive.
+                self.scheduler = await trio.to_thread.run_sync(self._build_scheduler)
             bridge = SchedulerBridge(self.scheduler, self.name, self._on_outputs)
             self._bridge = bridge
             if started:

@@ -232,3 +232,9 @@ async def test_health_reports_every_stage() -> None:
     assert set(health["stages"]) == {"s0", "s1"}
     assert health["stages"]["s0"]["alive"] is True
     assert health["stages"]["s0"]["restarts"] == 0
+
+
+async def test_params_and_metadata_reach_every_stage() -> None:
+    async with open_pipeline(chain_config(2, factory="create_request_echo"), inline=True) as pipeline:
+        seen = await pipeline.submit("r", "x", params={"stream": True}, metadata={"session": {"op": "open"}})
+    assert seen == {"inputs": "x", "params": {"stream": True}, "metadata": {"session": {"op": "open"}}}

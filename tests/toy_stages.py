@@ -243,3 +243,14 @@ def wait_for_raises(request_id: str, from_stage: str, payload: StagePayload) -> 
 
 def stream_done_raises(request_id: str, result: Any) -> list[str]:
     raise ValueError("stream_done_to_fn broke")
+
+
+def create_request_echo() -> SimpleScheduler:
+    """Returns what the stage saw of the request: inputs, params and metadata."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        r = payload.request
+        payload.data = {"inputs": r.inputs, "params": r.params, "metadata": r.metadata}
+        return payload
+
+    return SimpleScheduler(fn)
