@@ -116,7 +116,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def _our_shm() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("omnitrio-")}
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"omnitrio-{os.getpid()}-")}
 
 
 async def soak(config: PipelineConfig, requests: int, concurrency: int, kill_stage: str, seed: int = 1) -> SoakReport:

@@ -117,6 +117,8 @@ class PipelineConfig:
     default_timeout: float | None = None
     startup_timeout: float = 60.0
     terminal_stages_fn: str | None = None
+    transport: Literal["unix", "zmq"] = "unix"
+    """Between processes of one host: Unix stream sockets (fastest) or pyzmq ``ipc://``."""
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:
@@ -208,6 +210,7 @@ class _PipelineFields(msgspec.Struct):
     default_timeout: float | None = None
     startup_timeout: float = 60.0
     terminal_stages_fn: str | None = None
+    transport: Literal["unix", "zmq"] = "unix"
 
 
 def load(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
@@ -280,6 +283,8 @@ def validate(config: PipelineConfig) -> None:
         raise ConfigError(f"entry_stage: unknown stage {config.entry_stage!r}; stages are {sorted(names)}")
     if config.restart not in ("on-failure", "never"):
         raise ConfigError(f"restart: must be 'on-failure' or 'never', got {config.restart!r}")
+    if config.transport not in ("unix", "zmq"):
+        raise ConfigError(f"transport: must be 'unix' or 'zmq', got {config.transport!r}")
     if config.max_restarts < 0:
         raise ConfigError(f"max_restarts: must be >= 0, got {config.max_restarts}")
     if config.max_in_flight is not None and config.max_in_flight < 1:

@@ -43,11 +43,13 @@ from omnitrio.topology import StageFunctionError
 from omnitrio.transport import wire
 from omnitrio.transport.link import Link
 from omnitrio.transport.relay import RelayError, ShmPool, ShmReader
+from omnitrio.transport.unix import UnixInbound, UnixLink
 from omnitrio.transport.zmq import TrioZmqSocket, bind, connect
 
 log = logging.getLogger(__name__)
 
 MAIN = "main"
+UNIX = "unix:"
 HWM = 100_000
 RECV_BATCH = 4096
 RELAY_SLOT_BYTES = 1 << 20
@@ -75,11 +77,12 @@ class Host:
         self.coordinator: Coordinator | None = None
         self.down: set[str] = set()
         self._on_control = on_control
-        self._links: dict[str, Link] = {}
+        self._links: dict[str, Link | UnixLink] = {}
         self._pool = ShmPool(shm_prefix, slot_bytes=RELAY_SLOT_BYTES, slots=RELAY_SLOTS)
         self._reader = ShmReader()
         self._ctx: zmq.Context[Any] | None = None
         self._inbound: TrioZmqSocket | None = None
+        self._unix_inbound: UnixInbound | None = None
         self._nursery: trio.Nursery | None = None
 
     # -- outbound -------------------------------------------------------------------
@@ -228,9 +231,15 @@ class Host:
         self.down.discard(process)
 
     def _connect(self, process: str) -> None:
-        assert self._ctx is not None and self._nursery is not None
-        socket = connect(self._ctx, zmq.PUSH, self.addresses[process], options={zmq.SNDHWM: HWM}, linger=2000)
-        link = Link(socket, self._name_frame)
+        assert self._nursery is not None
+        address = self.addresses[process]
+        link: Link | UnixLink
+        if address.startswith(UNIX):
+            link = UnixLink(address.removeprefix(UNIX), self._name_frame)
+        else:
+            assert self._ctx is not None
+            socket = connect(self._ctx, zmq.PUSH, address, options={zmq.SNDHWM: HWM}, linger=2000)
+            link = Link(socket, self._name_frame)
         self._links[process] = link
         self._nursery.start_soon(_pump_until_closed, link)
 
@@ -242,26 +251,32 @@ class Host:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                self._inbound, _ = bind(self._ctx, zmq.PULL, self.addresses[self.name], options={zmq.RCVHWM: HWM})
+                own = self.addresses[self.name]
+                if own.startswith(UNIX):
+                    self._unix_inbound = UnixInbound(own.removeprefix(UNIX))
+                    await nursery.start(self._unix_inbound.serve, self._dispatch_batch)
+                else:
+                    self._inbound, _ = bind(self._ctx, zmq.PULL, own, options={zmq.RCVHWM: HWM})
+                    nursery.start_soon(self._receive)
                 for process in self.addresses:
                     if process != self.name:
                         self._connect(process)
-                nursery.start_soon(self._receive)
                 task_status.started()
         finally:
             self.close()
 
     async def _receive(self) -> None:
         assert self._inbound is not None
-        dispatch = self._dispatch
         while True:
             for frames in await self._inbound.recv_multipart_batch(RECV_BATCH):
-                src = frames[0].decode()
-                for frame in frames[1:]:
-                    try:
-                        dispatch(src, frame)
-                    except Exception:
-                        log.exception("host %r: failed to handle a message from %r", self.name, src)
+                self._dispatch_batch(frames[0].decode(), frames[1:])
+
+    def _dispatch_batch(self, src: str, frames: list[bytes]) -> None:
+        for frame in frames:
+            try:
+                self._dispatch(src, frame)
+            except Exception:
+                log.exception("host %r: failed to handle a message from %r", self.name, src)
 
     async def flush(self) -> None:
         """Wait until every queued outbound message has been handed to zmq."""
@@ -275,6 +290,8 @@ class Host:
         self._links.clear()
         if self._inbound is not None:
             self._inbound.close()
+        if self._unix_inbound is not None:
+            self._unix_inbound.close()
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -282,7 +299,7 @@ class Host:
         self._reader.close()
 
 
-async def _pump_until_closed(link: Link) -> None:
+async def _pump_until_closed(link: Link | UnixLink) -> None:
     try:
         await link.pump()
     except trio.ClosedResourceError:

@@ -114,7 +114,9 @@ class ProcessPipeline(Pipeline):
         self._nursery: trio.Nursery | None = None
 
     def _address(self, process: str, generation: int) -> str:
-        return f"ipc://{self._base}/{process}-{generation}.sock"
+        if self.topology.config.transport == "zmq":
+            return f"ipc://{self._base}/{process}-{generation}.sock"
+        return f"unix:{self._base}/{process}-{generation}.sock"
 
     def _stage_gauges(self) -> dict[str, dict[str, int]]:
         gauges = dict(self._gauges)  # children's figures as of the last health() call
@@ -180,6 +182,7 @@ class ProcessPipeline(Pipeline):
         child.startup_error = None
         spec = ChildSpec(child.name, self.config, self.homes, dict(self.host.addresses), self._prefix, os.getpid())
         env = dict(os.environ)
+        env["OMNITRIO_PARENT_PID"] = str(os.getpid())  # which pipeline owns this process
         env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; 2 cores are shared by every process
         process = await trio.lowlevel.open_process(
             [sys.executable, "-c", "from omnitrio.processes import child_entry; child_entry()"],
@@ -286,7 +289,7 @@ async def open_process_pipeline(config: PipelineConfig) -> AsyncIterator[Process
     created_base = config.endpoints.base_path is None
     base = tempfile.mkdtemp(prefix="omnitrio-") if created_base else str(config.endpoints.base_path)
     os.makedirs(base, exist_ok=True)
-    prefix = f"omnitrio-{secrets.token_hex(4)}-"
+    prefix = f"omnitrio-{os.getpid()}-{secrets.token_hex(4)}-"
     topology = Topology.compile(config)
     pipeline = ProcessPipeline(config, topology, base, prefix)
     try:

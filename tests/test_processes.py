@@ -18,7 +18,22 @@ from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPU
 
 
 def our_shm() -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith("omnitrio-")]
+    """Shared memory of pipelines this test process opened (their names carry our pid)."""
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"omnitrio-{os.getpid()}-")]
+
+
+def our_children() -> list[str]:
+    """Live stage processes of pipelines this test process opened."""
+    mark = f"OMNITRIO_PARENT_PID={os.getpid()}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(entry.name)
+            except OSError:
+                continue
+    return found
 
 
 @pytest.fixture(autouse=True)
@@ -129,13 +144,10 @@ async def test_a_killed_stage_process_fails_its_requests_fast_and_is_restarted()
 async def test_a_child_whose_factory_raises_fails_start_up_with_its_traceback() -> None:
     config = chain_config(2, process=True)
     config.stages[1].factory_path = f"{T}.create_raises_on_build"
-    before = {p.name for p in Path("/proc").iterdir() if p.name.isdigit()}
     with pytest.raises(StartupError, match=r"(?s)process 'p_s1'.*failed to start.*cannot load weights on purpose"):
         async with open_pipeline(config):
             pass
-    after = {p.name for p in Path("/proc").iterdir() if p.name.isdigit()}
-    leftover = [pid for pid in after - before if "omnitrio" in _cmdline(pid)]
-    assert leftover == []
+    assert our_children() == []
 
 
 async def test_leaving_the_pipeline_removes_its_endpoint_directory(tmp_path: Path) -> None:
@@ -145,13 +157,6 @@ async def test_leaving_the_pipeline_removes_its_endpoint_directory(tmp_path: Pat
         await pipeline.submit("r", "x")
         assert any(p.suffix == ".sock" for p in (tmp_path / "ep").iterdir())
     assert not any(p.suffix == ".sock" for p in (tmp_path / "ep").iterdir())
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 async def test_a_burst_submitted_together_forms_one_batch_in_a_process_every_time() -> None:
@@ -166,3 +171,15 @@ async def test_a_burst_submitted_together_forms_one_batch_in_a_process_every_tim
                 for i in range(4):
                     nursery.start_soon(one, i, round_, sizes)
             assert sizes == [4, 4, 4, 4]
+
+
+@pytest.mark.parametrize("transport", ["unix", "zmq"])
+async def test_both_transports_carry_the_seed_fan_pipeline(transport: str) -> None:
+    config = fan_config(process=True)
+    config.transport = transport  # type: ignore[assignment]
+    async with open_pipeline(config) as pipeline:
+        results = await pipeline.submit("r", "hello omni world")
+        assert results["sources"] == ["count", "upper"]
+        with pytest.raises(RequestFailed, match="stage 'count'"):
+            await pipeline.submit("bad", "boom")
+        await settled(pipeline)
