@@ -14,8 +14,7 @@ of it must be dropped rather than start a new request.  Entries expire after
 
 from __future__ import annotations
 
-import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Literal
 
 import attrs
@@ -25,6 +24,7 @@ from omnitrio.contract import OutgoingMessage
 from omnitrio.fanin import FanIn
 
 STREAM_WINDOW = 64
+YIELD_EVERY = 64
 BACKLOG_HIGH = 1024
 """Outputs one request may have buffered at a stage before the scheduler's outbox stops draining."""
 BACKLOG_LOW = 256
@@ -34,9 +34,56 @@ TOMBSTONE_LIMIT = 100_000
 Outcome = Literal["running", "done", "failed", "aborted"]
 
 
-def _output_channel() -> tuple[trio.MemorySendChannel[OutgoingMessage], trio.MemoryReceiveChannel[OutgoingMessage]]:
-    # Unbounded: the bridge hands outputs over from a sync callback and must not block.
-    return trio.open_memory_channel[OutgoingMessage](math.inf)
+class OutputQueue:
+    """A request's outputs on their way from the bridge to the request's task.
+
+    Unbounded (the bridge hands outputs over from a sync callback and must not block; flow
+    control pauses the bridge instead), one consumer, and far cheaper to create than a
+    memory channel — one is made per request per stage.  Iterating ends after
+    :meth:`close`.
+    """
+
+    __slots__ = ("_closed", "_items", "_unyielded", "_waiter")
+
+    def __init__(self) -> None:
+        self._unyielded = 0
+        self._items: deque[OutgoingMessage] = deque()
+        self._waiter: trio.Event | None = None
+        self._closed = False
+
+    def push(self, message: OutgoingMessage) -> None:
+        if self._closed:
+            return
+        self._items.append(message)
+        if self._waiter is not None:
+            self._waiter.set()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._waiter is not None:
+            self._waiter.set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __aiter__(self) -> OutputQueue:
+        return self
+
+    async def __anext__(self) -> OutgoingMessage:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._items:
+            self._unyielded += 1
+            if self._unyielded >= YIELD_EVERY:  # a long backlog must not starve other tasks
+                self._unyielded = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
+        while not self._items:
+            if self._closed:
+                raise StopAsyncIteration
+            self._unyielded = 0
+            self._waiter = trio.Event()
+            await self._waiter.wait()
+            self._waiter = None
+        return self._items.popleft()
 
 
 @attrs.define(eq=False)
@@ -46,8 +93,7 @@ class RequestScope:
     request_id: str
     inc: int
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    outputs_in: trio.MemorySendChannel[OutgoingMessage] = attrs.field(init=False)
-    outputs: trio.MemoryReceiveChannel[OutgoingMessage] = attrs.field(init=False)
+    outputs: OutputQueue = attrs.field(factory=OutputQueue)
     fan_in: FanIn | None = None
     got_payload: bool = False
     in_scheduler: bool = False
@@ -59,9 +105,6 @@ class RequestScope:
     credit_arrived: trio.Event = attrs.field(factory=trio.Event)
     leases: list[Any] = attrs.field(factory=list)
 
-    def __attrs_post_init__(self) -> None:
-        self.outputs_in, self.outputs = _output_channel()
-
     def next_chunk_id(self, target: str) -> int:
         n = self.chunk_ids.get(target, 0)
         self.chunk_ids[target] = n + 1
@@ -69,12 +112,12 @@ class RequestScope:
 
     def push(self, message: OutgoingMessage) -> None:
         """Hand the request task an output (or a synthetic error); never blocks."""
-        self.outputs_in.send_nowait(message)
+        self.outputs.push(message)
 
     @property
     def backlog(self) -> int:
         """Outputs waiting for this request's task."""
-        return self.outputs.statistics().current_buffer_used
+        return len(self.outputs)
 
     def fail_with(self, error: BaseException | str) -> None:
         """Fail the request from outside its task (bad input routing, merge errors)."""

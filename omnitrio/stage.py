@@ -352,7 +352,7 @@ class Stage:
             del self._requests[req.request_id]
         if self._bridge is not None and self._bridge.paused:
             self._bridge.resume()  # the backlog that paused it may have been this request's
-        req.outputs_in.close()
+        req.outputs.close()
         if req.in_scheduler and req.outcome != "done" and self._bridge is not None:
             self._bridge.abort(req.request_id)
         if req.leases:
