@@ -10,6 +10,7 @@ and peer parts a time budget (benchmarks past it are recorded as skipped).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -36,20 +37,25 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {mem_gib:.0f} GiB, Python {platform.python_version()}, {platform.machine()}"
 
 
+WARM_MODULES = ("bench.toy_stages", "bench.toy_stream", "tests.seed.ch4_batch_stages", "tests.seed.ch4_fanin_stages")
+
+
 def warm_imports() -> None:
     """Import the stage modules once, so the first pipeline's start-up is not charged with them."""
-    import bench.toy_stages
-    import bench.toy_stream
-    import tests.seed.ch4_batch_stages
-    import tests.seed.ch4_fanin_stages  # noqa: F401
+    for module in (
+        "bench.toy_stages",
+        "bench.toy_stream",
+        "tests.seed.ch4_batch_stages",
+        "tests.seed.ch4_fanin_stages",
+    ):
+        importlib.import_module(module)
 
 
 async def processes_available() -> str | None:
     """None when ``open_pipeline`` with ``process=`` works; otherwise why not (error or hang)."""
-    from omnitrio import open_pipeline
-
     from bench import pipelines
     from bench.omni_runtime import OmniRuntime
+    from omnitrio import open_pipeline
 
     config = pipelines.chain(OmniRuntime.classes, 1, process=True)
     try:
@@ -97,8 +103,8 @@ def run_peer(args: argparse.Namespace, progress: Progress, t_start: float) -> di
     if args.quick:
         remaining = QUICK_TOTAL_S - (time.perf_counter() - t_start)
         # The driver itself needs ~5-15 s to import torch and sglang_omni before its clock starts.
-        cmd += ["--quick", "--budget-s", str(max(10.0, remaining - 60))]
-        deadline = max(30.0, remaining)
+        cmd += ["--quick", "--budget-s", str(max(10.0, remaining - 40))]
+        deadline = max(30.0, remaining + 5)
     if args.only:
         cmd += ["--only", ",".join(sorted(args.only))]
     t0 = progress.start("peer driver (subprocess)")
@@ -162,7 +168,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer samples; whole run under ~3 minutes")
     parser.add_argument("--no-peer", action="store_true", help="skip the SGLang-Omni comparison")
     parser.add_argument("--only", default="", help="comma-separated benchmark names (hop_latency, fan, ...)")
+    parser.add_argument("--render", action="store_true", help="only redraw latest.md/png from latest.json")
     args = parser.parse_args()
+    if args.render:
+        saved = json.loads((RESULTS / "latest.json").read_text())
+        (RESULTS / "latest.md").write_text(report.markdown(saved))
+        report.chart(saved, RESULTS / "latest.png")
+        print(report.text_table(saved["results"]))
+        return
     args.only = set(filter(None, args.only.split(","))) or None
     print(
         "omnitrio benchmarks. This machine may be shared with other work: every result records the load "
@@ -192,8 +205,9 @@ def main() -> None:
     latest = write(doc)
     print()
     print(report.text_table(doc["results"]))
-    print(f"\nwrote {latest}, latest.md, latest.png ({doc['wall_s']} s; load {doc['loadavg_start']} → {doc['loadavg_end']})")
+    load = f"load {doc['loadavg_start']} → {doc['loadavg_end']}"
+    print(f"\nwrote {latest}, latest.md, latest.png ({doc['wall_s']} s; {load})")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

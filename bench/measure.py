@@ -11,7 +11,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 MIB = 1024 * 1024
@@ -139,13 +139,3 @@ def ratio(ours: float | None, peer: float | None, *, higher_is_better: bool) -> 
     if ours is None or peer is None or not ours or not peer or math.isnan(ours) or math.isnan(peer):
         return None
     return ours / peer if higher_is_better else peer / ours
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
-def flatten(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    return dict(pairs)

@@ -97,47 +97,44 @@ async def turn_session(url: str, clips: list[bytes], delay: float, latencies: li
 
 
 async def barge_in(url: str, long_clip: bytes, interruption: bytes) -> dict[str, float]:
-    """Speak, wait for the answer's first audio, then speak again; time until response.done."""
+    """While an answer streams, speak (in real time); time until its ``response.done`` (cancelled).
+
+    The turn to answer is sent at once with ``create_response: false`` and answered on
+    ``response.create``, so the answer is long and still streaming when the interruption starts.
+    """
     async with open_realtime(url) as rt:
         await rt.receive()
+        vad = {"type": "server_vad", "create_response": False}
+        await rt.send({"type": "session.update", "session": {"turn_detection": vad}})
+        pcm = silence(0.3) + long_clip + silence(0.8)
+        for offset in range(0, len(pcm), 2 * CHUNK):
+            chunk = base64.b64encode(pcm[offset : offset + 2 * CHUNK]).decode()
+            await rt.send({"type": "input_audio_buffer.append", "audio": chunk})
+        while (await rt.receive())["type"] != "input_audio_buffer.committed":
+            pass
+        await rt.send({"type": "response.create"})
+        while (await rt.receive())["type"] != "response.output_audio.delta":
+            pass
         result: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
-            first_audio = trio.Event()
-            done = trio.Event()
-
-            async def listen() -> None:
-                late = 0
-                started_at: float | None = None
-                while True:
-                    event = await rt.receive()
-                    match event["type"]:
-                        case "response.output_audio.delta":
-                            if started_at is not None:
-                                late += 1
-                            first_audio.set()
-                        case "input_audio_buffer.speech_started" if first_audio.is_set():
-                            started_at = trio.current_time()
-                        case "response.done" if first_audio.is_set():
-                            result["status_cancelled"] = float(event["response"]["status"] == "cancelled")
-                            result["from_speech_started_ms"] = 1000 * (trio.current_time() - (started_at or 0))
-                            result["audio_deltas_after_speech_started"] = late
-                            result["done_at"] = trio.current_time()
-                            done.set()
-                            return
-
-            nursery.start_soon(listen)
-            start = trio.current_time()
-            await stream_audio(rt, silence(0.3) + long_clip + silence(0.8), start)
-            while not first_audio.is_set():
-                await stream_audio(rt, silence(0.1), trio.current_time())
             sent = trio.current_time()
-            with trio.move_on_after(10):
-                async with trio.open_nursery() as talk:
-                    talk.start_soon(stream_audio, rt, interruption + silence(2.0), sent)
-                    await done.wait()
-                    talk.cancel_scope.cancel()
-            result["from_first_speech_chunk_ms"] = 1000 * (result.get("done_at", sent) - sent)
-            result.pop("done_at", None)
+            nursery.start_soon(stream_audio, rt, interruption + silence(2.0), sent)
+            late = 0
+            started_at: float | None = None
+            while True:
+                event = await rt.receive()
+                match event["type"]:
+                    case "response.output_audio.delta" if started_at is not None:
+                        late += 1
+                    case "input_audio_buffer.speech_started":
+                        started_at = trio.current_time()
+                    case "response.done":
+                        now = trio.current_time()
+                        result["cancelled"] = event["response"]["status"] == "cancelled"
+                        result["from_first_speech_chunk_ms"] = round(1000 * (now - sent), 1)
+                        result["from_speech_started_ms"] = round(1000 * (now - (started_at or now)), 1)
+                        result["audio_deltas_after_speech_started"] = late
+                        break
             nursery.cancel_scope.cancel()
         return result
 

@@ -51,8 +51,8 @@ ROWS = [
     Row("lone request, window 200 ms, no idle wait", "ms", ("batching", "wait200_idleFalse", "p50_ms")),
     Row("lone request, window 50 ms, wait-when-idle", "ms", ("batching", "wait50_idleTrue", "p50_ms")),
     Row("lone request, window 50 ms, no idle wait", "ms", ("batching", "wait50_idleFalse", "p50_ms")),
-    Row("abort mid-stream, call → return p50", "ms", ("abort", "p50_ms")),
-    Row("abort mid-stream, call → return p99", "ms", ("abort", "p99_ms")),
+    Row("abort mid-stream, call → return p50 (*)", "ms", ("abort", "p50_ms")),
+    Row("abort mid-stream, call → return p99 (*)", "ms", ("abort", "p99_ms")),
     Row("RSS growth per 10k req, parent", "MiB", ("fan", "rss", "growth_mib_per_10k", "parent")),
     Row("RSS growth per 10k req, largest stage", "MiB", ("fan", "rss", "max_stage_growth_mib_per_10k")),
 ]
@@ -79,6 +79,8 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = []
     for row in ROWS:
         values = [lookup(results.get(rt, {}), row.path) for rt in RUNTIMES]
+        if all(v is None for v in values):
+            continue
         peer = values[2]
         ratios = [ratio(v, peer, higher_is_better=row.higher_is_better) for v in values[:2]]
         rows.append([row.label, row.unit, *(fmt(v) for v in values), *(_times(r) for r in ratios)])
@@ -102,10 +104,13 @@ def markdown(doc: dict[str, Any]) -> str:
         "(> 1 = omnitrio better; for times peer ÷ omnitrio, for rates omnitrio ÷ peer), measured in the same run. "
         "The peer is SGLang-Omni 0.1.9 running the seed's stage modules, one process per stage.",
         "",
+        *load_lines(results),
+        "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),
     ]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results)]
+    lines += ["", ABORT_NOTE]
     floor = results.get("floor", {})
     lines += ["", "Transport floor on the same machine, same run:", "", "| floor | unit | value |", "|---|---|---|"]
     lines += [f"| {label} | {unit} | {fmt(lookup(floor, path))} |" for label, unit, path in FLOOR_ROWS]
@@ -119,16 +124,34 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+ABORT_NOTE = (
+    "(*) Not the same promise: omnitrio's `abort(rid, wait=True)` returns once every stage has released the "
+    "request; the peer's `abort(rid)` returns after broadcasting (it has no acknowledgement)."
+)
+
+
+def load_lines(results: dict[str, Any]) -> list[str]:
+    """The 1-minute load average seen by each runtime's benchmarks (the runs are sequential, the box shared)."""
+    lines = []
+    for rt in RUNTIMES:
+        loads = [b["loadavg"][0] for b in results.get(rt, {}).values() if isinstance(b, dict) and "loadavg" in b]
+        if loads:
+            lines.append(f"- load (1 min) while measuring {rt}: {min(loads):g}–{max(loads):g}")
+    return lines
+
+
 def text_table(results: dict[str, Any]) -> str:
     rows = [HEADER, *table_rows(results)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     out = []
     for i, cells in enumerate(rows):
-        out.append("  ".join(c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths, strict=True))))
+        out.append(
+            "  ".join(c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        )
         if i == 0:
             out.append("  ".join("-" * w for w in widths))
     floor = results.get("floor", {})
-    out.append("")
+    out += ["", ABORT_NOTE, "", *load_lines(results), ""]
     out += [f"floor: {label}: {fmt(lookup(floor, path))} {unit}" for label, unit, path in FLOOR_ROWS]
     return "\n".join(out)
 

@@ -73,5 +73,3 @@ def _codes(step: int) -> Any:
 
 def create_slow_talker(steps: int = 200, step_s: float = 0.005) -> Any:
     return SlowTalkerScheduler(steps=steps, step_s=step_s)
-
-

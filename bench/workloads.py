@@ -45,12 +45,29 @@ class Api(Protocol):
 
 
 class Runtime(Protocol):
-    name: str
-    process: bool
-    classes: Any
-    fanin_module: str
-    batch_module: str
-    aio: Aio
+    """A runtime under test; attributes are read-only to the benchmarks."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def process(self) -> bool:
+        """True: one OS process per stage; False: every stage in the caller's process."""
+        ...
+
+    @property
+    def classes(self) -> Any:
+        """Holds ``PipelineConfig``, ``StageConfig``, ``FactoryArgs``, ``EndpointsConfig``."""
+        ...
+
+    @property
+    def fanin_module(self) -> str: ...
+
+    @property
+    def batch_module(self) -> str: ...
+
+    @property
+    def aio(self) -> Aio: ...
 
     def open(self, config: Any) -> AbstractAsyncContextManager[tuple[Api, dict[str, float]]]:
         """Start ``config``; yields the API and a dict that holds ``start_s`` now and ``stop_s`` after exit."""
@@ -179,7 +196,7 @@ async def fan(rt: Runtime, quick: bool, *, rss: bool) -> dict[str, Any]:
     """Seed experiment 1: c=1 latency, throughput at 256 in flight, and (process mode) RSS growth."""
     n_c1, n_tp, n_rss = (200, 1000, 2000) if quick else (500, 3000, 10000)
     out: dict[str, Any] = {}
-    async with rt.open(pipelines.fan(rt.classes, rt.fanin_module, process=rt.process)) as (api, _):
+    async with rt.open(pipelines.fan(rt.classes, rt.fanin_module, process=rt.process)) as (api, times):
         result = await api.submit(rid("fan"), "hello omni world")
         if result.get("upper") != "HELLO OMNI WORLD" or result.get("count") != 3:
             raise RuntimeError(f"fan pipeline returned {result!r}")
@@ -207,19 +224,19 @@ async def fan(rt: Runtime, quick: bool, *, rss: bool) -> dict[str, Any]:
                 "growth_mib_per_10k": growth,
                 "max_stage_growth_mib_per_10k": max(stages) if stages else None,
             }
-    return out
+    return {**out, **times}
 
 
 async def streaming(rt: Runtime, quick: bool) -> dict[str, Any]:
     """talker → vocoder, 100 chunks per request: chunks/s and first-chunk latency at c=1 and c=16."""
     n1, n16 = (10, 48) if quick else (30, 160)
     shm_before = shm_entries()
-    async with rt.open(pipelines.talker_vocoder(rt.classes, process=rt.process)) as (api, _):
+    async with rt.open(pipelines.talker_vocoder(rt.classes, process=rt.process)) as (api, times):
         for _ in range(3):
             await one_stream(api, "sw")
         c1 = await stream_at(rt, api, n1, 1, "s1")
         c16 = await stream_at(rt, api, n16, 16, "s16")
-    return {"c1": c1, "c16": c16, "shm_left": len(shm_entries() - shm_before)}
+    return {"c1": c1, "c16": c16, "shm_left": len(shm_entries() - shm_before), **times}
 
 
 async def tensor(rt: Runtime, quick: bool) -> dict[str, Any]:
@@ -227,7 +244,7 @@ async def tensor(rt: Runtime, quick: bool) -> dict[str, Any]:
     counts = {1: 10, 16: 5, 128: 3} if quick else {1: 30, 16: 10, 128: 5}
     out: dict[str, Any] = {}
     shm_before = shm_entries()
-    async with rt.open(pipelines.tensor_pair(rt.classes, process=rt.process)) as (api, _):
+    async with rt.open(pipelines.tensor_pair(rt.classes, process=rt.process)) as (api, times):
         for mb, n in counts.items():
             await api.submit(rid("tw"), mb)
             samples = []
@@ -240,7 +257,7 @@ async def tensor(rt: Runtime, quick: bool) -> dict[str, Any]:
             lat = latency_ms(samples)
             out[f"{mb}MB"] = {**lat, "GB_per_s": mb * MIB / 1e9 / (lat["p50_ms"] / 1000)}
     out["shm_left"] = len(shm_entries() - shm_before)
-    return out
+    return {**out, **times}
 
 
 BATCH_MODES = ((200, True), (200, False), (50, True), (50, False))
@@ -251,7 +268,9 @@ async def batching(rt: Runtime, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for wait_ms, when_idle in BATCH_MODES:
         n = (5 if wait_ms >= 200 else 10) if quick else (20 if wait_ms >= 200 else 50)
-        config = pipelines.batching(rt.classes, rt.batch_module, process=rt.process, wait_ms=wait_ms, when_idle=when_idle)
+        config = pipelines.batching(
+            rt.classes, rt.batch_module, process=rt.process, wait_ms=wait_ms, when_idle=when_idle
+        )
         async with rt.open(config) as (api, _):
             sizes: list[int] = []
 
@@ -274,7 +293,7 @@ async def abort(rt: Runtime, quick: bool) -> dict[str, Any]:
     """Abort mid-stream (after chunk 20 of 200, 5 ms per step): time for the abort call to return."""
     trials = 5 if quick else 15
     samples = []
-    async with rt.open(pipelines.talker_vocoder(rt.classes, process=rt.process, slow=True)) as (api, _):
+    async with rt.open(pipelines.talker_vocoder(rt.classes, process=rt.process, slow=True)) as (api, times):
         await api.submit(rid("aw"), "warm")
         for _ in range(trials):
             r = rid("ab")
@@ -291,7 +310,7 @@ async def abort(rt: Runtime, quick: bool) -> dict[str, Any]:
         probe_t0 = now()
         await api.submit(rid("probe"), "after aborts")
         probe = now() - probe_t0
-    return {**latency_ms(samples), "next_request_s": probe}
+    return {**latency_ms(samples), "next_request_s": probe, **times}
 
 
 def stamp(result: dict[str, Any], t0: float) -> dict[str, Any]:
@@ -329,6 +348,8 @@ async def run_suite(
             continue
         if budget_s is not None and progress.elapsed() > budget_s:
             results[name] = {"skipped": f"over the {budget_s:.0f} s time budget", "loadavg": loadavg()}
+            if on_result is not None:
+                on_result(results)
             continue
         label = f"{name} [{rt.name}]"
         t0 = progress.start(label)

@@ -181,7 +181,7 @@ class Coordinator:
         except StageFunctionError as exc:
             raise RequestFailed(request_id, COORDINATOR, exc.error_type, str(exc)) from exc
         self._next_inc += 1
-        events_in, events = trio.open_memory_channel[Event](math.inf)
+        events_in, events = trio.open_memory_channel(math.inf)  # unsubscripted: cheaper per request
         handle = RequestHandle(request_id, self._next_inc, terminals, events_in, events)
         self._requests[request_id] = handle
         request = OmniRequest(inputs=inputs, params=dict(params or {}), metadata=dict(metadata or {}))
@@ -370,8 +370,11 @@ class RequestStream:
         if self._done and handle.finished and handle.events.statistics().current_buffer_used == 0:
             raise StopAsyncIteration
         try:
-            with trio.fail_after(max(self._deadline - trio.current_time(), 0)):
+            if self._deadline == math.inf:
                 event = await handle.events.receive()
+            else:
+                with trio.fail_after(max(self._deadline - trio.current_time(), 0)):
+                    event = await handle.events.receive()
         except trio.EndOfChannel:
             self._done = True
             self.close()
