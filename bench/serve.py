@@ -1,0 +1,146 @@
+"""Serving overhead: SSE first byte over a direct pipeline call, 200 concurrent SSE clients,
+and the realtime WebSocket frame round trip.
+
+    python -m bench.serve [--requests 200] [--clients 200]
+
+The server runs in this process on a loopback port, on a one-stage pipeline that streams
+ten words; the client is httpx (SSE) and trio-websocket (realtime).  Prints the figures and
+writes ``bench/results/serve.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from omnitrio import PipelineConfig, StageConfig, open_pipeline
+from omnitrio.client import open_realtime
+from omnitrio.serve import serve
+
+RESULTS = Path(__file__).parent / "results"
+CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def config() -> PipelineConfig:
+    stage = StageConfig(name="chat", factory_path="bench.serve_stages.create_word_streamer", terminal=True)
+    return PipelineConfig(name="bench", stages=[stage])
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3, 3)
+
+
+async def first_chunk_direct(pipeline: Any, n: int) -> list[float]:
+    times = []
+    inputs = {"task": "chat", "messages": CHAT["messages"], "modalities": ["text"]}
+    for i in range(n):
+        started = time.perf_counter()
+        async with pipeline.stream(f"d{i}", inputs) as stream:
+            async for _ in stream:
+                times.append(time.perf_counter() - started)
+                break
+    return times
+
+
+async def first_chunk_sse(client: httpx.AsyncClient, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        async with client.stream("POST", "/v1/chat/completions", json=CHAT) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data:") and '"content"' in line:
+                    times.append(time.perf_counter() - started)
+                    break
+    return times
+
+
+async def concurrent_sse(client: httpx.AsyncClient, clients: int) -> dict[str, Any]:
+    errors: list[str] = []
+    done = 0
+
+    async def one() -> None:
+        nonlocal done
+        try:
+            async with client.stream("POST", "/v1/chat/completions", json=CHAT) as response:
+                if response.status_code != 200:
+                    errors.append(f"status {response.status_code}")
+                    return
+                lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
+                if lines[-1] != "data: [DONE]":
+                    errors.append("stream did not end with [DONE]")
+                    return
+                done += 1
+        except Exception as exc:
+            errors.append(repr(exc))
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(one)
+    return {
+        "clients": clients,
+        "completed": done,
+        "errors": len(errors),
+        "first_errors": errors[:5],
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+async def realtime_round_trips(url: str, n: int) -> list[float]:
+    times = []
+    async with open_realtime(url) as rt:
+        await rt.receive()  # session.created
+        await rt.send({"type": "session.update", "session": {"turn_detection": None}})
+        while (await rt.receive())["type"] != "session.updated":
+            pass
+        for _ in range(n):
+            started = time.perf_counter()
+            await rt.send({"type": "session.update", "session": {}})
+            while (await rt.receive())["type"] != "session.updated":
+                pass
+            times.append(time.perf_counter() - started)
+    return times
+
+
+async def main(requests: int, clients: int) -> dict[str, Any]:
+    async with open_pipeline(config(), inline=True) as pipeline, trio.open_nursery() as nursery:
+        port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
+        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits) as client:
+            await first_chunk_direct(pipeline, 20)
+            await first_chunk_sse(client, 20)  # warm up
+            direct = await first_chunk_direct(pipeline, requests)
+            sse = await first_chunk_sse(client, requests)
+            crowd = await concurrent_sse(client, clients)
+        rtt = await realtime_round_trips(f"ws://127.0.0.1:{port}/v1/realtime", requests)
+        nursery.cancel_scope.cancel()
+    overhead = statistics.median(sse) - statistics.median(direct)
+    return {
+        "load_average": os.getloadavg(),
+        "first_chunk_direct_ms": {"p50": pct(direct, 0.5), "p99": pct(direct, 0.99)},
+        "first_chunk_sse_ms": {"p50": pct(sse, 0.5), "p99": pct(sse, 0.99)},
+        "sse_first_byte_overhead_ms_p50": round(overhead * 1e3, 3),
+        "concurrent_sse": crowd,
+        "realtime_frame_round_trip_ms": {"p50": pct(rtt, 0.5), "p99": pct(rtt, 0.99)},
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=200)
+    args = parser.parse_args()
+    out = trio.run(main, args.requests, args.clients)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "serve.json").write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
