@@ -3,9 +3,11 @@ and the realtime WebSocket frame round trip.
 
     python -m bench.serve [--requests 200] [--clients 200]
 
-The server runs in this process on a loopback port, on a one-stage pipeline that streams
-ten words; the client is httpx (SSE) and trio-websocket (realtime).  Prints the figures and
-writes ``bench/results/serve.json``.
+The pipeline (``bench/serve_pipeline.toml``: one stage streaming ten words) is measured
+twice: called directly in this process, and served by ``python -m omnitrio serve`` in a
+subprocess on a loopback port, with httpx (SSE) and trio-websocket (realtime) as clients
+here — so client and server do not share one trio loop.  Prints the figures and writes
+``bench/results/serve.json``.
 """
 
 from __future__ import annotations
@@ -13,26 +15,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import trio
 
-from omnitrio import PipelineConfig, StageConfig, open_pipeline
+from omnitrio import open_pipeline
 from omnitrio.client import open_realtime
-from omnitrio.serve import serve
+from omnitrio.config import load
 
 RESULTS = Path(__file__).parent / "results"
 CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
-def config() -> PipelineConfig:
-    stage = StageConfig(name="chat", factory_path="bench.serve_stages.create_word_streamer", terminal=True)
-    return PipelineConfig(name="bench", stages=[stage])
+PIPELINE = Path(__file__).parent / "serve_pipeline.toml"
+PORT = 18931
 
 
 def pct(values: list[float], q: float) -> float:
@@ -113,17 +116,32 @@ async def realtime_round_trips(url: str, n: int) -> list[float]:
 
 
 async def main(requests: int, clients: int) -> dict[str, Any]:
-    async with open_pipeline(config(), inline=True) as pipeline, trio.open_nursery() as nursery:
-        port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
+    async with open_pipeline(load(PIPELINE), inline=True) as pipeline:
+        await first_chunk_direct(pipeline, 20)
+        direct = await first_chunk_direct(pipeline, requests)
+    command = [sys.executable, "-m", "omnitrio", "serve", "--config", str(PIPELINE), "--port", str(PORT)]
+    server = await trio.lowlevel.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{PORT}"
         limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits) as client:
-            await first_chunk_direct(pipeline, 20)
+        async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+            with trio.fail_after(60):
+                while True:
+                    try:
+                        if (await client.get("/health")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        await trio.sleep(0.1)
             await first_chunk_sse(client, 20)  # warm up
-            direct = await first_chunk_direct(pipeline, requests)
             sse = await first_chunk_sse(client, requests)
             crowd = await concurrent_sse(client, clients)
-        rtt = await realtime_round_trips(f"ws://127.0.0.1:{port}/v1/realtime", requests)
-        nursery.cancel_scope.cancel()
+        rtt = await realtime_round_trips(f"ws://127.0.0.1:{PORT}/v1/realtime", requests)
+    finally:
+        server.send_signal(signal.SIGINT)
+        with trio.move_on_after(10):
+            await server.wait()
+        if server.returncode is None:
+            server.kill()
     overhead = statistics.median(sse) - statistics.median(direct)
     return {
         "load_average": os.getloadavg(),

@@ -28,8 +28,8 @@ YIELD_EVERY = 64
 BACKLOG_HIGH = 1024
 """Outputs one request may have buffered at a stage before the scheduler's outbox stops draining."""
 BACKLOG_LOW = 256
-TOMBSTONE_SECONDS = 30.0
-TOMBSTONE_LIMIT = 100_000
+TOMBSTONE_SECONDS = 10.0
+TOMBSTONE_LIMIT = 20_000
 
 Outcome = Literal["running", "done", "failed", "aborted"]
 

@@ -36,6 +36,7 @@ class Producer:
                 continue
             worker = threading.Thread(target=self._produce, args=(msg,), daemon=True)
             worker.start()
+            workers = [w for w in workers if w.is_alive()]  # finished ones hold memory
             workers.append(worker)
         for worker in workers:
             worker.join(timeout=5)
