@@ -24,7 +24,7 @@ from omnitrio.contract import OutgoingMessage
 from omnitrio.fanin import FanIn
 
 STREAM_WINDOW = 64
-YIELD_EVERY = 64
+YIELD_EVERY = 1
 BACKLOG_HIGH = 1024
 """Outputs one request may have buffered at a stage before the scheduler's outbox stops draining."""
 BACKLOG_LOW = 256
@@ -73,7 +73,7 @@ class OutputQueue:
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._items:
             self._unyielded += 1
-            if self._unyielded >= YIELD_EVERY:  # a long backlog must not starve other tasks
+            if self._unyielded >= YIELD_EVERY:  # requests take turns: one's backlog never delays another's
                 self._unyielded = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
         while not self._items:
