@@ -6,9 +6,10 @@ from typing import Any
 
 import trio
 
-from omnitrio import PipelineConfig, StageConfig
+from omnitrio import FactoryArgs, PipelineConfig, StageConfig
 
 T = "tests.toy_stages"
+S = "tests.stream_stages"
 
 
 def fan_config(*, process: bool = False, **join_kw: Any) -> PipelineConfig:
@@ -60,3 +61,33 @@ async def settled(pipeline: Any, timeout: float = 5.0) -> dict[str, Any]:
             if health["requests"] == 0 and all(s["active_requests"] == 0 for s in health["stages"].values()):
                 return health
             await trio.sleep(0.002)
+
+
+def talk_config(*, accept_early: bool = True, process: bool = False, **producer: object) -> PipelineConfig:
+    """talker (a Producer) streams to and then sends its result to ``b`` (a Counter)."""
+    return PipelineConfig(
+        stages=[
+            StageConfig(
+                name="talker",
+                process="p_talker" if process else None,
+                factory_path=f"{S}.create_producer",
+                factory=FactoryArgs(**producer),
+                next="b",
+                stream_to=["b"],
+            ),
+            StageConfig(
+                name="b",
+                process="p_b" if process else None,
+                factory_path=f"{S}.create_counter",
+                terminal=True,
+                can_accept_stream_before_payload=accept_early,
+            ),
+        ]
+    )
+
+
+def endless_config(**producer: object) -> PipelineConfig:
+    """One terminal Producer that streams until the request is aborted."""
+    factory = FactoryArgs(count=0, **producer)
+    stage = StageConfig(name="talker", factory_path=f"{S}.create_producer", factory=factory, terminal=True)
+    return PipelineConfig(stages=[stage])

@@ -11,7 +11,7 @@ import torch
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
 from schedulers.ar.tokenizer import ByteTokenizer, load_tokenizer
 from schedulers.detokenize import StreamingDetokenizeScheduler, TextStream, token_ids_of
-from tests.test_simple_scheduler import TIMEOUT, done, put_atomically, running, take
+from tests.scheduler_harness import TIMEOUT, done, put_atomically, running, take
 
 EOS = 256
 TEXT = "héllo 世界 🎉"

@@ -16,32 +16,14 @@ from omnitrio import (
     StageConfig,
     open_pipeline,
 )
-from tests.pipelines import T, chain_config, fan_config, settled
+from tests.pipelines import T, chain_config, fan_config, settled, talk_config
 
 S = "tests.stream_stages"
 
 
 @pytest.mark.parametrize("process", [False, True])
 async def test_abort_with_wait_returns_once_every_stage_released(process: bool) -> None:
-    config = PipelineConfig(
-        stages=[
-            StageConfig(
-                name="talker",
-                process="p_talker" if process else None,
-                factory_path=f"{S}.create_producer",
-                factory=FactoryArgs(count=0),
-                next="b",
-                stream_to=["b"],
-            ),
-            StageConfig(
-                name="b",
-                process="p_b" if process else None,
-                factory_path=f"{S}.create_counter",
-                terminal=True,
-                can_accept_stream_before_payload=True,
-            ),
-        ]
-    )
+    config = talk_config(process=process, count=0)
     async with open_pipeline(config, inline=not process) as pipeline:
         outcome: list[BaseException] = []
 

@@ -3,67 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
+from omnitrio.contract import IncomingMessage, StagePayload
 from schedulers._idsets import ID_MEMORY
 from schedulers.simple import SimpleScheduler
-
-TIMEOUT = 2.0
-
-# Harness (also used by the threaded and streaming scheduler tests) ----------------------
-
-
-@contextmanager
-def running(scheduler: Any) -> Iterator[Any]:
-    """Run ``scheduler.start()`` in a thread; stop it and join on exit."""
-    thread = threading.Thread(target=scheduler.start, name="scheduler-under-test", daemon=True)
-    thread.start()
-    try:
-        yield scheduler
-    finally:
-        scheduler.stop()
-        thread.join(TIMEOUT)
-        assert not thread.is_alive(), "start() did not return after stop()"
-
-
-def payload(rid: str, data: Any = None) -> StagePayload:
-    return StagePayload(rid, OmniRequest(inputs=data), data)
-
-
-def new(rid: str, data: Any = None) -> IncomingMessage:
-    return IncomingMessage(rid, "new_request", payload(rid, data))
-
-
-def chunk(rid: str, chunk_id: int, data: Any) -> IncomingMessage:
-    return IncomingMessage(rid, "stream_chunk", StreamItem(chunk_id, data, "upstream"))
-
-
-def done(rid: str) -> IncomingMessage:
-    return IncomingMessage(rid, "stream_done", "upstream")
-
-
-def put_atomically(inbox: queue.Queue[IncomingMessage], messages: list[IncomingMessage]) -> None:
-    """Hand a burst over the way the runtime does: one extend under the queue's lock."""
-    with inbox.mutex:
-        inbox.queue.extend(messages)
-        inbox.unfinished_tasks += len(messages)
-        inbox.not_empty.notify(len(messages))
-
-
-def take(outbox: queue.Queue[OutgoingMessage], count: int = 1) -> list[OutgoingMessage]:
-    return [outbox.get(timeout=TIMEOUT) for _ in range(count)]
-
-
-def by_id(messages: list[OutgoingMessage]) -> dict[str, OutgoingMessage]:
-    return {msg.request_id: msg for msg in messages}
+from tests.scheduler_harness import TIMEOUT, Gate, by_id, chunk, done, new, put_atomically, running, take
 
 
 def echo(p: StagePayload) -> StagePayload:
@@ -344,26 +293,6 @@ def test_missing_compute_is_rejected() -> None:
 
 
 # Abort ---------------------------------------------------------------------------------
-
-
-class Gate:
-    """A compute_fn that blocks chosen requests until released."""
-
-    def __init__(self, *blocking: str) -> None:
-        self.blocking = set(blocking)
-        self.started = {rid: threading.Event() for rid in blocking}
-        self.release = threading.Event()
-        self.calls: list[str] = []
-
-    def __call__(self, p: StagePayload) -> StagePayload:
-        self.calls.append(p.request_id)
-        if p.request_id in self.blocking:
-            self.started[p.request_id].set()
-            assert self.release.wait(TIMEOUT)
-        return p
-
-    def wait_started(self, rid: str) -> None:
-        assert self.started[rid].wait(TIMEOUT)
 
 
 def test_abort_during_compute_drops_result() -> None:

@@ -17,31 +17,7 @@ from omnitrio import (
     StreamMessage,
     open_pipeline,
 )
-from tests.pipelines import settled
-
-S = "tests.stream_stages"
-
-
-def talk_config(*, accept_early: bool = True, process: bool = False, **producer: object) -> PipelineConfig:
-    return PipelineConfig(
-        stages=[
-            StageConfig(
-                name="talker",
-                process="p_talker" if process else None,
-                factory_path=f"{S}.create_producer",
-                factory=FactoryArgs(**producer),
-                next="b",
-                stream_to=["b"],
-            ),
-            StageConfig(
-                name="b",
-                process="p_b" if process else None,
-                factory_path=f"{S}.create_counter",
-                terminal=True,
-                can_accept_stream_before_payload=accept_early,
-            ),
-        ]
-    )
+from tests.pipelines import S, endless_config, settled, talk_config
 
 
 async def test_end_of_stream_before_the_payload_completes_when_the_payload_arrives() -> None:
@@ -111,12 +87,6 @@ async def test_terminal_stream_reaches_the_caller_in_order_then_complete(process
     assert [m.chunk["i"] for m in chunks] == list(range(200))
     assert {m.modality for m in chunks} == {"test"}
     assert isinstance(got[-1], CompleteMessage) and got[-1].result == {"sent": 200}
-
-
-def endless_config(**producer: object) -> PipelineConfig:
-    factory = FactoryArgs(count=0, **producer)
-    stage = StageConfig(name="talker", factory_path=f"{S}.create_producer", factory=factory, terminal=True)
-    return PipelineConfig(stages=[stage])
 
 
 async def test_leaving_a_stream_early_aborts_the_request_everywhere() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, StreamItem
 from schedulers.streaming import StreamingSimpleScheduler
-from tests.test_simple_scheduler import TIMEOUT, chunk, done, new, put_atomically, running, take
+from tests.scheduler_harness import TIMEOUT, chunk, done, new, put_atomically, running, take
 
 
 class Collector(StreamingSimpleScheduler):

@@ -9,7 +9,7 @@ import pytest
 
 from omnitrio.contract import StagePayload
 from schedulers.threaded import ThreadedSimpleScheduler
-from tests.test_simple_scheduler import TIMEOUT, Gate, new, put_atomically, running, take
+from tests.scheduler_harness import TIMEOUT, Gate, new, put_atomically, running, take
 
 
 def test_requests_overlap_up_to_max_concurrency() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
 from schedulers.vocoder import BatchVocoderBase, StreamingVocoderBase, resolve_initial_codec_chunk_frames
-from tests.test_simple_scheduler import TIMEOUT, done, put_atomically, running, take
+from tests.scheduler_harness import TIMEOUT, done, put_atomically, running, take
 
 # A fake codec: code c decodes to the sample c * 100; the last code is held back as look-ahead ------
 

@@ -1,0 +1,78 @@
+"""Drive a scheduler directly: its thread, its inbox, its outbox (shared by the scheduler tests)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
+
+TIMEOUT = 2.0
+
+
+@contextmanager
+def running(scheduler: Any) -> Iterator[Any]:
+    """Run ``scheduler.start()`` in a thread; stop it and join on exit."""
+    thread = threading.Thread(target=scheduler.start, name="scheduler-under-test", daemon=True)
+    thread.start()
+    try:
+        yield scheduler
+    finally:
+        scheduler.stop()
+        thread.join(TIMEOUT)
+        assert not thread.is_alive(), "start() did not return after stop()"
+
+
+def payload(rid: str, data: Any = None) -> StagePayload:
+    return StagePayload(rid, OmniRequest(inputs=data), data)
+
+
+def new(rid: str, data: Any = None) -> IncomingMessage:
+    return IncomingMessage(rid, "new_request", payload(rid, data))
+
+
+def chunk(rid: str, chunk_id: int, data: Any) -> IncomingMessage:
+    return IncomingMessage(rid, "stream_chunk", StreamItem(chunk_id, data, "upstream"))
+
+
+def done(rid: str) -> IncomingMessage:
+    return IncomingMessage(rid, "stream_done", "upstream")
+
+
+def put_atomically(inbox: queue.Queue[IncomingMessage], messages: list[IncomingMessage]) -> None:
+    """Hand a burst over the way the runtime does: one extend under the queue's lock."""
+    with inbox.mutex:
+        inbox.queue.extend(messages)
+        inbox.unfinished_tasks += len(messages)
+        inbox.not_empty.notify(len(messages))
+
+
+def take(outbox: queue.Queue[OutgoingMessage], count: int = 1) -> list[OutgoingMessage]:
+    return [outbox.get(timeout=TIMEOUT) for _ in range(count)]
+
+
+def by_id(messages: list[OutgoingMessage]) -> dict[str, OutgoingMessage]:
+    return {msg.request_id: msg for msg in messages}
+
+
+class Gate:
+    """A compute_fn that blocks chosen requests until released."""
+
+    def __init__(self, *blocking: str) -> None:
+        self.blocking = set(blocking)
+        self.started = {rid: threading.Event() for rid in blocking}
+        self.release = threading.Event()
+        self.calls: list[str] = []
+
+    def __call__(self, p: StagePayload) -> StagePayload:
+        self.calls.append(p.request_id)
+        if p.request_id in self.blocking:
+            self.started[p.request_id].set()
+            assert self.release.wait(TIMEOUT)
+        return p
+
+    def wait_started(self, rid: str) -> None:
+        assert self.started[rid].wait(TIMEOUT)
