@@ -397,20 +397,29 @@ async def _serve_child(spec: ChildSpec, host: Host, recorder: Any, shutdown: tri
             nursery.cancel_scope.cancel()
             raise SystemExit(1) from None
         host.send_control(MAIN, wire.Ready(spec.process, os.getpid()))
-        nursery.start_soon(_exit_with_parent, spec.parent_pid, shutdown)
+        nursery.start_soon(_exit_with_parent, spec, shutdown)
         await shutdown.wait()
         nursery.cancel_scope.cancel()
 
 
-async def _exit_with_parent(parent_pid: int, shutdown: trio.Event) -> None:
-    """Stop when the parent process is gone (its pidfd becomes readable)."""
+async def _exit_with_parent(spec: ChildSpec, shutdown: trio.Event) -> None:
+    """Stop when the parent process is gone (its pidfd becomes readable).
+
+    A parent killed without cleaning up (SIGKILL, an unhandled SIGTERM) leaves its shared
+    memory and socket directory behind: the orphaned children remove them on their way out.
+    """
     try:
-        fd = os.pidfd_open(parent_pid)
+        fd = os.pidfd_open(spec.parent_pid)
     except OSError:
-        shutdown.set()
-        return
-    try:
-        await trio.lowlevel.wait_readable(fd)
-    finally:
-        os.close(fd)
+        fd = -1
+    if fd >= 0:
+        try:
+            await trio.lowlevel.wait_readable(fd)
+        finally:
+            os.close(fd)
+    remove_segments(spec.shm_prefix)
+    own = spec.addresses.get(spec.process, "")
+    base = os.path.dirname(own.split(":", 1)[-1].removeprefix("//"))
+    if base and os.path.basename(base).startswith("omnitrio-"):
+        shutil.rmtree(base, ignore_errors=True)
     shutdown.set()

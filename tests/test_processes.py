@@ -183,3 +183,53 @@ async def test_both_transports_carry_the_seed_fan_pipeline(transport: str) -> No
         with pytest.raises(RequestFailed, match="stage 'count'"):
             await pipeline.submit("bad", "boom")
         await settled(pipeline)
+
+
+PARENT_SCRIPT = """
+import sys, trio
+from omnitrio import open_pipeline
+from tests.pipelines import chain_config
+
+async def main():
+    config = chain_config(2, process=True, factory="create_tensor_maker")
+    config.stages[1].factory_path = "tests.toy_stages.create_tensor_summary"
+    config.endpoints.base_path = sys.argv[1]
+    async with open_pipeline(config) as pipeline:
+        await pipeline.submit("r", 1 << 20)  # leases shared memory across the boundary
+        print("ready", flush=True)
+        await trio.sleep(60)
+
+trio.run(main)
+"""
+
+
+async def test_children_of_a_killed_parent_exit_and_clean_up(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    base = tmp_path / "omnitrio-ep"
+    parent = await trio.lowlevel.open_process(
+        [sys.executable, "-c", PARENT_SCRIPT, str(base)], stdout=subprocess.PIPE, cwd=Path(__file__).parent.parent
+    )
+    assert parent.stdout is not None
+    with trio.fail_after(60):
+        assert b"ready" in await parent.stdout.receive_some(100)
+    mark = f"OMNITRIO_PARENT_PID={parent.pid}".encode()
+
+    def children() -> list[str]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and mark in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(entry.name)
+            except OSError:
+                continue
+        return found
+
+    assert len(children()) == 2
+    parent.kill()  # no chance to clean up: the children must notice and do it
+    await parent.wait()
+    with trio.fail_after(10):
+        while children() or base.exists():
+            await trio.sleep(0.05)
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(f"omnitrio-{parent.pid}-")] == []
