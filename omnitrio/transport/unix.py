@@ -23,7 +23,7 @@ import trio
 
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
-READ_SIZE = 1 << 20
+READ_SIZE = 1 << 16
 CONNECT_TIMEOUT = 30.0
 
 Dispatch = Callable[[str, list[bytes]], None]
