@@ -52,6 +52,7 @@ MAIN = "main"
 UNIX = "unix:"
 HWM = 100_000
 RECV_BATCH = 4096
+DISPATCH_SLICE = 8
 RELAY_SLOT_BYTES = 1 << 20
 RELAY_SLOTS = 256
 
@@ -269,10 +270,17 @@ class Host:
         assert self._inbound is not None
         while True:
             for frames in await self._inbound.recv_multipart_batch(RECV_BATCH):
-                self._dispatch_batch(frames[0].decode(), frames[1:])
+                await self._dispatch_batch(frames[0].decode(), frames[1:])
 
-    def _dispatch_batch(self, src: str, frames: list[bytes]) -> None:
-        for frame in frames:
+    async def _dispatch_batch(self, src: str, frames: list[bytes]) -> None:
+        """Deliver a received batch in order, letting other tasks run every few messages.
+
+        A burst of 100 stream chunks must not hold back the output the first one already
+        produced: unpacking them all before anything else runs would.
+        """
+        for i, frame in enumerate(frames):
+            if i and not i % DISPATCH_SLICE:
+                await trio.lowlevel.checkpoint()
             try:
                 self._dispatch(src, frame)
             except Exception:

@@ -17,7 +17,7 @@ import contextlib
 import errno
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -26,7 +26,7 @@ _U16 = struct.Struct("<H")
 READ_SIZE = 1 << 16
 CONNECT_TIMEOUT = 30.0
 
-Dispatch = Callable[[str, list[bytes]], None]
+Dispatch = Callable[[str, list[bytes]], Awaitable[None]]
 
 
 def encode_batch(sender: bytes, frames: list[bytes]) -> bytes:
@@ -159,7 +159,7 @@ async def _read_batches(stream: trio.SocketStream, dispatch: Dispatch) -> None:
                     break
                 sender, frames = decode_batch(view[pos + 4 : pos + 4 + size])
                 pos += 4 + size
-                dispatch(sender, frames)
+                await dispatch(sender, frames)
             view.release()
             del buffer[:pos]
     except (trio.BrokenResourceError, trio.ClosedResourceError):
