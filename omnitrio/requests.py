@@ -2,7 +2,7 @@
 
 A :class:`RequestScope` is created when the first message of a request reaches a stage
 and dropped when that request's task there exits, whatever the exit.  It holds the
-request's cancel scope, its output channel (fed by the scheduler bridge), half-collected
+request's cancel scope, its output queue (fed by the scheduler bridge), half-collected
 fan-in inputs, stream chunk counters, flow-control credits and relay leases — so leaving
 the scope is the clean-up, and no second bookkeeping path can leak.
 
@@ -24,7 +24,6 @@ from omnitrio.contract import OutgoingMessage
 from omnitrio.fanin import FanIn
 
 STREAM_WINDOW = 64
-YIELD_EVERY = 1
 BACKLOG_HIGH = 1024
 """Outputs one request may have buffered at a stage before the scheduler's outbox stops draining."""
 BACKLOG_LOW = 256
@@ -43,10 +42,9 @@ class OutputQueue:
     :meth:`close`.
     """
 
-    __slots__ = ("_closed", "_items", "_unyielded", "_waiter")
+    __slots__ = ("_closed", "_items", "_waiter")
 
     def __init__(self) -> None:
-        self._unyielded = 0
         self._items: deque[OutgoingMessage] = deque()
         self._waiter: trio.Event | None = None
         self._closed = False
@@ -72,14 +70,11 @@ class OutputQueue:
     async def __anext__(self) -> OutgoingMessage:
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._items:
-            self._unyielded += 1
-            if self._unyielded >= YIELD_EVERY:  # requests take turns: one's backlog never delays another's
-                self._unyielded = 0
-                await trio.lowlevel.cancel_shielded_checkpoint()
+            # Requests take turns, one output each: one's backlog never delays another's.
+            await trio.lowlevel.cancel_shielded_checkpoint()
         while not self._items:
             if self._closed:
                 raise StopAsyncIteration
-            self._unyielded = 0
             self._waiter = trio.Event()
             await self._waiter.wait()
             self._waiter = None
