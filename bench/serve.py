@@ -67,6 +67,37 @@ async def first_chunk_sse(client: httpx.AsyncClient, n: int) -> list[float]:
     return times
 
 
+async def first_byte_raw(port: int, n: int) -> tuple[list[float], list[float]]:
+    """Time to the response's first byte and to the first content event, with a bare socket client.
+
+    httpx spends about a millisecond of its own per request; this is the server's share.
+    """
+    body = json.dumps(CHAT).encode()
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    first_byte, first_content = [], []
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        for _ in range(n):
+            started = time.perf_counter()
+            await stream.send_all(request)
+            seen = b""
+            got_byte = False
+            while b"[DONE]" not in seen:
+                data = await stream.receive_some(65536)
+                if not got_byte:
+                    first_byte.append(time.perf_counter() - started)
+                    got_byte = True
+                if b'"content"' in data and len(first_content) < len(first_byte):
+                    first_content.append(time.perf_counter() - started)
+                seen += data
+            while not seen.endswith(b"0\r\n\r\n"):  # the end of the chunked body
+                seen += await stream.receive_some(65536)
+    return first_byte, first_content
+
+
 async def concurrent_sse(client: httpx.AsyncClient, clients: int) -> dict[str, Any]:
     errors: list[str] = []
     done = 0
@@ -134,6 +165,7 @@ async def main(requests: int, clients: int) -> dict[str, Any]:
                         await trio.sleep(0.1)
             await first_chunk_sse(client, 20)  # warm up
             sse = await first_chunk_sse(client, requests)
+            raw_byte, raw_content = await first_byte_raw(PORT, requests)
             crowd = await concurrent_sse(client, clients)
         rtt = await realtime_round_trips(f"ws://127.0.0.1:{PORT}/v1/realtime", requests)
     finally:
@@ -147,7 +179,10 @@ async def main(requests: int, clients: int) -> dict[str, Any]:
         "load_average": os.getloadavg(),
         "first_chunk_direct_ms": {"p50": pct(direct, 0.5), "p99": pct(direct, 0.99)},
         "first_chunk_sse_ms": {"p50": pct(sse, 0.5), "p99": pct(sse, 0.99)},
-        "sse_first_byte_overhead_ms_p50": round(overhead * 1e3, 3),
+        "sse_first_content_overhead_ms_p50_httpx": round(overhead * 1e3, 3),
+        "raw_client_first_byte_ms": {"p50": pct(raw_byte, 0.5), "p99": pct(raw_byte, 0.99)},
+        "raw_client_first_content_ms": {"p50": pct(raw_content, 0.5), "p99": pct(raw_content, 0.99)},
+        "sse_first_byte_overhead_ms_p50": round((statistics.median(raw_byte) - statistics.median(direct)) * 1e3, 3),
         "concurrent_sse": crowd,
         "realtime_frame_round_trip_ms": {"p50": pct(rtt, 0.5), "p99": pct(rtt, 0.99)},
     }
