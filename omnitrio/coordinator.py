@@ -44,6 +44,7 @@ from omnitrio.errors import (
     RequestFailed,
     RequestTimeout,
 )
+from omnitrio.mailbox import Mailbox
 from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.requests import STREAM_WINDOW
 from omnitrio.topology import StageFunctionError, Topology
@@ -59,8 +60,7 @@ class RequestHandle:
     request_id: str
     inc: int
     terminals: frozenset[str]
-    events_in: trio.MemorySendChannel[Event]
-    events: trio.MemoryReceiveChannel[Event]
+    events: Mailbox[Event] = attrs.field(factory=Mailbox)
     state: State = "live"
     finished: bool = False
     results: dict[str, Any] = attrs.field(factory=dict)
@@ -181,8 +181,7 @@ class Coordinator:
         except StageFunctionError as exc:
             raise RequestFailed(request_id, COORDINATOR, exc.error_type, str(exc)) from exc
         self._next_inc += 1
-        events_in, events = trio.open_memory_channel(math.inf)  # unsubscripted: cheaper per request
-        handle = RequestHandle(request_id, self._next_inc, terminals, events_in, events)
+        handle = RequestHandle(request_id, self._next_inc, terminals)
         self._requests[request_id] = handle
         request = OmniRequest(inputs=inputs, params=dict(params or {}), metadata=dict(metadata or {}))
         payload = StagePayload(request_id, request, {"raw_inputs": inputs})
@@ -216,8 +215,8 @@ class Coordinator:
     def _finish_with(self, handle: RequestHandle, event: Event) -> None:
         if not handle.finished:
             handle.finished = True
-            handle.events_in.send_nowait(event)
-            handle.events_in.close()
+            handle.events.put(event)
+            handle.events.close()
 
     def _leave(self, handle: RequestHandle, error: RequestError | None = None) -> None:
         """The caller stopped waiting; abort the request if it is still running."""
@@ -262,16 +261,16 @@ class Coordinator:
                 if chunk_id == 0:
                     self._emit(envelope.rid, "first_stream_chunk", {"from_stage": src, "modality": modality})
                 if not handle.finished:
-                    handle.events_in.send_nowait(StreamMessage(envelope.rid, src, chunk_id, body, modality))
+                    handle.events.put(StreamMessage(envelope.rid, src, chunk_id, body, modality))
             case Complete(src=src, body=body):
                 if handle.finished or src not in handle.terminals:
                     return
                 handle.results[src] = body
-                handle.events_in.send_nowait(CompleteMessage(envelope.rid, src, body))
+                handle.events.put(CompleteMessage(envelope.rid, src, body))
                 if handle.results.keys() == handle.terminals:
                     self._emit(envelope.rid, "terminal_response", {"from_stage": src})
                     handle.finished = True
-                    handle.events_in.close()
+                    handle.events.close()
             case Failed(stage=stage, error_type=error_type, message=message, overloaded=overloaded):
                 if handle.finished:
                     return
@@ -367,7 +366,7 @@ class RequestStream:
 
     async def __anext__(self) -> StreamMessage | CompleteMessage:
         handle = self._start()
-        if self._done and handle.finished and handle.events.statistics().current_buffer_used == 0:
+        if self._done and handle.finished and not handle.events:
             raise StopAsyncIteration
         try:
             if self._deadline == math.inf:

@@ -14,7 +14,7 @@ of it must be dropped rather than start a new request.  Entries expire after
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Any, Literal
 
 import attrs
@@ -22,6 +22,7 @@ import trio
 
 from omnitrio.contract import OutgoingMessage
 from omnitrio.fanin import FanIn
+from omnitrio.mailbox import Mailbox
 
 STREAM_WINDOW = 64
 BACKLOG_HIGH = 1024
@@ -33,54 +34,6 @@ TOMBSTONE_LIMIT = 20_000
 Outcome = Literal["running", "done", "failed", "aborted"]
 
 
-class OutputQueue:
-    """A request's outputs on their way from the bridge to the request's task.
-
-    Unbounded (the bridge hands outputs over from a sync callback and must not block; flow
-    control pauses the bridge instead), one consumer, and far cheaper to create than a
-    memory channel — one is made per request per stage.  Iterating ends after
-    :meth:`close`.
-    """
-
-    __slots__ = ("_closed", "_items", "_waiter")
-
-    def __init__(self) -> None:
-        self._items: deque[OutgoingMessage] = deque()
-        self._waiter: trio.Event | None = None
-        self._closed = False
-
-    def push(self, message: OutgoingMessage) -> None:
-        if self._closed:
-            return
-        self._items.append(message)
-        if self._waiter is not None:
-            self._waiter.set()
-
-    def close(self) -> None:
-        self._closed = True
-        if self._waiter is not None:
-            self._waiter.set()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __aiter__(self) -> OutputQueue:
-        return self
-
-    async def __anext__(self) -> OutgoingMessage:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if self._items:
-            # Requests take turns, one output each: one's backlog never delays another's.
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        while not self._items:
-            if self._closed:
-                raise StopAsyncIteration
-            self._waiter = trio.Event()
-            await self._waiter.wait()
-            self._waiter = None
-        return self._items.popleft()
-
-
 @attrs.define(eq=False)
 class RequestScope:
     """One live request at one stage."""
@@ -88,7 +41,7 @@ class RequestScope:
     request_id: str
     inc: int
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    outputs: OutputQueue = attrs.field(factory=OutputQueue)
+    outputs: Mailbox[OutgoingMessage] = attrs.field(factory=Mailbox)
     fan_in: FanIn | None = None
     got_payload: bool = False
     in_scheduler: bool = False
@@ -107,7 +60,7 @@ class RequestScope:
 
     def push(self, message: OutgoingMessage) -> None:
         """Hand the request task an output (or a synthetic error); never blocks."""
-        self.outputs.push(message)
+        self.outputs.put(message)
 
     @property
     def backlog(self) -> int:
