@@ -41,7 +41,7 @@ from omnitrio.envelopes import (
 from omnitrio.stage import Stage
 from omnitrio.topology import StageFunctionError
 from omnitrio.transport import wire
-from omnitrio.transport.link import Link
+from omnitrio.transport.link import Link, ZmqLink
 from omnitrio.transport.relay import RelayError, ShmPool, ShmReader
 from omnitrio.transport.unix import UnixInbound, UnixLink
 from omnitrio.transport.zmq import TrioZmqSocket, bind, connect
@@ -78,7 +78,7 @@ class Host:
         self.coordinator: Coordinator | None = None
         self.down: set[str] = set()
         self._on_control = on_control
-        self._links: dict[str, Link | UnixLink] = {}
+        self._links: dict[str, Link] = {}
         self._pool = ShmPool(shm_prefix, slot_bytes=RELAY_SLOT_BYTES, slots=RELAY_SLOTS)
         self._reader = ShmReader()
         self._ctx: zmq.Context[Any] | None = None
@@ -234,15 +234,15 @@ class Host:
     def _connect(self, process: str) -> None:
         assert self._nursery is not None
         address = self.addresses[process]
-        link: Link | UnixLink
+        link: Link
         if address.startswith(UNIX):
             link = UnixLink(address.removeprefix(UNIX), self._name_frame)
         else:
             assert self._ctx is not None
             socket = connect(self._ctx, zmq.PUSH, address, options={zmq.SNDHWM: HWM}, linger=2000)
-            link = Link(socket, self._name_frame)
+            link = ZmqLink(socket, self._name_frame)
         self._links[process] = link
-        self._nursery.start_soon(_pump_until_closed, link)
+        self._nursery.start_soon(link.pump)
 
     # -- lifetime -------------------------------------------------------------------
 
@@ -305,10 +305,3 @@ class Host:
             self._ctx = None
         self._pool.close()
         self._reader.close()
-
-
-async def _pump_until_closed(link: Link | UnixLink) -> None:
-    try:
-        await link.pump()
-    except trio.ClosedResourceError:
-        return

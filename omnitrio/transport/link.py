@@ -1,13 +1,14 @@
-"""One process's outbound connection to another: a PUSH socket and its writer.
+"""One process's outbound connection to another: a queue and the task that writes it.
 
 :meth:`Link.send` never blocks: it queues the encoded message and wakes the link's pump
-task, which writes everything queued during one pass of the trio loop as a single zmq
-multipart message — the sender's name, then one frame per message.  Messages sent in the
-same moment (a burst of submits, a fan-out) therefore reach the peer in one receive and
-are handed to its stages together; and one zmq message per pass instead of one per
-message keeps the per-message cost low under load.  Messages leave in the order ``send``
-was called.  The connection stays open for the pipeline's life (a PUSH socket closed
-while its peer is slow can lose its last messages).
+task, which writes everything queued during one pass of the trio loop as one batch — one
+zmq multipart message, or one length-prefixed record on a Unix socket.  Messages sent in
+the same moment (a burst of submits, a fan-out) therefore reach the peer in one receive
+and are handed to its stages together, and the per-message cost stays low under load.
+Messages leave in the order ``send`` was called; the pump waits only on the transport
+(zmq's high-water mark, the kernel's socket buffer): backpressure.  Connections stay
+open for the pipeline's life (a PUSH socket closed while its peer is slow can lose its
+last messages).
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ import trio
 from omnitrio.transport.zmq import TrioZmqSocket
 
 MAX_FRAMES = 4096
-"""Most messages in one zmq message; a longer queue goes out in several."""
+"""Most messages in one batch; a longer queue goes out in several."""
 
 
 class Link:
-    """Ordered, non-blocking sends to one peer process."""
+    """Ordered, non-blocking sends to one peer; subclasses say how a batch is written."""
 
-    def __init__(self, socket: TrioZmqSocket, sender: bytes) -> None:
-        self.socket = socket
+    def __init__(self, sender: bytes) -> None:
         self._sender = sender
         self._queue: list[bytes] = []
         self._wake = trio.Event()
         self._drained = trio.Event()
         self._drained.set()
+        self._closed = False
 
     def send(self, frame: bytes) -> None:
+        if self._closed:
+            return
         if not self._queue:
             self._wake.set()
             if self._drained.is_set():
@@ -39,18 +42,47 @@ class Link:
         self._queue.append(frame)
 
     async def flush(self) -> None:
-        """Wait until every queued message has been handed to zmq."""
+        """Wait until every queued message has been handed to the transport."""
         await self._drained.wait()
 
     async def pump(self) -> None:
-        """Write queued messages, one multipart message per pass, until cancelled."""
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            while self._queue:
-                batch, self._queue = self._queue[:MAX_FRAMES], self._queue[MAX_FRAMES:]
-                await self.socket.send([self._sender, *batch])
+        """Write queued messages, one batch per pass, until cancelled or the peer is gone."""
+        try:
+            await self._open()
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                while self._queue:
+                    batch, self._queue = self._queue[:MAX_FRAMES], self._queue[MAX_FRAMES:]
+                    await self._write(self._sender, batch)
+                self._drained.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):
+            # The peer is gone or never came up: the supervisor fails what it held.
+            self._closed = True
+            self._queue.clear()
             self._drained.set()
 
+    async def _open(self) -> None:
+        """Make the connection usable (nothing to do for zmq, which connects in the background)."""
+
+    async def _write(self, sender: bytes, batch: list[bytes]) -> None:
+        raise NotImplementedError
+
     def close(self, linger: int = 0) -> None:
+        self._closed = True
+        self._queue.clear()
+
+
+class ZmqLink(Link):
+    """A link over a zmq PUSH socket: one multipart message per batch (sender, then messages)."""
+
+    def __init__(self, socket: TrioZmqSocket, sender: bytes) -> None:
+        super().__init__(sender)
+        self.socket = socket
+
+    async def _write(self, sender: bytes, batch: list[bytes]) -> None:
+        await self.socket.send([sender, *batch])
+
+    def close(self, linger: int = 0) -> None:
+        super().close(linger)
         self.socket.close(linger=linger)

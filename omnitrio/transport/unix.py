@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from omnitrio.transport.link import Link
+
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
 READ_SIZE = 1 << 16
@@ -50,62 +52,33 @@ def decode_batch(body: memoryview) -> tuple[str, list[bytes]]:
     return sender, frames
 
 
-class UnixLink:
-    """Ordered, non-blocking sends to one peer over a Unix stream socket."""
+class UnixLink(Link):
+    """A link over a Unix stream socket: one length-prefixed record per batch."""
 
     def __init__(self, path: str, sender: bytes) -> None:
+        super().__init__(sender)
         self.path = path
-        self._sender = sender
-        self._queue: list[bytes] = []
-        self._wake = trio.Event()
-        self._drained = trio.Event()
-        self._drained.set()
         self._stream: trio.SocketStream | None = None
-        self._closed = False
 
-    def send(self, frame: bytes) -> None:
-        if self._closed:
-            return
-        if not self._queue:
-            self._wake.set()
-            if self._drained.is_set():
-                self._drained = trio.Event()
-        self._queue.append(frame)
-
-    async def flush(self) -> None:
-        await self._drained.wait()
-
-    async def pump(self) -> None:
-        """Connect (waiting for the peer to listen), then write batches until cancelled or closed."""
-        stream = await self._connect()
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                while self._queue:
-                    batch, self._queue = self._queue, []
-                    await stream.send_all(encode_batch(self._sender, batch))
-                self._drained.set()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._queue.clear()  # the peer is gone; the supervisor fails what it held
-            self._drained.set()
-
-    async def _connect(self) -> trio.SocketStream:
+    async def _open(self) -> None:
+        """Connect, waiting for the peer to listen."""
         with trio.fail_after(CONNECT_TIMEOUT):
             while True:
                 try:
-                    stream = await trio.open_unix_socket(self.path)
+                    self._stream = await trio.open_unix_socket(self.path)
+                    return
                 except OSError as exc:
                     if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
                         raise
                     await trio.sleep(0.005)  # the peer has not bound yet
-                    continue
-                self._stream = stream
-                return stream
+
+    async def _write(self, sender: bytes, batch: list[bytes]) -> None:
+        if self._stream is None:
+            raise trio.ClosedResourceError("the link was closed")
+        await self._stream.send_all(encode_batch(sender, batch))
 
     def close(self, linger: int = 0) -> None:
-        self._closed = True
-        self._queue.clear()
+        super().close(linger)
         if self._stream is not None:
             stream, self._stream = self._stream, None
             with contextlib.suppress(OSError):
