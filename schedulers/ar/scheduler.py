@@ -271,6 +271,35 @@ def create_tiny_ar_scheduler(
     if dtype not in _DTYPES:
         raise ValueError(f"create_tiny_ar_scheduler: dtype={dtype!r} must be one of {sorted(_DTYPES)}")
     tokenizer = load_tokenizer(tokenizer_vocab_size)
+    engine = build_tiny_engine(
+        tokenizer,
+        seed=seed,
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        max_seq_len=max_seq_len,
+        dtype=_DTYPES[dtype],
+        max_running_requests=max_running_requests,
+        max_waiting_requests=max_waiting_requests,
+    )
+    return ARScheduler(engine, tokenizer, default_max_new_tokens=default_max_new_tokens, stream=stream)
+
+
+def build_tiny_engine(
+    tokenizer: Any,
+    *,
+    seed: int,
+    dim: int,
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int,
+    max_seq_len: int,
+    max_running_requests: int,
+    max_waiting_requests: int,
+    dtype: torch.dtype = torch.float32,
+) -> ARBatchEngine:
+    """The continuous-batching engine over a tiny random Llama sized for ``tokenizer``."""
     config = ModelConfig(
         vocab_size=tokenizer.vocab_size,
         dim=dim,
@@ -281,10 +310,9 @@ def create_tiny_ar_scheduler(
         max_seq_len=max_seq_len,
         seed=seed,
     )
-    engine = ARBatchEngine(
-        build_model(config, _DTYPES[dtype]),
+    return ARBatchEngine(
+        build_model(config, dtype),
         max_running_requests=max_running_requests,
         max_waiting_requests=max_waiting_requests,
         seed=seed,
     )
-    return ARScheduler(engine, tokenizer, default_max_new_tokens=default_max_new_tokens, stream=stream)

@@ -27,8 +27,7 @@ import torch
 
 from omnitrio.contract import StagePayload
 from schedulers.ar.engine import ARBatchEngine
-from schedulers.ar.model import ModelConfig, build_model
-from schedulers.ar.scheduler import ARScheduler
+from schedulers.ar.scheduler import ARScheduler, build_tiny_engine
 from schedulers.ar.talker import TalkerScheduler, TinyTalker
 from schedulers.ar.tokenizer import Tokenizer, load_tokenizer
 from schedulers.ar.vocoder import GriffinLimVocoder, GriffinLimVocoderScheduler
@@ -176,21 +175,16 @@ def build_thinker(
     tokenizer: Tokenizer,
 ) -> ARBatchEngine:
     """The tiny random Llama behind the thinker, sized for ``tokenizer``."""
-    config = ModelConfig(
-        vocab_size=tokenizer.vocab_size,
+    return build_tiny_engine(
+        tokenizer,
+        seed=seed,
         dim=dim,
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
-        ffn_dim=(dim * 8 // 3 + 63) // 64 * 64,
         max_seq_len=max_seq_len,
-        seed=seed,
-    )
-    return ARBatchEngine(
-        build_model(config),
         max_running_requests=max_running_requests,
         max_waiting_requests=max_waiting_requests,
-        seed=seed,
     )
 
 
