@@ -14,13 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from omnitrio.contract import StagePayload
 from schedulers.ar.scheduler import ARScheduler
-from schedulers.ar.tokenizer import load_tokenizer
 from schedulers.omni.inputs import parse_chat
-from schedulers.omni.stages import build_thinker, thinker_knobs
+from schedulers.omni.stages import load_thinker, thinker_knobs
 
 
 def responder_prompt(payload: StagePayload) -> str:
@@ -52,9 +49,7 @@ def create_thinker_responder(
     tokenizer_vocab_size: int = 2048,
 ) -> ARScheduler:
     """The thinker (tiny random Llama) answering turns; arguments as in ``create_thinker_stage``."""
-    torch.set_num_threads(1)
-    tokenizer = load_tokenizer(tokenizer_vocab_size)
-    engine = build_thinker(
+    tokenizer, engine = load_thinker(
         seed=seed,
         dim=dim,
         n_layers=n_layers,
@@ -63,7 +58,7 @@ def create_thinker_responder(
         max_seq_len=max_seq_len,
         max_running_requests=max_running_requests,
         max_waiting_requests=max_waiting_requests,
-        tokenizer=tokenizer,
+        tokenizer_vocab_size=tokenizer_vocab_size,
     )
     knobs = thinker_knobs(max_new_tokens, max_seq_len, ignore_eos)
 

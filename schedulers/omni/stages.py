@@ -162,7 +162,7 @@ def thinker_knobs(max_new_tokens: int, max_seq_len: int, ignore_eos: bool) -> An
     return prepare
 
 
-def build_thinker(
+def load_thinker(
     *,
     seed: int,
     dim: int,
@@ -172,10 +172,12 @@ def build_thinker(
     max_seq_len: int,
     max_running_requests: int,
     max_waiting_requests: int,
-    tokenizer: Tokenizer,
-) -> ARBatchEngine:
-    """The tiny random Llama behind the thinker, sized for ``tokenizer``."""
-    return build_tiny_engine(
+    tokenizer_vocab_size: int,
+) -> tuple[Tokenizer, ARBatchEngine]:
+    """The locally trained tokenizer and the tiny random Llama engine sized for it (one torch thread)."""
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(tokenizer_vocab_size)
+    engine = build_tiny_engine(
         tokenizer,
         seed=seed,
         dim=dim,
@@ -186,6 +188,7 @@ def build_thinker(
         max_running_requests=max_running_requests,
         max_waiting_requests=max_waiting_requests,
     )
+    return tokenizer, engine
 
 
 def create_thinker_stage(
@@ -207,9 +210,7 @@ def create_thinker_stage(
     ``max_new_tokens`` caps what a request may ask (``max_tokens``) and is the default.  With
     random weights ``ignore_eos=True`` keeps answers at that length, so runs are comparable.
     """
-    torch.set_num_threads(1)
-    tokenizer = load_tokenizer(tokenizer_vocab_size)
-    engine = build_thinker(
+    tokenizer, engine = load_thinker(
         seed=seed,
         dim=dim,
         n_layers=n_layers,
@@ -218,7 +219,7 @@ def create_thinker_stage(
         max_seq_len=max_seq_len,
         max_running_requests=max_running_requests,
         max_waiting_requests=max_waiting_requests,
-        tokenizer=tokenizer,
+        tokenizer_vocab_size=tokenizer_vocab_size,
     )
     return ARScheduler(
         engine,
