@@ -22,6 +22,8 @@ from tests.test_speech_roundtrip import word_error_rate
 pytestmark = pytest.mark.slow
 SENTENCE = "Turn left at the second traffic light."
 LONG = "The train to Boston leaves from platform seven. The library closes at nine. We need chairs for the room."
+# Long enough that its spoken reply is still streaming when the barge-in is heard.
+LONGER = f"{LONG} Bring your own lunch on Friday. The meeting moves to room four. Call me when you land. Bye."
 RATE = 24_000
 
 
@@ -103,12 +105,22 @@ async def test_server_vad_answers_speech_then_silence_without_a_commit() -> None
     assert matches(heard(events), SENTENCE)
 
 
+async def test_speech_sent_faster_than_real_time_is_transcribed_from_its_start() -> None:
+    async with realtime_url() as url, open_realtime(url) as rt:
+        await rt.receive()
+        await send_audio(rt, pcm16(LONG, silence_after=1.0))  # longer than the idle input kept
+        events = await events_until(rt, "response.done")
+    (done,) = [e for e in events if e["type"] == "response.output_audio_transcript.done"]
+    assert matches(done["transcript"], LONG)
+
+
 async def test_speaking_over_a_response_cancels_it_and_silences_its_audio() -> None:
     async with realtime_url() as url, open_realtime(url) as rt:
         await rt.receive()
-        await send_audio(rt, pcm16(LONG, silence_after=1.0))
+        barge_in = pcm16("Stop, please stop.", silence_after=0.2)
+        await send_audio(rt, pcm16(LONGER, silence_after=1.0))
         await events_until(rt, "response.output_audio.delta")
-        await send_audio(rt, pcm16("Stop, please stop.", silence_after=0.2))
+        await send_audio(rt, barge_in)
         events = await events_until(rt, "response.done")
     types = [e["type"] for e in events]
     assert "input_audio_buffer.speech_started" in types

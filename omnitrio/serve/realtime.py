@@ -54,7 +54,7 @@ from omnitrio.serve.realtime_session import (
 )
 
 MAX_INPUT_BYTES = 32 * 1024 * 1024  # about 11 minutes of 24 kHz PCM16, uncommitted plus committed
-IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, input older than this is dropped between turns
+IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than this is dropped between turns
 OUTBOX_SIZE = 64
 _MS = REALTIME_RATE // 1000  # samples per millisecond at the API rate
 
@@ -196,9 +196,11 @@ class RealtimeConnection:
         self.appended += len(data) // 2
         if self.listening is not None:
             self.listening.listener.feed(data)
-            idle_excess = len(self.buffer) // 2 - IDLE_KEEP_SAMPLES
-            if self.turn_start is None and idle_excess > 0:
-                self._drop_input(self.buffer_start + idle_excess)
+            # Only audio the VAD has judged silent may go: a burst sent faster than real time is
+            # still unheard, and its speech must not lose its start.
+            heard = self.listening.base + self.listening.listener.heard
+            if self.turn_start is None and heard - IDLE_KEEP_SAMPLES > self.buffer_start:
+                self._drop_input(heard - IDLE_KEEP_SAMPLES)
 
     def _take_input(self, end: int, start: int | None = None) -> bytes:
         """The buffered input from ``start`` (default: the buffer's start) to ``end``, removed from the buffer.

@@ -16,8 +16,10 @@ Besides OpenAI's ``speech_started`` / ``speech_stopped`` the listener asks for `
 
 What a caller may rely on: :meth:`TurnListener.run` raises if the session cannot be opened (the
 stage's error, e.g. its ``max_sessions``, names the limit) and before it reports ``started``
-nothing is delivered; whatever way ``run`` ends, the ASR session is aborted (shielded, bounded
-by ``CLOSE_TIMEOUT`` seconds), so a closed socket never leaves session state in the pipeline.
+nothing is delivered; :attr:`TurnListener.heard` counts the fed samples the VAD has judged (their
+events delivered already), so audio past it may still turn out to be speech; whatever way ``run``
+ends, the ASR session is aborted (shielded, bounded by ``CLOSE_TIMEOUT`` seconds), so a closed
+socket never leaves session state in the pipeline.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class TurnListener:
         self.timeout = timeout
         self._audio_in, self._audio = trio.open_memory_channel[bytes](math.inf)
         self._commands = 0
+        self.heard = 0  # samples (24 kHz) whose append the stage has answered, events included
 
     def feed(self, pcm16: bytes) -> None:
         """Queue appended audio (never blocks; the caller bounds the session's total input)."""
@@ -81,7 +84,9 @@ class TurnListener:
             await self._command("open", config=session_config(self.detection))
             task_status.started()
             async for first in self._audio:
-                await self._command("append", chunk=first + self._drain())
+                chunk = first + self._drain()
+                await self._command("append", chunk=chunk)
+                self.heard += len(chunk) // 2
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
                 await self._quietly("abort")
