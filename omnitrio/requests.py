@@ -50,7 +50,7 @@ class RequestScope:
     """Set by :meth:`abort`; the stage owes the coordinator one ``Released`` for it."""
     chunk_ids: dict[str, int] = attrs.field(factory=dict)
     credits: int = STREAM_WINDOW
-    credit_arrived: trio.Event = attrs.field(factory=trio.Event)
+    credit_arrived: trio.Event | None = None  # made when a stream runs out of credit; most never do
     leases: list[Any] = attrs.field(factory=list)
 
     def next_chunk_id(self, target: str) -> int:
@@ -78,13 +78,14 @@ class RequestScope:
 
     def grant(self, n: int) -> None:
         self.credits += n
-        self.credit_arrived.set()
+        if self.credit_arrived is not None:
+            self.credit_arrived.set()
 
     async def take_credit(self) -> None:
         """Wait until the consumer has room for one more chunk of this request."""
         while self.credits <= 0:
-            self.credit_arrived = trio.Event()
-            await self.credit_arrived.wait()
+            arrived = self.credit_arrived = trio.Event()
+            await arrived.wait()
         self.credits -= 1
 
 

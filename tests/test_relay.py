@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -136,6 +137,30 @@ def test_tensors_nested_anywhere_in_a_payload_cross_and_the_rest_is_kept(pool: S
     assert torch.equal(out.data["layers"][0]["h"], hidden) and out.data["layers"][0]["mask"].all()
     assert out.data["layers"][1] == ("tag", 3)
     assert out.data["chunk"].from_stage == "talker" and torch.equal(out.data["chunk"].data.values, torch.ones(50_000))
+
+
+@attrs.define(eq=False)
+class TaggedPayload(StagePayload):
+    tag: str = ""
+
+
+def test_contract_objects_keep_every_field_and_subclasses_keep_theirs(pool: ShmPool, reader: ShmReader) -> None:
+    request = OmniRequest(inputs=[1, 2], params={"stream": True}, metadata={"trace": "t1"})
+    item = StreamItem(7, b"pcm", "talker", {"modality": "audio"})
+    out, _ = round_trip(pool, reader, [StagePayload("r1", request, item), TaggedPayload("r2", request, None, "x")])
+    plain, tagged = out
+    assert (plain.request.inputs, plain.request.params, plain.request.metadata) == (
+        [1, 2],
+        {"stream": True},
+        {"trace": "t1"},
+    )
+    assert (plain.data.chunk_id, plain.data.data, plain.data.from_stage, plain.data.metadata) == (
+        7,
+        b"pcm",
+        "talker",
+        {"modality": "audio"},
+    )
+    assert type(tagged) is TaggedPayload and tagged.tag == "x" and tagged.request is plain.request
 
 
 def test_sparse_tensors_and_parameters_keep_their_type(pool: ShmPool, reader: ShmReader) -> None:
