@@ -124,14 +124,3 @@ def measure_tokens_per_second(
         engines.append(engine)
     baseline, engine = statistics.median(baselines), statistics.median(engines)
     return {"engine": engine, "handwritten": baseline, "ratio": engine / baseline, "batch": float(largest)}
-
-
-if __name__ == "__main__":
-    torch.set_num_threads(1)
-    for dtype in (torch.float32, torch.bfloat16):
-        for batch in (1, 16):
-            r = measure_tokens_per_second(batch, dtype=dtype)
-            print(
-                f"{dtype!s:15} batch {batch:2}: engine {r['engine']:7.0f} tok/s  "
-                f"hand-written {r['handwritten']:7.0f} tok/s  ratio {r['ratio']:.2f}"
-            )
