@@ -81,3 +81,19 @@ def test_speech_round_trip_over_ten_sentences_has_low_word_error_rate() -> None:
     wer = word_error_rate(text, heard)
     print(f"\nround trip WER {wer:.3f} over {len(normalize(text))} words; heard: {heard}")
     assert wer <= 0.1
+
+
+@pytest.mark.slow
+def test_quick_transcription_of_each_sentence_keeps_the_word_error_rate_low() -> None:
+    """A realtime turn's transcript (``quick=True``: the short encoder window) is nearly as good."""
+    pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
+    pytest.importorskip("faster_whisper", reason="the speech extra (faster-whisper) is not installed")
+    from schedulers.speech.asr import shared_recognizer
+    from schedulers.speech.audio import resample
+    from schedulers.speech.tts import shared_synthesizer
+
+    tts, asr = shared_synthesizer(), shared_recognizer()
+    heard = [asr.transcribe(resample(tts.synthesize(s), tts.sample_rate, 16_000), quick=True) for s in SENTENCES]
+    wer = word_error_rate(" ".join(SENTENCES), " ".join(heard))
+    print(f"\nquick WER {wer:.3f}; heard: {heard}")
+    assert wer <= 0.1

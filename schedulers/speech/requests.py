@@ -32,6 +32,7 @@ class SpeechRequest:
 class TranscriptionRequest:
     audio: FloatAudio  # mono float32 at 16 kHz
     language: str | None = None
+    quick: bool = False  # a realtime turn: someone is waiting for the answer
 
 
 def raw_inputs(payload: StagePayload) -> Any:
@@ -76,7 +77,7 @@ def transcription_request(payload: StagePayload) -> TranscriptionRequest:
     language = inputs.get("language")
     if language is not None and not isinstance(language, str):
         raise ValueError(f"language must be a string or null, got {language!r}")
-    return TranscriptionRequest(audio=audio, language=language or None)
+    return TranscriptionRequest(audio=audio, language=language or None, quick=inputs.get("task") == "realtime")
 
 
 def user_text(payload: StagePayload) -> str:

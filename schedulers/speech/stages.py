@@ -63,7 +63,7 @@ def _recognizer(backend: AsrBackendName, compute_type: str, cpu_threads: int, be
 def _transcriber(recognizer: SpeechRecognizer) -> Any:
     def transcribe(payload: StagePayload) -> StagePayload:
         request = transcription_request(payload)
-        text = recognizer.transcribe(request.audio, request.language)
+        text = recognizer.transcribe(request.audio, request.language, quick=request.quick)
         payload.data = {
             "text": text,
             "language": request.language or "en",
