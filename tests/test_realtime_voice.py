@@ -74,6 +74,19 @@ def heard(events: list[dict[str, Any]]) -> str:
     return recognizer.transcribe(resample(audio, RATE, 16_000))
 
 
+def transcript(events: list[dict[str, Any]]) -> str:
+    """The reply's transcript: with the "repeat" responder, what the turn was heard as."""
+    return " ".join(e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done")
+
+
+def assert_spoken_back(events: list[dict[str, Any]], sentence: str) -> None:
+    """The turn was heard as ``sentence`` and the reply's audio says what was heard (each up to one word in five)."""
+    turn = transcript(events)
+    assert matches(turn, sentence), f"the turn was transcribed as {turn!r}"
+    said = heard(events)
+    assert matches(said, turn), f"the reply to {turn!r} sounds like {said!r}"
+
+
 def matches(hypothesis: str, reference: str) -> bool:
     """Whisper heard the reference, up to an odd word (a "2nd" for "second")."""
     return word_error_rate(reference, hypothesis) <= 0.2
@@ -89,7 +102,7 @@ async def test_manual_commit_is_answered_with_speech_of_the_transcript() -> None
         events = await events_until(rt, "response.done")
     assert events[-1]["response"]["status"] == "completed"
     assert not [e for e in events if e["type"].startswith("input_audio_buffer.speech")]
-    assert matches(heard(events), SENTENCE)
+    assert_spoken_back(events, SENTENCE)
 
 
 async def test_server_vad_answers_speech_then_silence_without_a_commit() -> None:
@@ -102,7 +115,7 @@ async def test_server_vad_answers_speech_then_silence_without_a_commit() -> None
     assert [t for t in types if t in order] == order
     assert types.index("input_audio_buffer.committed") < types.index("response.created")
     assert events[-1]["response"]["status"] == "completed"
-    assert matches(heard(events), SENTENCE)
+    assert_spoken_back(events, SENTENCE)
 
 
 async def test_speech_sent_faster_than_real_time_is_transcribed_from_its_start() -> None:
@@ -110,8 +123,7 @@ async def test_speech_sent_faster_than_real_time_is_transcribed_from_its_start()
         await rt.receive()
         await send_audio(rt, pcm16(LONG, silence_after=1.0))  # longer than the idle input kept
         events = await events_until(rt, "response.done")
-    (done,) = [e for e in events if e["type"] == "response.output_audio_transcript.done"]
-    assert matches(done["transcript"], LONG)
+    assert matches(transcript(events), LONG)
 
 
 async def test_speaking_over_a_response_cancels_it_and_silences_its_audio() -> None:
