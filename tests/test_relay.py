@@ -163,6 +163,15 @@ def test_contract_objects_keep_every_field_and_subclasses_keep_theirs(pool: ShmP
     assert type(tagged) is TaggedPayload and tagged.tag == "x" and tagged.request is plain.request
 
 
+def test_a_payload_that_contains_itself_still_crosses(pool: ShmPool, reader: ShmReader) -> None:
+    payload = StagePayload("r1", OmniRequest(inputs="hi"))
+    payload.data = (payload, sample(torch.float32, (300, 300)))  # a tuple is built after its items
+    out, leases = round_trip(pool, reader, payload, inline_limit=1024)
+    assert out.data[0] is out and torch.equal(out.data[1], payload.data[1])
+    assert len(leases) == 1  # the attempt that failed gave its lease back
+    assert pool.release(leases) == 1
+
+
 def test_sparse_tensors_and_parameters_keep_their_type(pool: ShmPool, reader: ShmReader) -> None:
     sparse = torch.eye(300).to_sparse()
     parameter = torch.nn.Parameter(torch.ones(20_000))

@@ -36,3 +36,26 @@ def test_ordinary_sentences_are_trusted(text: str) -> None:
 def test_the_window_covers_the_clip_plus_a_tail_and_never_less_than_the_minimum() -> None:
     assert window_seconds(16_000) == 6
     assert window_seconds(16_000 * 9) == 12
+
+
+@pytest.mark.slow
+def test_a_transcript_longer_than_its_budget_is_not_trusted_and_the_full_window_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
+    pytest.importorskip("faster_whisper", reason="the speech extra (faster-whisper) is not installed")
+    from schedulers.speech import short_window
+    from schedulers.speech.asr import shared_recognizer
+    from schedulers.speech.audio import resample
+    from schedulers.speech.tts import shared_synthesizer
+    from tests.test_speech_roundtrip import word_error_rate
+
+    sentence = "Turn left at the second traffic light."
+    tts, asr = shared_synthesizer(), shared_recognizer()
+    clip = resample(tts.synthesize(sentence), tts.sample_rate, 16_000)
+    decoder = short_window.ShortWindowDecoder(asr._model)  # type: ignore[attr-defined]
+    heard = decoder.transcribe(clip)
+    assert heard is not None and word_error_rate(sentence, heard) <= 0.2
+    monkeypatch.setattr(short_window, "TOKENS_PER_S", 1)  # a budget of ~7 tokens for ~10 tokens of text
+    assert decoder.transcribe(clip) is None
+    assert word_error_rate(sentence, asr.transcribe(clip, quick=True)) <= 0.2

@@ -215,9 +215,17 @@ class _Packer(pickle.Pickler):
         self.cursor = 0
 
     def run(self, obj: object, peer: str, inline_limit: int) -> Packed:
+        try:
+            return self._run(obj, peer, inline_limit, _CONTRACT_REDUCERS)
+        except RecursionError:
+            # A contract object inside its own arguments (payload.data = payload): a constructor
+            # call cannot build that; the generic reduction (object first, then its state) can.
+            return self._run(obj, peer, inline_limit, {})
+
+    def _run(self, obj: object, peer: str, inline_limit: int, reducers: dict[type, Any]) -> Packed:
         # Exact-type dispatch costs a C dict lookup per object, not a Python call per object
         # (as reducer_override would).  A module never imported cannot have instances in obj.
-        table = {**copyreg.dispatch_table, **_CONTRACT_REDUCERS}
+        table = {**copyreg.dispatch_table, **reducers}
         if (torch := sys.modules.get("torch")) is not None:
             table[torch.Tensor] = self._reduce_tensor
         if (numpy := sys.modules.get("numpy")) is not None:

@@ -35,6 +35,7 @@ MAX_WINDOW_S = 20  # beyond this the full window costs little more; let faster-w
 FRAMES_PER_S = 100
 TOKENS_PER_S = 8  # a generous ceiling for speech (≈3 words/s); more means the decoder is looping
 COMPRESSION_LIMIT = 2.4
+MAX_TOKENS = 448  # Whisper's decoder context
 RESTART_WORDS = 4
 _WORD = re.compile(r"[a-z0-9']+")
 
@@ -72,7 +73,8 @@ class ShortWindowDecoder:
         self._storage = ctranslate2.StorageView.from_array
         self._model = whisper.model
         self._features = whisper.feature_extractor
-        self._tokenizer = Tokenizer(whisper.hf_tokenizer, False, task="transcribe", language="en")
+        multilingual = whisper.model.is_multilingual  # its prompt names the language and the task
+        self._tokenizer = Tokenizer(whisper.hf_tokenizer, multilingual, task="transcribe", language="en")
         self._prompt = [*self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
         self._suppress = get_suppressed_tokens(self._tokenizer, [-1])
 
@@ -91,13 +93,14 @@ class ShortWindowDecoder:
             encoded,
             [self._prompt],
             beam_size=1,
-            max_length=len(self._prompt) + budget,
+            # Room for more than the budget (CTranslate2 stops well short of max_length), so that
+            # reaching the budget is seen, rather than a transcript cut short being trusted.
+            max_length=min(MAX_TOKENS, 2 * (len(self._prompt) + budget + 1)),
             suppress_blank=True,
             suppress_tokens=self._suppress,
         )[0]
-        tokens = result.sequences_ids[0]
-        eot = self._tokenizer.eot
-        if len(tokens) >= budget and eot not in tokens:
-            return None  # the budget ran out: looping
-        text = self._tokenizer.decode([t for t in tokens if t < eot]).strip()
+        tokens = result.sequences_ids[0]  # without the prompt and the end-of-text token
+        if len(tokens) >= budget:
+            return None  # more text than this much speech can hold: the decoder is looping
+        text = self._tokenizer.decode([t for t in tokens if t < self._tokenizer.eot]).strip()
         return None if degenerate(text) else text
