@@ -41,7 +41,11 @@ UTTERANCES = [
     "The weather will be sunny and warm tomorrow.",
     "Please send the report before Friday.",
 ]
-LONG = "The train to Boston leaves from platform seven. The library closes at nine. We need chairs for the room."
+# Its answer must still be streaming when the interruption is heard: seven sentences, ~1 s of synthesis.
+LONG = (
+    "The train to Boston leaves from platform seven. The library closes at nine. We need chairs for the room."
+    " Bring your own lunch on Friday. The meeting moves to room four. Call me when you land. See you soon."
+)
 RESULTS = ROOT / "bench" / "results" / "realtime_turn.json"
 
 
