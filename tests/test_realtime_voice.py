@@ -17,7 +17,7 @@ from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.config import load
 from omnitrio.serve import serve
-from tests.test_speech_roundtrip import word_error_rate
+from tests.test_speech_roundtrip import heard_as
 
 pytestmark = pytest.mark.slow
 SENTENCE = "Turn left at the second traffic light."
@@ -82,14 +82,9 @@ def transcript(events: list[dict[str, Any]]) -> str:
 def assert_spoken_back(events: list[dict[str, Any]], sentence: str) -> None:
     """The turn was heard as ``sentence`` and the reply's audio says what was heard (each up to one word in five)."""
     turn = transcript(events)
-    assert matches(turn, sentence), f"the turn was transcribed as {turn!r}"
+    assert heard_as(turn, sentence), f"the turn was transcribed as {turn!r}"
     said = heard(events)
-    assert matches(said, turn), f"the reply to {turn!r} sounds like {said!r}"
-
-
-def matches(hypothesis: str, reference: str) -> bool:
-    """Whisper heard the reference, up to an odd word (a "2nd" for "second")."""
-    return word_error_rate(reference, hypothesis) <= 0.2
+    assert heard_as(said, turn), f"the reply to {turn!r} sounds like {said!r}"
 
 
 async def test_manual_commit_is_answered_with_speech_of_the_transcript() -> None:
@@ -123,7 +118,7 @@ async def test_speech_sent_faster_than_real_time_is_transcribed_from_its_start()
         await rt.receive()
         await send_audio(rt, pcm16(LONG, silence_after=1.0))  # longer than the idle input kept
         events = await events_until(rt, "response.done")
-    assert matches(transcript(events), LONG)
+    assert heard_as(transcript(events), LONG)
 
 
 async def test_speaking_over_a_response_cancels_it_and_silences_its_audio() -> None:

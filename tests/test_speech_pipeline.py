@@ -13,7 +13,7 @@ from omnitrio import CompleteMessage, Pipeline, RequestFailed, StreamMessage, op
 from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.config import load
 from schedulers.speech.vad import EnergyScorer, VoiceActivityDetector
-from tests.test_speech_roundtrip import word_error_rate
+from tests.test_speech_roundtrip import heard_as
 
 SENTENCE = "Turn left at the second traffic light."
 
@@ -92,7 +92,7 @@ async def test_chat_asking_for_audio_is_spoken() -> None:
 async def test_transcription_hears_piper_speech_resampled_from_22khz() -> None:
     async with speech_pipeline() as pipeline:
         result = await pipeline.submit("t", {"task": "transcription", "audio": spoken(SENTENCE)})
-    assert word_error_rate(SENTENCE, result["text"]) <= 0.2
+    assert heard_as(result["text"], SENTENCE)
 
 
 @pytest.mark.slow
@@ -100,7 +100,7 @@ async def test_realtime_turn_is_answered_with_speech_of_its_transcript() -> None
     async with speech_pipeline() as pipeline:
         chunks, result = await collect(pipeline, "r", {"task": "realtime", "audio": spoken(SENTENCE), "session": {}})
     assert any(c.modality == "audio" for c in chunks)
-    assert word_error_rate(SENTENCE, result["transcript"]) <= 0.2
+    assert heard_as(result["transcript"], SENTENCE)
 
 
 @pytest.mark.slow

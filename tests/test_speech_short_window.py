@@ -48,14 +48,14 @@ def test_a_transcript_longer_than_its_budget_is_not_trusted_and_the_full_window_
     from schedulers.speech.asr import shared_recognizer
     from schedulers.speech.audio import resample
     from schedulers.speech.tts import shared_synthesizer
-    from tests.test_speech_roundtrip import word_error_rate
+    from tests.test_speech_roundtrip import heard_as
 
     sentence = "Turn left at the second traffic light."
     tts, asr = shared_synthesizer(), shared_recognizer()
     clip = resample(tts.synthesize(sentence), tts.sample_rate, 16_000)
     decoder = short_window.ShortWindowDecoder(asr._model)  # type: ignore[attr-defined]
     heard = decoder.transcribe(clip)
-    assert heard is not None and word_error_rate(sentence, heard) <= 0.2
+    assert heard is not None and heard_as(heard, sentence)
     monkeypatch.setattr(short_window, "TOKENS_PER_S", 1)  # a budget of ~7 tokens for ~10 tokens of text
     assert decoder.transcribe(clip) is None
-    assert word_error_rate(sentence, asr.transcribe(clip, quick=True)) <= 0.2
+    assert heard_as(asr.transcribe(clip, quick=True), sentence)
