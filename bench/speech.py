@@ -31,21 +31,9 @@ sys.path.insert(0, str(ROOT))
 from omnitrio import StreamMessage, open_pipeline  # noqa: E402
 from omnitrio.cli import DEFAULT_CONFIG  # noqa: E402
 from omnitrio.config import load  # noqa: E402
-from tests.test_speech_roundtrip import normalize, word_error_rate  # noqa: E402
+from tests.test_speech_roundtrip import SENTENCES, normalize, word_error_rate  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "speech.json"
-SENTENCES = [
-    "The meeting starts at ten in the morning.",
-    "Please send the report to my office before Friday.",
-    "She bought three apples and two oranges at the market.",
-    "The train to Boston leaves from platform seven.",
-    "Turn left at the second traffic light.",
-    "My phone battery is almost empty.",
-    "We need twenty five chairs for the conference room.",
-    "The weather will be sunny and warm tomorrow.",
-    "Can you remind me to call my sister tonight?",
-    "The library closes at nine on weekdays.",
-]
 PARAGRAPH = " ".join(SENTENCES[:3])
 
 

@@ -47,17 +47,18 @@ def window_seconds(samples: int) -> int:
 def degenerate(text: str) -> bool:
     """True for the short-window failure modes: repetition, or highly compressible text.
 
-    Repetition is a phrase said twice back to back ("hello hello") or a run of
-    :data:`RESTART_WORDS` words said twice anywhere (the decoder starting the text over).
+    Repetition is a run of :data:`RESTART_WORDS` words said twice anywhere (the decoder starting
+    the text over; this covers every longer phrase repeated back to back) or a shorter phrase said
+    twice back to back ("hello hello").
     """
     words = _WORD.findall(text.lower())
-    for size in range(1, len(words) // 2 + 1):
-        for start in range(len(words) - 2 * size + 1):
-            if words[start : start + size] == words[start + size : start + 2 * size]:
-                return True
     runs = [tuple(words[i : i + RESTART_WORDS]) for i in range(len(words) - RESTART_WORDS + 1)]
     if len(set(runs)) < len(runs):
         return True
+    for size in range(1, RESTART_WORDS):
+        for start in range(len(words) - 2 * size + 1):
+            if words[start : start + size] == words[start + size : start + 2 * size]:
+                return True
     encoded = text.encode()
     return bool(encoded) and len(encoded) / len(zlib.compress(encoded)) > COMPRESSION_LIMIT
 
