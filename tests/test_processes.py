@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -70,16 +71,23 @@ async def test_each_process_group_is_its_own_process_and_shared_groups_share_one
     assert health["stages"]["s2"]["process"] == "p_s1"
 
 
-async def test_tensors_cross_processes_intact() -> None:
+async def cross_tensors(device: str) -> dict[str, Any]:
+    """Tensors made on ``device`` in one process, summarised in another; checks what arrived."""
     n = 1 << 20  # 4 MB: through shared memory, not pickle
     config = PipelineConfig(
         stages=[
-            StageConfig(name="make", process="p1", factory_path=f"{T}.create_tensor_maker", next="check"),
+            StageConfig(
+                name="make",
+                process="p1",
+                factory_path=f"{T}.create_tensor_maker",
+                factory={"device": device},
+                next="check",
+            ),
             StageConfig(name="check", process="p2", factory_path=f"{T}.create_tensor_summary", terminal=True),
         ]
     )
     async with open_pipeline(config) as pipeline:
-        out = await pipeline.submit("r", n)
+        out: dict[str, Any] = await pipeline.submit("r", n)
         await settled(pipeline)
     assert out["big_sum"] == float(sum(range(n)))
     assert out["big_len"] == n
@@ -89,6 +97,22 @@ async def test_tensors_cross_processes_intact() -> None:
     assert out["empty_shape"] == [0, 5]
     assert out["flags"] == [True, False]
     assert out["tail"].tolist() == [n - 3, n - 2, n - 1]
+    return out
+
+
+async def test_tensors_cross_processes_intact() -> None:
+    out = await cross_tensors("cpu")
+    assert out["devices"] == ["cpu"]
+
+
+@pytest.mark.gpu
+async def test_cuda_tensors_cross_processes_onto_the_same_device() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    out = await cross_tensors("cuda:0")
+    assert out["devices"] == ["cuda:0"]  # every tensor arrived on the GPU, not on the host
+    assert out["tail"].device == torch.device("cuda:0")  # and back to the caller's process
 
 
 async def test_unpicklable_payload_fails_only_that_request_naming_the_stage() -> None:

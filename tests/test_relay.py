@@ -192,16 +192,35 @@ def test_the_same_tensor_twice_crosses_once_and_arrives_as_one_object(pool: ShmP
     assert out[0] is out[1] and packed.shm_bytes == tensor.nbytes
 
 
-def test_tensor_larger_than_the_pool_gets_a_segment_removed_on_release(
+def test_tensor_larger_than_the_pool_gets_a_segment_that_later_big_tensors_reuse(
     prefix: str, pool: ShmPool, reader: ShmReader
 ) -> None:
     big = sample(torch.float32, (1000, 1000))  # 4 MB > 8 slots of 64 KiB
-    before = len(leftovers(prefix))
+    before = set(leftovers(prefix))
     out, leases = round_trip(pool, reader, big)
-    assert len(leftovers(prefix)) == before + 1
+    (segment,) = set(leftovers(prefix)) - before
     assert torch.equal(out, big)
     pool.release(leases)
-    assert len(leftovers(prefix)) == before
+    held, _ = round_trip(pool, reader, big[:500])  # smaller: fits the released segment
+    assert set(leftovers(prefix)) - before == {segment} and torch.equal(held, big[:500])
+    second, _ = round_trip(pool, reader, big.neg())  # the first is still leased: a new segment
+    assert len(set(leftovers(prefix)) - before) == 2
+    assert torch.equal(second, big.neg()) and torch.equal(held, big[:500])
+    pool.close()
+    assert leftovers(prefix) == []
+
+
+def test_released_big_segments_beyond_the_spare_budget_are_unlinked(
+    prefix: str, pool: ShmPool, reader: ShmReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from omnitrio.transport import shm
+
+    monkeypatch.setattr(shm, "SPARE_BYTES", 3 << 20)
+    packs = [pool.pack(torch.ones(1 << 19)) for _ in range(4)]  # 2 MB each, all leased at once
+    assert len(leftovers(prefix)) == 4
+    for packed in packs:
+        pool.release(packed.leases)
+    assert len(leftovers(prefix)) == 1  # one 2 MB spare fits the 3 MB budget
 
 
 def test_more_tensors_than_free_slots_all_arrive_intact(pool: ShmPool, reader: ShmReader) -> None:
@@ -348,3 +367,48 @@ def test_a_spawned_process_unpacks_the_values_that_were_packed(pool: ShmPool) ->
     with ShmReader() as reader:  # written by the child, read back through the same slot
         assert reader.unpack(packed.header)[0].data["f32"][0].eq(-1.0).all()
     assert pool.release_all_for("child") == len(packed.leases)
+
+
+def cuda_or_skip() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inline_limit", [0, 1 << 30], ids=["shared-memory", "inline"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_cuda_tensors_arrive_on_their_device_with_their_values(
+    pool: ShmPool, reader: ShmReader, inline_limit: int, dtype: torch.dtype
+) -> None:
+    cuda_or_skip()
+    source = sample(dtype, (96, 40)).cuda()
+    payload = {
+        "plain": source,
+        "strided": source.t()[::2],
+        "empty": source[:0],
+        "grad": source.float().requires_grad_(),
+    }
+    packed = pool.pack(payload, inline_limit=inline_limit)
+    assert (packed.shm_bytes > 0) == (inline_limit == 0)
+    out, leases = reader.unpack(packed.header)
+    pool.release(leases)  # the receiver owns its device copies: the slots may be reused at once
+    pool.pack({"overwrite": torch.full((96, 40), 7, dtype=dtype)}, inline_limit=0)
+    for key, sent in payload.items():
+        got = out[key]
+        assert got.device == sent.device and got.dtype == sent.dtype and got.shape == sent.shape, key
+        assert torch.equal(got.detach(), sent.detach()), key
+    assert out["grad"].requires_grad and not out["plain"].requires_grad
+
+
+def test_a_cuda_tensor_for_a_process_without_cuda_is_refused_by_name(reader: ShmReader) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this process has CUDA")
+    from omnitrio.transport import relay
+
+    class FromTheGpu:  # what a sender with a GPU packs for a small cuda:0 tensor
+        def __reduce__(self) -> Any:
+            return relay._inline_tensor, (bytearray(8), "float32", (2,), False, 0)
+
+    header = pickle.dumps(FromTheGpu(), protocol=5) + relay._NO_LEASES
+    with pytest.raises(RelayError, match=r"tensor on cuda:0, but this process sees no CUDA device"):
+        reader.unpack(header)

@@ -154,19 +154,19 @@ def create_pid() -> SimpleScheduler:
     return SimpleScheduler(fn)
 
 
-def create_tensor_maker() -> SimpleScheduler:
-    """Returns tensors of several dtypes and shapes, nested, as the input asks."""
+def create_tensor_maker(device: str = "cpu") -> SimpleScheduler:
+    """Returns tensors of several dtypes and shapes on ``device``, nested, as the input asks."""
     import torch
 
     def fn(payload: StagePayload) -> StagePayload:
         n = int(payload.data["raw_inputs"])
-        big = torch.arange(n, dtype=torch.float32)
+        big = torch.arange(n, dtype=torch.float32, device=device)
         payload.data = {
             "big": big,
             "nested": [{"half": big[:16].half(), "bf16": big[:8].to(torch.bfloat16)}],
-            "transposed": torch.arange(12, dtype=torch.int64).reshape(3, 4).t(),
-            "empty": torch.zeros(0, 5),
-            "flags": torch.tensor([True, False]),
+            "transposed": torch.arange(12, dtype=torch.int64, device=device).reshape(3, 4).t(),
+            "empty": torch.zeros(0, 5, device=device),
+            "flags": torch.tensor([True, False], device=device),
         }
         return payload
 
@@ -178,7 +178,9 @@ def create_tensor_summary() -> SimpleScheduler:
 
     def fn(payload: StagePayload) -> StagePayload:
         d = payload.data
+        tensors = [d["big"], d["nested"][0]["half"], d["nested"][0]["bf16"], d["transposed"], d["empty"], d["flags"]]
         payload.data = {
+            "devices": sorted({str(t.device) for t in tensors}),
             "big_sum": float(d["big"].sum()),
             "big_len": d["big"].numel(),
             "half": d["nested"][0]["half"].float().tolist(),

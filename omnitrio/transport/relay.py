@@ -1,6 +1,6 @@
 """Pack any payload for another process on this host: tensors through shared memory, the rest pickled.
 
-:meth:`ShmPool.pack` pickles an object (protocol 5) with a pickler that replaces every CPU
+:meth:`ShmPool.pack` pickles an object (protocol 5) with a pickler that replaces every
 ``torch.Tensor`` and ``numpy.ndarray`` larger than ``inline_limit`` bytes — wherever it
 sits: dicts, lists, attrs payloads, dataclasses, any picklable object — by a small ref
 to bytes it copied (once) into the sender's shared-memory pool.  The resulting
@@ -20,16 +20,19 @@ Ownership, which the runtime must follow:
 
 What crosses how:
 
-* exact ``torch.Tensor`` (CPU, strided, not quantized) and exact ``numpy.ndarray`` (no
+* exact CPU ``torch.Tensor`` (strided, not quantized) and exact ``numpy.ndarray`` (no
   object dtype): bigger than ``inline_limit`` → shared memory; otherwise raw bytes inline
   in the header.  Non-contiguous sources are made contiguous on copy-in, so the receiver
   always gets a C-contiguous tensor of the same dtype, shape and ``requires_grad``.
   Aliasing between tensors is not kept (each crosses as its own copy); the same tensor
   object twice in one payload crosses once and arrives as one object.
-* everything else (tensor subclasses such as ``nn.Parameter``, sparse or CUDA tensors,
-  numpy scalars…) pickles itself; the plain CPU tensors its pickling produces (a
-  Parameter's data, a sparse tensor's indices and values) still go through shared memory.
-  A CUDA tensor is pickled by torch (a copy through host memory): slow, but correct.
+* an exact CUDA tensor (strided, not quantized) is copied from the device straight into
+  shared memory (or inline, if small) and the receiver copies it onto the same device
+  index: it arrives as a CUDA tensor the receiver owns, not a view.  A receiver without
+  that device gets a :class:`RelayError` that says so.
+* everything else (tensor subclasses such as ``nn.Parameter``, sparse tensors, numpy
+  scalars…) pickles itself; the plain CPU tensors its pickling produces (a Parameter's
+  data, a sparse tensor's indices and values) still go through shared memory.
 
 torch is never imported here unless a tensor is met: the packer looks for it in
 ``sys.modules`` and the receiver imports it only to rebuild a tensor.
@@ -267,19 +270,30 @@ class _Packer(pickle.Pickler):
     def _reduce_tensor(self, t: Any) -> Any:
         import torch
 
-        if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+        device = t.device
+        if device.type not in ("cpu", "cuda") or t.layout != torch.strided or t.is_quantized:
             return t.__reduce_ex__(5)
         dtype = str(t.dtype).removeprefix("torch.")
         shape = tuple(t.shape)
         nbytes = t.numel() * t.element_size()
         src = t.detach()
+        # A CUDA tensor is copied device → shared memory directly and rebuilt on the same
+        # device index by the receiver: one copy each way, no pickled bytes in between.
+        cuda = device.index if device.type == "cuda" else None
         if nbytes <= self.inline_limit:
-            flat = src.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
-            return _inline_tensor, (pickle.PickleBuffer(flat.numpy()), dtype, shape, t.requires_grad)
+            flat = src.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8).cpu()
+            return _inline_tensor, (pickle.PickleBuffer(flat.numpy()), dtype, shape, t.requires_grad, cuda)
         region, offset = self._place(nbytes)
-        dst = region.segment.torch_bytes()[offset : offset + nbytes].view(t.dtype).view(shape)
-        dst.copy_(src)
-        return _ref("t", region, offset, dtype, shape, t.requires_grad)
+        dst = region.segment.torch_bytes()[offset : offset + nbytes]
+        if cuda is None and src.is_contiguous() and not (src.is_conj() or src.is_neg()):
+            # A plain byte copy: numpy's runs at memcpy speed; torch's copy_ on one thread
+            # (stage processes run torch on one) is a third slower for big tensors.
+            import numpy
+
+            numpy.copyto(dst.numpy(), src.reshape(-1).view(torch.uint8).numpy())
+        else:
+            dst.view(t.dtype).view(shape).copy_(src)
+        return _ref("t" if cuda is None else f"cuda:{cuda}", region, offset, dtype, shape, t.requires_grad)
 
     def _reduce_ndarray(self, a: Any) -> Any:
         if a.nbytes <= self.inline_limit or a.dtype.hasobject:
@@ -298,7 +312,9 @@ def _ref(kind: str, region: Region, offset: int, dtype: Any, shape: tuple[int, .
     return _shm_ref, (kind, region.segment.name, region.oneoff, offset, dtype, shape, grad, region.lease_id)
 
 
-def _inline_tensor(data: bytearray, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:
+def _inline_tensor(
+    data: bytearray, dtype: str, shape: tuple[int, ...], requires_grad: bool, cuda: int | None = None
+) -> Any:
     """Rebuild a small tensor that rode inline in the header (it owns its bytes)."""
     import torch
 
@@ -307,7 +323,21 @@ def _inline_tensor(data: bytearray, dtype: str, shape: tuple[int, ...], requires
         t = torch.empty(shape, dtype=torch_dtype)
     else:
         t = torch.frombuffer(data, dtype=torch.uint8).view(torch_dtype).view(shape)
+    if cuda is not None:
+        t = t.to(_cuda_device(torch, f"cuda:{cuda}"))
     return t.requires_grad_(True) if requires_grad else t
+
+
+def _cuda_device(torch: Any, name: str) -> Any:
+    """The receiver's device for a tensor that left ``name``; a clear error if it has none."""
+    device = torch.device(name)
+    if not torch.cuda.is_available():
+        raise RelayError(f"the payload holds a tensor on {name}, but this process sees no CUDA device")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise RelayError(
+            f"the payload holds a tensor on {name}, but this process sees only {torch.cuda.device_count()} CUDA devices"
+        )
+    return device
 
 
 def _shm_ref(*ref: Any) -> Any:
@@ -368,22 +398,23 @@ class ShmReader:
 
     def _view(self, kind: str, name: str, oneoff: bool, offset: int, dtype: Any, shape: Any, grad: bool, _: int) -> Any:
         segment = Segment.attach(name, prefault=False) if oneoff else self._cached(name)
-        match kind:
-            case "t":
-                import torch
+        if kind == "n":
+            import numpy
 
-                torch_dtype = getattr(torch, dtype)
-                numel = 1
-                for dim in shape:
-                    numel *= dim
-                t = torch.frombuffer(segment.mm, dtype=torch_dtype, count=numel, offset=offset).view(shape)
-                return t.requires_grad_(True) if grad else t
-            case "n":
-                import numpy
+            return numpy.ndarray(shape, dtype=dtype, buffer=segment.mm, offset=offset)
+        if kind != "t" and not kind.startswith("cuda:"):
+            raise RelayError(f"unknown tensor kind {kind!r} in relay header")
+        import torch
 
-                return numpy.ndarray(shape, dtype=dtype, buffer=segment.mm, offset=offset)
-            case _:
-                raise RelayError(f"unknown tensor kind {kind!r} in relay header")
+        torch_dtype = getattr(torch, dtype)
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        t = torch.frombuffer(segment.mm, dtype=torch_dtype, count=numel, offset=offset).view(shape)
+        if kind != "t":
+            # Host → device copy; the view's bytes may be reused once the lease is released.
+            t = t.to(_cuda_device(torch, kind))
+        return t.requires_grad_(True) if grad else t
 
     def _cached(self, name: str) -> Segment:
         segment = self._segments.get(name)
