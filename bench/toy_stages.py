@@ -24,13 +24,13 @@ def create_echo() -> Any:
     return SimpleScheduler(lambda payload: payload)
 
 
-def create_tensor_source() -> Any:
-    """Returns a preallocated float32 tensor of ``inputs`` MB in ``payload.data`` (first 1.0, last 2.0)."""
+def create_tensor_source(device: str = "cpu") -> Any:
+    """Returns a preallocated float32 tensor of ``inputs`` MB on ``device`` (first 1.0, last 2.0)."""
     import torch
 
     tensors = {}
     for mb in SIZES_MB:
-        t = torch.zeros(mb * 1024 * 1024 // 4, dtype=torch.float32)
+        t = torch.zeros(mb * 1024 * 1024 // 4, dtype=torch.float32, device=device)
         t[0], t[-1] = 1.0, 2.0
         tensors[mb] = t
 

@@ -386,7 +386,7 @@ def test_cuda_tensors_arrive_on_their_device_with_their_values(
         "plain": source,
         "strided": source.t()[::2],
         "empty": source[:0],
-        "grad": source.float().requires_grad_(),
+        "grad": source.clone().float().requires_grad_(),
     }
     packed = pool.pack(payload, inline_limit=inline_limit)
     assert (packed.shm_bytes > 0) == (inline_limit == 0)

@@ -397,7 +397,9 @@ class ShmReader:
         self._segments.clear()
 
     def _view(self, kind: str, name: str, oneoff: bool, offset: int, dtype: Any, shape: Any, grad: bool, _: int) -> Any:
-        segment = Segment.attach(name, prefault=False) if oneoff else self._cached(name)
+        # A one-off segment is mapped lazily (a CPU reader may touch only part of it), except
+        # for a device copy, which reads every page: populating the mapping is faster.
+        segment = Segment.attach(name, prefault=kind.startswith("cuda:")) if oneoff else self._cached(name)
         if kind == "n":
             import numpy
 
