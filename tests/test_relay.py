@@ -111,6 +111,27 @@ def test_zero_size_tensors_and_arrays_round_trip(pool: ShmPool, reader: ShmReade
     assert out[2].shape == (0, 4) and out[2].dtype == np.int32
 
 
+def test_small_tensors_of_every_layout_arrive_inline_with_their_values(pool: ShmPool, reader: ShmReader) -> None:
+    grid = sample(torch.float32, (6, 5))
+    sources: dict[str, torch.Tensor] = {
+        **{str(dtype): sample(dtype, (3, 4)) for dtype in (torch.float16, torch.int8, torch.bool, torch.complex128)},
+        "transposed": grid.t(),
+        "conj": sample(torch.complex64, (2, 3)).conj(),
+        "neg": torch._neg_view(grid),
+        "zero-dim": torch.tensor(7, dtype=torch.int64),
+        "grad": grid.clone().requires_grad_(),
+    }
+    packed = pool.pack(sources)
+    assert packed.leases == ()
+    out, _ = reader.unpack(packed.header)
+    for key, sent in sources.items():
+        assert out[key].dtype == sent.dtype and out[key].shape == sent.shape, key
+        assert torch.equal(out[key].detach(), sent.detach().resolve_conj().resolve_neg()), key
+    assert out["grad"].requires_grad and not out["conj"].is_conj()
+    sources["transposed"][0, 0] = -1.0  # the receiver's copy is its own
+    assert out["transposed"][0, 0] == 0.0
+
+
 def test_small_tensors_ride_inline_and_hold_no_lease(pool: ShmPool, reader: ShmReader) -> None:
     obj: dict[str, Any] = {"t": sample(torch.bfloat16, (8, 8)), "n": np.arange(10), "scalar": torch.tensor(2.5)}
     packed = pool.pack(obj)

@@ -216,6 +216,9 @@ class _Packer(pickle.Pickler):
         self.shm_bytes = 0
         self.region: Region | None = None
         self.cursor = 0
+        self._table: dict[type, Any] = {}
+        self._table_key: tuple[bool, bool, bool, int] | None = None
+        self._tensor: _TensorKinds | None = None
 
     def run(self, obj: object, peer: str, inline_limit: int) -> Packed:
         try:
@@ -225,15 +228,24 @@ class _Packer(pickle.Pickler):
             # call cannot build that; the generic reduction (object first, then its state) can.
             return self._run(obj, peer, inline_limit, {})
 
+    def _dispatch_table(self, reducers: dict[type, Any]) -> dict[type, Any]:
+        """Exact-type reducers: a C dict lookup per object, not a Python call per object (as
+        reducer_override would be).  A module never imported cannot have instances in the
+        object, so torch and numpy join the table once imported; it is rebuilt only then."""
+        torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+        key = (reducers is _CONTRACT_REDUCERS, torch is not None, numpy is not None, len(copyreg.dispatch_table))
+        if key != self._table_key:
+            table = {**copyreg.dispatch_table, **reducers}
+            if torch is not None:
+                table[torch.Tensor] = self._reduce_tensor
+                self._tensor = _TensorKinds(torch)
+            if numpy is not None:
+                table[numpy.ndarray] = self._reduce_ndarray
+            self._table, self._table_key = table, key
+        return self._table
+
     def _run(self, obj: object, peer: str, inline_limit: int, reducers: dict[type, Any]) -> Packed:
-        # Exact-type dispatch costs a C dict lookup per object, not a Python call per object
-        # (as reducer_override would).  A module never imported cannot have instances in obj.
-        table = {**copyreg.dispatch_table, **reducers}
-        if (torch := sys.modules.get("torch")) is not None:
-            table[torch.Tensor] = self._reduce_tensor
-        if (numpy := sys.modules.get("numpy")) is not None:
-            table[numpy.ndarray] = self._reduce_ndarray
-        self.dispatch_table = table
+        self.dispatch_table = self._dispatch_table(reducers)
         self.peer = peer
         self.inline_limit = inline_limit
         leases: list[int] = []
@@ -268,21 +280,25 @@ class _Packer(pickle.Pickler):
         return region, offset
 
     def _reduce_tensor(self, t: Any) -> Any:
-        import torch
-
-        device = t.device
-        if device.type not in ("cpu", "cuda") or t.layout != torch.strided or t.is_quantized:
+        kinds = self._tensor
+        assert kinds is not None  # set with the dispatch table that routes tensors here
+        dtype = kinds.names.get(t.dtype)  # None for quantized and other special dtypes
+        if dtype is None or t.layout is not kinds.strided or not (t.is_cpu or t.is_cuda):
             return t.__reduce_ex__(5)
-        dtype = str(t.dtype).removeprefix("torch.")
         shape = tuple(t.shape)
-        nbytes = t.numel() * t.element_size()
+        nbytes = t.nbytes
         src = t.detach()
         # A CUDA tensor is copied device → shared memory directly and rebuilt on the same
         # device index by the receiver: one copy each way, no pickled bytes in between.
-        cuda = device.index if device.type == "cuda" else None
+        cuda = t.device.index if t.is_cuda else None
         if nbytes <= self.inline_limit:
-            flat = src.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8).cpu()
-            return _inline_tensor, (pickle.PickleBuffer(flat.numpy()), dtype, shape, t.requires_grad, cuda)
+            # Small tensors (stream chunks, token ids) are the common case: keep it to a few calls.
+            plain = cuda is None and t.dtype in kinds.numpy_ok and src.is_contiguous()
+            if plain and not (src.is_conj() or src.is_neg()):
+                data = src.numpy()
+            else:
+                data = src.resolve_conj().resolve_neg().contiguous().reshape(-1).view(kinds.uint8).cpu().numpy()
+            return _inline_tensor, (pickle.PickleBuffer(data), dtype, shape, t.requires_grad, cuda)
         region, offset = self._place(nbytes)
         dst = region.segment.torch_bytes()[offset : offset + nbytes]
         if cuda is None and src.is_contiguous() and not (src.is_conj() or src.is_neg()):
@@ -290,7 +306,7 @@ class _Packer(pickle.Pickler):
             # (stage processes run torch on one) is a third slower for big tensors.
             import numpy
 
-            numpy.copyto(dst.numpy(), src.reshape(-1).view(torch.uint8).numpy())
+            numpy.copyto(dst.numpy(), src.reshape(-1).view(kinds.uint8).numpy())
         else:
             dst.view(t.dtype).view(shape).copy_(src)
         return _ref("t" if cuda is None else f"cuda:{cuda}", region, offset, dtype, shape, t.requires_grad)
@@ -312,6 +328,21 @@ def _ref(kind: str, region: Region, offset: int, dtype: Any, shape: tuple[int, .
     return _shm_ref, (kind, region.segment.name, region.oneoff, offset, dtype, shape, grad, region.lease_id)
 
 
+class _TensorKinds:
+    """What the packer asks of torch per tensor, looked up once per process."""
+
+    def __init__(self, torch: Any) -> None:
+        plain = [
+            *(torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128),
+            *(torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64),
+            *(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)),
+        ]
+        self.names: dict[Any, str] = {dtype: str(dtype).removeprefix("torch.") for dtype in plain}
+        self.numpy_ok = frozenset(plain) - {torch.bfloat16}
+        self.strided = torch.strided
+        self.uint8 = torch.uint8
+
+
 def _inline_tensor(
     data: bytearray, dtype: str, shape: tuple[int, ...], requires_grad: bool, cuda: int | None = None
 ) -> Any:
@@ -322,7 +353,7 @@ def _inline_tensor(
     if len(data) == 0:
         t = torch.empty(shape, dtype=torch_dtype)
     else:
-        t = torch.frombuffer(data, dtype=torch.uint8).view(torch_dtype).view(shape)
+        t = torch.frombuffer(data, dtype=torch_dtype).view(shape)
     if cuda is not None:
         t = t.to(_cuda_device(torch, f"cuda:{cuda}"))
     return t.requires_grad_(True) if requires_grad else t
