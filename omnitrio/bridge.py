@@ -7,6 +7,11 @@
   pass of the trio loop are handed to the inbox together, in one atomic step (the
   queue's lock is held while they are appended), so a burst that reached the stage
   together is never split by the scheduler thread waking up half-way through it.
+  A ``queue.Queue`` inbox is kept at most :data:`INBOX_DEPTH` messages deep: the rest
+  wait in a :class:`~omnitrio.fairqueue.FairQueue` and go in one per request per round
+  when the scheduler has taken the inbox down to :data:`INBOX_LOW` (its ``not_full``
+  condition, which every ``get`` notifies, is swapped for one that also wakes trio).
+  So one request's backlog never sits in a FIFO in front of another request's input.
 * **thread → trio**: the outbox may be any queue-like object the scheduler made —
   including a plain ``queue.Queue`` it never told us about.  For a ``queue.Queue`` the
   bridge swaps the queue's ``not_empty`` condition for one that also asks trio to drain,
@@ -32,8 +37,11 @@ from typing import Any
 import trio
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage
+from omnitrio.fairqueue import FairQueue
 
 DRAIN_BATCH = 256
+INBOX_DEPTH = 16
+INBOX_LOW = 4
 _STOP = object()
 
 
@@ -52,11 +60,20 @@ class _WakingCondition(threading.Condition):
 class SchedulerBridge:
     """Owns one scheduler's thread and both directions of its message flow."""
 
-    def __init__(self, scheduler: Any, name: str, deliver: Callable[[list[OutgoingMessage]], None]) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        name: str,
+        deliver: Callable[[list[OutgoingMessage]], None],
+        handed_over: Callable[[list[IncomingMessage]], None] | None = None,
+    ) -> None:
+        """``deliver`` gets the scheduler's outputs; ``handed_over`` each batch put in its inbox."""
         self.scheduler = scheduler
         self.name = name
         self._deliver = deliver
-        self._pending_in: list[IncomingMessage] = []
+        self._handed_over = handed_over
+        self._waiting: FairQueue[IncomingMessage] = FairQueue()
+        self._starving = False  # messages wait for room in the inbox (read under its mutex)
         self._flush_wanted = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
         self._wake_pending = False
@@ -70,31 +87,54 @@ class SchedulerBridge:
     # -- trio -> thread -------------------------------------------------------------
 
     def put(self, message: IncomingMessage) -> None:
-        """Queue ``message`` for the scheduler; it is handed over at the end of this pass."""
-        self._pending_in.append(message)
-        if len(self._pending_in) == 1:
-            self._flush_wanted.set()
+        """Queue ``message`` for the scheduler; it is handed over at the end of this pass
+        (or, when the inbox is full, as soon as the scheduler has taken the inbox down)."""
+        self._waiting.put(message.request_id, message)
+        self._flush_wanted.set()
+
+    @property
+    def waiting(self) -> int:
+        """Messages held here until the scheduler's inbox has room."""
+        return len(self._waiting)
 
     def abort(self, request_id: str) -> None:
-        """Tell the scheduler now (``abort()``) and in order (an ``abort`` inbox message)."""
+        """Tell the scheduler now (``abort()``) and in order (an ``abort`` inbox message).
+
+        What of the request still waits here is dropped: the scheduler never needs it.
+        """
+        self._waiting.drop(request_id)
         self.put(IncomingMessage(request_id, "abort"))
         self.scheduler.abort(request_id)
 
     def _flush_in(self) -> None:
-        batch, self._pending_in = self._pending_in, []
         enqueue = getattr(self.scheduler, "enqueue", None)
         inbox = self.scheduler.inbox
         if enqueue is not None:
+            batch = self._waiting.take()
             for msg in batch:
                 enqueue(msg)
         elif isinstance(inbox, queue.Queue):
             with inbox.mutex:
+                batch = self._waiting.take(max(INBOX_DEPTH - len(inbox.queue), 0))
+                self._starving = len(self._waiting) > 0
                 inbox.queue.extend(batch)
                 inbox.unfinished_tasks += len(batch)
                 inbox.not_empty.notify(len(batch))
         else:
+            batch = self._waiting.take()
             for msg in batch:
                 inbox.put(msg)
+        if batch and self._handed_over is not None:
+            self._handed_over(batch)
+
+    def _on_inbox_get(self) -> None:
+        """Called on the scheduler thread, inbox mutex held, after every ``get``."""
+        if self._starving and len(self.scheduler.inbox.queue) <= INBOX_LOW:
+            self._starving = False
+            self._soon(self._want_flush)
+
+    def _want_flush(self) -> None:
+        self._flush_wanted.set()
 
     async def _feed_inbox(self) -> None:
         while True:
@@ -110,8 +150,12 @@ class SchedulerBridge:
             if self._wake_pending or self._closed:
                 return
             self._wake_pending = True
+        self._soon(self._drain)
+
+    def _soon(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` in the trio thread (from any thread); dropped once trio has ended."""
         try:
-            self._token.run_sync_soon(self._drain)
+            self._token.run_sync_soon(fn, *args)
         except trio.RunFinishedError:
             return
 
@@ -153,6 +197,9 @@ class SchedulerBridge:
             self._deliver(batch)
 
     def _install_waker(self) -> None:
+        inbox = self.scheduler.inbox
+        if isinstance(inbox, queue.Queue) and getattr(self.scheduler, "enqueue", None) is None:
+            inbox.not_full = _WakingCondition(inbox.mutex, self._on_inbox_get)
         outbox = self._outbox
         if isinstance(outbox, queue.Queue):
             outbox.not_empty = _WakingCondition(outbox.mutex, self._request_drain)
@@ -185,10 +232,7 @@ class SchedulerBridge:
                 items.append(nxt)
         except queue.Empty:
             pass
-        try:
-            self._token.run_sync_soon(self._deliver_items, items)
-        except trio.RunFinishedError:
-            return
+        self._soon(self._deliver_items, items)
 
     def _deliver_items(self, items: list[OutgoingMessage]) -> None:
         if not self._closed:

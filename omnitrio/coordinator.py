@@ -198,7 +198,7 @@ class Coordinator:
         if n >= STREAM_WINDOW // 2:
             n = 0
             if handle.state == "live" and not handle.finished:
-                self._send(Credit(handle.request_id, handle.inc, stage, STREAM_WINDOW // 2))
+                self._send(Credit(handle.request_id, handle.inc, stage, STREAM_WINDOW // 2, COORDINATOR))
         handle.consumed[stage] = n
 
     def _abort_everywhere(self, handle: RequestHandle, error: RequestError) -> None:

@@ -57,12 +57,14 @@ class Abort(msgspec.Struct, tag="a", array_like=True):
 
 
 class Credit(msgspec.Struct, tag="g", array_like=True):
-    """The caller consumed ``n`` chunks: stage ``to`` may send ``n`` more for this request."""
+    """``src`` (the caller, or a stage) consumed ``n`` of this request's chunks from stage ``to``,
+    which may send it ``n`` more."""
 
     rid: str
     inc: int
     to: str
     n: int
+    src: str = COORDINATOR
 
 
 class Complete(msgspec.Struct, tag="C", array_like=True):

@@ -5,9 +5,13 @@ a trio memory channel costs more to create than everything else a request owns, 
 what is needed is smaller: ``put`` never blocks (producers are sync callbacks — the
 scheduler bridge, message delivery), one task consumes, ``close`` ends the stream.
 
-Like a memory channel, ``receive`` is a checkpoint and yields after taking an item, so
+Like a memory channel, ``receive`` is a checkpoint and yields before taking an item, so
 tasks draining their own mailboxes take turns: one request's backlog never delays
-another's.  Items come out in the order they were put.
+another's.  :meth:`Mailbox.receive_slice` takes up to ``limit`` queued items per turn
+instead: a burst (a scheduler's 100 stream chunks) is handled in a few turns, so what
+it produces leaves in a few batches rather than one message per pass of the loop, and
+another request still waits for at most one slice.  Items come out in the order they
+were put.
 """
 
 from __future__ import annotations
@@ -64,11 +68,50 @@ class Mailbox(Generic[T]):
             self._waiter = None
         return self._items.popleft()
 
+    async def receive_slice(self, limit: int) -> list[T]:
+        """The next 1 to ``limit`` items (one turn); ``trio.EndOfChannel`` once closed and drained."""
+        first = await self.receive()
+        items = self._items
+        if not items:
+            return [first]
+        taken = [first]
+        while items and len(taken) < limit:
+            taken.append(items.popleft())
+        return taken
+
+    def slices(self, limit: int) -> _Slices[T]:
+        """``async for items in mailbox.slices(limit)``: :meth:`receive_slice` until the end.
+
+        The first turn takes one item, and each turn after that twice as many as the last,
+        up to ``limit``: the first output leaves at once, a burst behind it in batches.
+        """
+        return _Slices(self, limit)
+
     def __aiter__(self) -> Mailbox[T]:
         return self
 
     async def __anext__(self) -> T:
         try:
             return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+
+class _Slices(Generic[T]):
+    __slots__ = ("_limit", "_mailbox", "_next")
+
+    def __init__(self, mailbox: Mailbox[T], limit: int) -> None:
+        self._mailbox = mailbox
+        self._limit = limit
+        self._next = 1
+
+    def __aiter__(self) -> _Slices[T]:
+        return self
+
+    async def __anext__(self) -> list[T]:
+        size = self._next
+        self._next = min(size * 2, self._limit)
+        try:
+            return await self._mailbox.receive_slice(size)
         except trio.EndOfChannel:
             raise StopAsyncIteration from None

@@ -24,7 +24,7 @@ from omnitrio.contract import OutgoingMessage
 from omnitrio.fanin import FanIn
 from omnitrio.mailbox import Mailbox
 
-STREAM_WINDOW = 64
+STREAM_WINDOW = 16
 BACKLOG_HIGH = 1024
 """Outputs one request may have buffered at a stage before the scheduler's outbox stops draining."""
 BACKLOG_LOW = 256
@@ -49,8 +49,11 @@ class RequestScope:
     aborted: bool = False
     """Set by :meth:`abort`; the stage owes the coordinator one ``Released`` for it."""
     chunk_ids: dict[str, int] = attrs.field(factory=dict)
-    credits: int = STREAM_WINDOW
+    credits: dict[str, int] = attrs.field(factory=dict)
+    """Chunks this request may still send each consumer (absent: a full :data:`STREAM_WINDOW`)."""
     credit_arrived: trio.Event | None = None  # made when a stream runs out of credit; most never do
+    fed: dict[str, int] = attrs.field(factory=dict)
+    """Chunks from each producer handed to this stage's scheduler since the last credit sent back."""
     leases: list[Any] = attrs.field(factory=list)
 
     def next_chunk_id(self, target: str) -> int:
@@ -76,17 +79,25 @@ class RequestScope:
         self.outcome = "aborted"
         self.cancel_scope.cancel()
 
-    def grant(self, n: int) -> None:
-        self.credits += n
+    def grant(self, consumer: str, n: int) -> None:
+        self.credits[consumer] = self.credits.get(consumer, STREAM_WINDOW) + n
         if self.credit_arrived is not None:
             self.credit_arrived.set()
 
-    async def take_credit(self) -> None:
-        """Wait until the consumer has room for one more chunk of this request."""
-        while self.credits <= 0:
+    async def take_credit(self, consumer: str) -> None:
+        """Wait until ``consumer`` has room for one more chunk of this request."""
+        credits = self.credits
+        while credits.get(consumer, STREAM_WINDOW) <= 0:
             arrived = self.credit_arrived = trio.Event()
             await arrived.wait()
-        self.credits -= 1
+        credits[consumer] = credits.get(consumer, STREAM_WINDOW) - 1
+
+    def count_fed(self, producer: str) -> bool:
+        """One more chunk from ``producer`` reached the scheduler; True when a credit is due."""
+        n = self.fed.get(producer, 0) + 1
+        due = n >= STREAM_WINDOW // 2
+        self.fed[producer] = 0 if due else n
+        return due
 
 
 class Tombstones:

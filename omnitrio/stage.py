@@ -43,8 +43,11 @@ from omnitrio.envelopes import (
 )
 from omnitrio.events import EventRecorder
 from omnitrio.fanin import FanIn, FanInError
-from omnitrio.requests import BACKLOG_HIGH, BACKLOG_LOW, RequestScope, Tombstones
+from omnitrio.requests import BACKLOG_HIGH, BACKLOG_LOW, STREAM_WINDOW, RequestScope, Tombstones
 from omnitrio.topology import StageFunctionError, StagePlan
+
+OUTPUT_SLICE = 32
+"""Most outputs one request handles per turn: a burst leaves in batches, other requests wait one slice."""
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +88,10 @@ class Stage:
 
     @property
     def queue_depth(self) -> int:
-        """Messages waiting in the scheduler's inbox (0 when it cannot say)."""
+        """Messages waiting for the scheduler: in its inbox (when it can say) and in the bridge."""
         qsize = getattr(getattr(self.scheduler, "inbox", None), "qsize", None)
-        return int(qsize()) if callable(qsize) else 0
+        waiting = self._bridge.waiting if self._bridge is not None else 0
+        return (int(qsize()) if callable(qsize) else 0) + waiting
 
     @property
     def active_requests(self) -> int:
@@ -113,7 +117,7 @@ class Stage:
                 # Loading models can take seconds: build in a worker thread so the IO loop
                 # (and the other stages of this process, loading in parallel) stay responsive.
                 self.scheduler = await trio.to_thread.run_sync(self._build_scheduler)
-            bridge = SchedulerBridge(self.scheduler, self.name, self._on_outputs)
+            bridge = SchedulerBridge(self.scheduler, self.name, self._on_outputs, self._on_handed_over)
             self._bridge = bridge
             if started:
                 failure = await bridge.run()
@@ -147,10 +151,10 @@ class Stage:
         match envelope:
             case Abort(rid=rid, inc=inc):
                 self._on_abort(rid, inc)
-            case Credit(rid=rid, inc=inc, n=n):
+            case Credit(rid=rid, inc=inc, n=n, src=src):
                 req = self._requests.get(rid)
                 if req is not None and req.inc == inc:
-                    req.grant(n)
+                    req.grant(src, n)
             case Payload() | Chunk() | Done():
                 req = self._scope_for(envelope)
                 if req is None:
@@ -242,6 +246,15 @@ class Stage:
             return
         self._board.send(Released(rid, inc, self.name))
 
+    def _on_handed_over(self, messages: list[IncomingMessage]) -> None:
+        """Chunks reached the scheduler: give their producers credit to send more."""
+        requests = self._requests
+        for msg in messages:
+            if msg.type == "stream_chunk" and (req := requests.get(msg.request_id)) is not None:
+                producer = msg.data.from_stage
+                if req.count_fed(producer):
+                    self._board.send(Credit(req.request_id, req.inc, producer, STREAM_WINDOW // 2, self.name))
+
     def _on_outputs(self, outputs: list[OutgoingMessage]) -> None:
         """Called by the bridge in the trio thread; outputs of inactive requests are dropped."""
         requests = self._requests
@@ -263,24 +276,23 @@ class Stage:
         """Everything one request does at this stage, start to finish."""
         try:
             with req.cancel_scope:
-                async for out in req.outputs:
-                    if req.aborted:  # the output raced the abort out of the channel
-                        return
-                    if self._bridge is not None and self._bridge.paused and req.backlog <= BACKLOG_LOW:
-                        self._bridge.resume()
-                    match out.type:
-                        case "stream":
-                            await self._send_stream(req, out)
-                        case "result":
-                            self._route_result(req, out.data)
-                            req.outcome = "done"
+                async for outputs in req.outputs.slices(OUTPUT_SLICE):
+                    for out in outputs:
+                        if req.aborted:  # the output raced the abort out of the channel
                             return
-                        case "error":
-                            req.outcome = "failed"
-                            self._report_failure(req, out.data)
-                            return
-                        case _:
-                            continue
+                        if self._bridge is not None and self._bridge.paused and req.backlog <= BACKLOG_LOW:
+                            self._bridge.resume()
+                        match out.type:
+                            case "stream":
+                                await self._send_stream(req, out)
+                            case "result":
+                                self._route_result(req, out.data)
+                                req.outcome = "done"
+                                return
+                            case "error":
+                                req.outcome = "failed"
+                                self._report_failure(req, out.data)
+                                return
         except (StageFunctionError, FanInError) as exc:
             req.outcome = "failed"
             self._report_failure(req, exc)
@@ -294,7 +306,7 @@ class Stage:
         elif plan.stream_to:
             targets = plan.stream_to
         elif plan.terminal:
-            await req.take_credit()
+            await req.take_credit(COORDINATOR)
             modality = _modality(out)
             self._board.send(StreamOut(rid, req.inc, self.name, req.next_chunk_id(COORDINATOR), out.data, modality))
             return
@@ -307,6 +319,7 @@ class Stage:
                 raise StageFunctionError(
                     f"stream output of stage {self.name!r}", "ValueError", f"target {target!r} is not in stream_to"
                 )
+            await req.take_credit(target)  # the target stage's scheduler has room for it
             chunk_id = req.next_chunk_id(target)
             if self._rec is not None and chunk_id == 0:
                 self._rec.emit(rid, self.name, "stage_first_stream_chunk_sent", to=target)

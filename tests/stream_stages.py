@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, StreamItem
@@ -42,10 +43,12 @@ class Producer:
             worker.join(timeout=5)
 
     def _produce(self, msg: IncomingMessage) -> None:
-        """One request's chunks; requests produce concurrently, sharing the outbox."""
+        """One request's chunks (an int input overrides ``count``); requests produce concurrently."""
         rid = msg.request_id
+        wanted = msg.data.data.get("raw_inputs")
+        count = wanted if isinstance(wanted, int) else self.count
         i = 0
-        while (self.count == 0 or i < self.count) and not self._stopped:
+        while (count == 0 or i < count) and not self._stopped:
             with self._lock:
                 if rid in self._aborted:
                     self._aborted.discard(rid)
@@ -120,6 +123,42 @@ class Counter(StreamingSimpleScheduler):
 
 def create_counter(streaming: bool = True) -> Counter:
     return Counter(streaming)
+
+
+class OrderRecorder(StreamingSimpleScheduler):
+    """Notes where in its overall order each request's first chunk came; stalls on the very first.
+
+    The stall (``first_chunk_delay`` seconds, holding the scheduler thread) lets a backlog
+    build up in front of it, as a busy model would.
+    """
+
+    def __init__(self, first_chunk_delay: float) -> None:
+        super().__init__(compute_fn=None)
+        self.first_chunk_delay = first_chunk_delay
+        self.handled = 0
+        self.first_at: dict[str, int] = {}
+
+    def is_streaming_payload(self, payload: StagePayload) -> bool:
+        return True
+
+    def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
+        if self.handled == 0:
+            time.sleep(self.first_chunk_delay)
+        self.first_at.setdefault(request_id, self.handled)
+        self.handled += 1
+        return []
+
+    def on_stream_done(self, request_id: str) -> list[OutgoingMessage]:
+        payload = self.stream_payloads[request_id]
+        payload.data = {"first_chunk_at": self.first_at.pop(request_id, None)}
+        return [OutgoingMessage(request_id, "result", data=payload)]
+
+    def clear_stream_state(self, request_id: str) -> None:
+        self.first_at.pop(request_id, None)
+
+
+def create_order_recorder(first_chunk_delay: float = 0.5) -> OrderRecorder:
+    return OrderRecorder(first_chunk_delay)
 
 
 def done_only_to_b(request_id: str, result: Any) -> list[str]:

@@ -17,6 +17,8 @@ from omnitrio import (
     StreamMessage,
     open_pipeline,
 )
+from omnitrio.bridge import INBOX_DEPTH
+from omnitrio.requests import BACKLOG_HIGH, STREAM_WINDOW
 from tests.pipelines import S, endless_config, settled, talk_config
 
 
@@ -108,6 +110,36 @@ async def test_one_requests_backlog_does_not_delay_anothers_first_chunk() -> Non
                 async with pipeline.stream("other", "y") as other:
                     first = await other.__anext__()
             assert isinstance(first, StreamMessage) and first.request_id == "other"
+
+
+def recorder_config(first_chunk_delay: float) -> PipelineConfig:
+    """talker (a Producer) streams to ``b``, which stalls on the first chunk it ever gets."""
+    config = talk_config()
+    config.stages[1].factory_path = f"{S}.create_order_recorder"
+    config.stages[1].factory = FactoryArgs(first_chunk_delay=first_chunk_delay)
+    return config
+
+
+async def test_a_slow_stage_holds_its_producer_back_instead_of_queueing_without_bound() -> None:
+    async with open_pipeline(recorder_config(first_chunk_delay=1.0), inline=True) as pipeline:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pipeline.submit, "endless", 0)  # streams until aborted
+            await trio.sleep(0.4)  # b is stalled all this time
+            depth = pipeline.metrics_registry.get_sample_value("omnitrio_stage_queue_depth", {"stage": "b"})
+            nursery.cancel_scope.cancel()
+    assert depth is not None and 0 < depth <= STREAM_WINDOW + INBOX_DEPTH
+
+
+async def test_a_late_requests_chunks_do_not_wait_behind_another_requests_backlog() -> None:
+    async with open_pipeline(recorder_config(first_chunk_delay=0.5), inline=True) as pipeline:
+        async with trio.open_nursery() as nursery:
+            # Fewer chunks than BACKLOG_HIGH: the talker's one outbox is never paused for hog.
+            nursery.start_soon(pipeline.submit, "hog", BACKLOG_HIGH - 100)
+            await trio.sleep(0.2)  # b stalls on hog's first chunk; hog's next ones pile up
+            late = await pipeline.submit("late", 3)
+            nursery.cancel_scope.cancel()
+    # b finishes what its inbox held when it stalled, then takes turns between requests.
+    assert late["first_chunk_at"] <= INBOX_DEPTH + 4
 
 
 def _rss_kib(pid: int) -> int:
