@@ -4,12 +4,18 @@
   (the shape of a runtime hop), 100-byte messages;
 * trio ⇄ thread round trip: trio puts on a ``SimpleQueue``, the thread answers with
   ``run_sync_soon`` into a memory channel (the best pattern in limits.md);
-* memcpy GB/s: 128 MB copied into a pre-faulted buffer (numpy, one thread).
+* memcpy GB/s: 128 MB copied into a pre-faulted buffer (numpy, one thread);
+* one request task: the cheapest form of "one task in one cancel scope per live request
+  per stage" (spawned, given one message through a :class:`~omnitrio.mailbox.Mailbox`,
+  gone), 256 in flight, in µs of this process's time per request.  A request through the
+  seed's fan pipeline lives as such a task at 4 stages and the coordinator, so two cores
+  can carry at most ``2e6 / (5 * µs)`` requests a second before any other work.
 """
 
 from __future__ import annotations
 
 import queue
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +29,7 @@ import trio
 import zmq
 
 from bench.measure import MIB, latency_ms, loadavg
+from omnitrio.mailbox import Mailbox
 
 _ECHO = """
 import sys, zmq
@@ -98,6 +105,36 @@ def trio_thread_rtt(n: int, warmup: int) -> dict[str, float]:
     return trio.run(_trio_thread_rtt, n, warmup)
 
 
+async def _request_tasks(n: int, in_flight: int) -> float:
+    finished = 0
+    all_done = trio.Event()
+
+    async def request(box: Mailbox[int], last: int) -> None:
+        nonlocal finished
+        with trio.CancelScope():
+            await box.receive()
+        finished += 1
+        if finished == last:
+            all_done.set()
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for start in range(0, n, in_flight):
+            boxes: list[Mailbox[int]] = [Mailbox() for _ in range(in_flight)]
+            for box in boxes:
+                nursery.start_soon(request, box, start + in_flight)
+            for i, box in enumerate(boxes):
+                box.put(i)
+            await all_done.wait()
+            all_done = trio.Event()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def request_task(n: int, in_flight: int = 256) -> dict[str, float]:
+    us = statistics.median(trio.run(_request_tasks, n, in_flight) for _ in range(3))
+    return {"us_per_request": us, "fan_ceiling_req_per_s": 2e6 / (5 * us)}
+
+
 def memcpy(mb: int = 128, repeats: int = 5) -> dict[str, float]:
     """GB/s of ``np.copyto`` of ``mb`` MB into a buffer written once beforehand (no page faults)."""
     src = np.ones(mb * MIB // 4, dtype=np.float32)
@@ -118,5 +155,6 @@ def run(quick: bool) -> dict[str, Any]:
         "zmq_ipc_rtt": zmq_rtt(n, 200),
         "trio_thread_rtt": trio_thread_rtt(n, 200),
         "memcpy_128MB": memcpy(128, 5 if quick else 11),
+        "request_task": request_task(n * 4),
         "loadavg": loadavg(),
     }

@@ -63,6 +63,8 @@ FLOOR_ROWS = [
     ("trio ⇄ thread round trip, p50", "ms", ("trio_thread_rtt", "p50_ms")),
     ("trio ⇄ thread round trip, p99", "ms", ("trio_thread_rtt", "p99_ms")),
     ("memcpy 128 MB into a pre-faulted buffer", "GB/s", ("memcpy_128MB", "GB_per_s")),
+    ("one request task (spawn, cancel scope, one message), 256 in flight", "µs", ("request_task", "us_per_request")),
+    ("fan ceiling from request tasks alone (5 each, 2 cores)", "req/s", ("request_task", "fan_ceiling_req_per_s")),
 ]
 
 
