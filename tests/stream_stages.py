@@ -85,9 +85,10 @@ def create_producer(count: int = 5, chunk_bytes: int = 16, outbox_size: int = 32
 class Counter(StreamingSimpleScheduler):
     """Counts chunks; completes on end-of-stream (streaming payload) or at once (other)."""
 
-    def __init__(self, streaming: bool = True) -> None:
+    def __init__(self, streaming: bool = True, fail_at_chunk: int | None = None) -> None:
         super().__init__(compute_fn=self._finish_now)
         self.streaming = streaming
+        self.fail_at_chunk = fail_at_chunk
         self.seen: dict[str, list[int]] = {}
         self.events: dict[str, list[str]] = {}
 
@@ -103,6 +104,8 @@ class Counter(StreamingSimpleScheduler):
         self.events.setdefault(request_id, []).append("payload")
 
     def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
+        if item.chunk_id == self.fail_at_chunk:
+            raise ValueError(f"chunk {item.chunk_id} is not what I wanted")
         self.seen.setdefault(request_id, []).append(item.chunk_id)
         return []
 
@@ -121,8 +124,8 @@ class Counter(StreamingSimpleScheduler):
         self.events.pop(request_id, None)
 
 
-def create_counter(streaming: bool = True) -> Counter:
-    return Counter(streaming)
+def create_counter(streaming: bool = True, fail_at_chunk: int | None = None) -> Counter:
+    return Counter(streaming, fail_at_chunk)
 
 
 class OrderRecorder(StreamingSimpleScheduler):

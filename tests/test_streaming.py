@@ -142,6 +142,18 @@ async def test_a_late_requests_chunks_do_not_wait_behind_another_requests_backlo
     assert late["first_chunk_at"] <= INBOX_DEPTH + 4
 
 
+@pytest.mark.parametrize("process", [False, True], ids=["inline", "processes"])
+async def test_a_consumer_that_fails_mid_stream_frees_its_waiting_producer(process: bool) -> None:
+    config = talk_config(process=process)
+    config.stages[1].factory = FactoryArgs(fail_at_chunk=5)
+    async with open_pipeline(config, inline=not process) as pipeline:
+        with trio.fail_after(10), pytest.raises(RequestFailed, match="not what I wanted") as failed:
+            await pipeline.submit("r", 50 * STREAM_WINDOW)  # the talker waits for credit long before the end
+        assert failed.value.stage == "b"
+        await settled(pipeline)
+        assert (await pipeline.submit("next", 3))["chunk_ids"] == [0, 1, 2]  # under the failing chunk
+
+
 def _rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
