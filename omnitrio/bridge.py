@@ -7,11 +7,13 @@
   pass of the trio loop are handed to the inbox together, in one atomic step (the
   queue's lock is held while they are appended), so a burst that reached the stage
   together is never split by the scheduler thread waking up half-way through it.
-  A ``queue.Queue`` inbox is kept at most :data:`INBOX_DEPTH` messages deep: the rest
-  wait in a :class:`~omnitrio.fairqueue.FairQueue` and go in one per request per round
-  when the scheduler has taken the inbox down to :data:`INBOX_LOW` (its ``not_full``
-  condition, which every ``get`` notifies, is swapped for one that also wakes trio).
-  So one request's backlog never sits in a FIFO in front of another request's input.
+  A ``queue.Queue`` inbox is kept about :data:`INBOX_DEPTH` messages deep (less if its
+  ``maxsize`` is smaller; at least one message per waiting request is handed over each
+  time): the rest wait in a :class:`~omnitrio.fairqueue.FairQueue` and go in one per
+  request per round when the scheduler has taken the inbox down to :data:`INBOX_LOW`
+  (its ``not_full`` condition, which every ``get`` notifies, is swapped for one that also
+  wakes trio).  So one request's backlog never sits in a FIFO in front of another
+  request's input, and a burst of new requests still reaches the scheduler in one step.
 * **thread → trio**: the outbox may be any queue-like object the scheduler made —
   including a plain ``queue.Queue`` it never told us about.  For a ``queue.Queue`` the
   bridge swaps the queue's ``not_empty`` condition for one that also asks trio to drain,
@@ -115,7 +117,10 @@ class SchedulerBridge:
                 enqueue(msg)
         elif isinstance(inbox, queue.Queue):
             with inbox.mutex:
-                batch = self._waiting.take(max(INBOX_DEPTH - len(inbox.queue), 0))
+                # At least one round: a burst of new requests (one message each) still goes
+                # in as one step, so a batching scheduler sees it whole.
+                depth = min(INBOX_DEPTH, inbox.maxsize) if inbox.maxsize > 0 else INBOX_DEPTH
+                batch = self._waiting.take(max(depth - len(inbox.queue), self._waiting.keys))
                 self._starving = len(self._waiting) > 0
                 inbox.queue.extend(batch)
                 inbox.unfinished_tasks += len(batch)

@@ -31,6 +31,14 @@ def test_a_new_key_is_served_in_the_next_round_whatever_the_others_hold() -> Non
     assert queue.take(2) == ["hog10", "late0"]
 
 
+def test_small_takes_still_reach_every_key_in_turn() -> None:
+    queue = filled(a=100, b=100, c=100, d=100)
+    served = [item[0] for _ in range(8) for item in queue.take(1)]
+    assert served == ["a", "b", "c", "d", "a", "b", "c", "d"]
+    queue.put("e", "e0")  # a newcomer waits for one round at most
+    assert [item[0] for item in queue.take(5)] == ["a", "b", "c", "d", "e"]
+
+
 def test_drop_forgets_only_that_key() -> None:
     queue = filled(a=3, b=2)
     assert queue.drop("a") == 3 and queue.drop("missing") == 0

@@ -238,3 +238,16 @@ async def test_params_and_metadata_reach_every_stage() -> None:
     async with open_pipeline(chain_config(2, factory="create_request_echo"), inline=True) as pipeline:
         seen = await pipeline.submit("r", "x", params={"stream": True}, metadata={"session": {"op": "open"}})
     assert seen == {"inputs": "x", "params": {"stream": True}, "metadata": {"session": {"op": "open"}}}
+
+
+async def test_a_burst_larger_than_the_inbox_depth_still_forms_one_batch() -> None:
+    async with open_pipeline(chain_config(1, factory="create_batch_size_reporter"), inline=True) as pipeline:
+        sizes: list[int] = []
+
+        async def one(i: int) -> None:
+            sizes.append((await pipeline.submit(f"r{i}", i))["batch"])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(64):  # all 64 reach the stage in one pass of the loop
+                nursery.start_soon(one, i)
+    assert sizes == [64] * 64

@@ -256,3 +256,39 @@ def create_request_echo() -> SimpleScheduler:
         return payload
 
     return SimpleScheduler(fn)
+
+
+def create_batch_size_reporter(max_batch_size: int = 64) -> SimpleScheduler:
+    """Batches without waiting; each result says how big its batch was."""
+
+    def batch_fn(payloads: list[StagePayload]) -> list[StagePayload]:
+        for payload in payloads:
+            payload.data = {"batch": len(payloads)}
+        return payloads
+
+    return SimpleScheduler(
+        None, batch_compute_fn=batch_fn, max_batch_size=max_batch_size, max_batch_wait_ms=0, batch_wait_when_idle=False
+    )
+
+
+def create_filler() -> SimpleScheduler:
+    """A 1 MB float32 tensor (through shared memory) filled with the request's input number."""
+    import torch
+
+    def fn(payload: StagePayload) -> StagePayload:
+        payload.data = torch.full((1 << 18,), float(payload.data["raw_inputs"]))
+        return payload
+
+    return SimpleScheduler(fn)
+
+
+def create_late_reader(delay: float = 0.3) -> SimpleScheduler:
+    """Waits ``delay`` s, then reports the value its tensor holds (and whether all of it agrees)."""
+
+    def fn(payload: StagePayload) -> StagePayload:
+        time.sleep(delay)
+        t = payload.data
+        payload.data = {"value": float(t[0]), "uniform": bool((t == t[0]).all())}
+        return payload
+
+    return SimpleScheduler(fn)
