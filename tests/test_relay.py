@@ -111,6 +111,23 @@ def test_zero_size_tensors_and_arrays_round_trip(pool: ShmPool, reader: ShmReade
     assert out[2].shape == (0, 4) and out[2].dtype == np.int32
 
 
+@pytest.mark.parametrize("inline_limit", [0, 1 << 30], ids=["shared-memory", "inline"])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.complex32])
+def test_dtypes_without_a_numpy_twin_cross_with_their_bytes(
+    pool: ShmPool, reader: ShmReader, inline_limit: int, dtype: torch.dtype
+) -> None:
+    bits = torch.arange(4096, dtype=torch.int32).remainder(120).to(torch.uint8)
+    if dtype.itemsize == 4:
+        bits = bits.repeat(4)
+    tensor = bits.view(dtype).reshape(64, -1)
+    packed = pool.pack({"t": tensor, "view": tensor[:10]}, inline_limit=inline_limit)
+    assert len(packed.header) < 10_000 or inline_limit > 0  # never torch's whole-storage pickle
+    out, _ = reader.unpack(packed.header)
+    for key, sent in (("t", tensor), ("view", tensor[:10])):
+        assert out[key].dtype == dtype and out[key].shape == sent.shape
+        assert torch.equal(out[key].reshape(-1).view(torch.uint8), sent.reshape(-1).view(torch.uint8))
+
+
 def test_small_tensors_of_every_layout_arrive_inline_with_their_values(pool: ShmPool, reader: ShmReader) -> None:
     grid = sample(torch.float32, (6, 5))
     sources: dict[str, torch.Tensor] = {
@@ -242,6 +259,9 @@ def test_released_big_segments_beyond_the_spare_budget_are_unlinked(
     for packed in packs:
         pool.release(packed.leases)
     assert len(leftovers(prefix)) == 1  # one 2 MB spare fits the 3 MB budget
+    huge = pool.pack(torch.ones(1 << 20))  # 4 MB: more than the whole budget
+    pool.release(huge.leases)
+    assert len(leftovers(prefix)) == 1  # unlinked at once; the spare it could never replace stays
 
 
 def test_more_tensors_than_free_slots_all_arrive_intact(pool: ShmPool, reader: ShmReader) -> None:

@@ -282,7 +282,7 @@ class _Packer(pickle.Pickler):
     def _reduce_tensor(self, t: Any) -> Any:
         kinds = self._tensor
         assert kinds is not None  # set with the dispatch table that routes tensors here
-        dtype = kinds.names.get(t.dtype)  # None for quantized and other special dtypes
+        dtype = kinds.names.get(t.dtype) or kinds.name(t)
         if dtype is None or t.layout is not kinds.strided or not (t.is_cpu or t.is_cuda):
             return t.__reduce_ex__(5)
         shape = tuple(t.shape)
@@ -341,6 +341,13 @@ class _TensorKinds:
         self.numpy_ok = frozenset(plain) - {torch.bfloat16}
         self.strided = torch.strided
         self.uint8 = torch.uint8
+
+    def name(self, t: Any) -> str | None:
+        """The name of a dtype met for the first time (float8, complex32 …); None if quantized."""
+        if t.is_quantized:
+            return None
+        name = self.names[t.dtype] = str(t.dtype).removeprefix("torch.")
+        return name
 
 
 def _inline_tensor(

@@ -285,12 +285,20 @@ class SlotArena:
         return best
 
     def _keep_spare(self, segment: Segment) -> None:
-        """Keep a released one-off segment for reuse; unlink what exceeds the budget (lock held)."""
+        """Keep a released one-off segment for reuse; unlink what exceeds the budget (lock held).
+
+        A segment bigger than the whole budget, or released after close, is unlinked at once.
+        """
+        if self.closed or segment.size > SPARE_BYTES:
+            self._unlink(segment)
+            return
         self._spares.append(segment)
         while sum(spare.size for spare in self._spares) > SPARE_BYTES:
-            oldest = self._spares.pop(0)
-            self._names.discard(oldest.name)
-            _unlink_quietly([oldest.name])
+            self._unlink(self._spares.pop(0))
+
+    def _unlink(self, segment: Segment) -> None:
+        self._names.discard(segment.name)
+        _unlink_quietly([segment.name])
 
 
 def remove_segments(prefix: str) -> int:
