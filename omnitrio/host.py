@@ -81,6 +81,7 @@ class Host:
         self._links: dict[str, Link] = {}
         self._pool = ShmPool(shm_prefix, slot_bytes=RELAY_SLOT_BYTES, slots=RELAY_SLOTS)
         self._reader = ShmReader()
+        self._kept: dict[tuple[str, int], list[Lease]] = {}  # see let_go
         self._ctx: zmq.Context[Any] | None = None
         self._inbound: TrioZmqSocket | None = None
         self._unix_inbound: UnixInbound | None = None
@@ -144,6 +145,24 @@ class Host:
             log.debug("host %r: dropping %s for unknown process %r", self.name, type(message).__name__, dest)
             return
         link.send(wire.encode(message))
+
+    def let_go(self, request_id: str, inc: int, stage: str, leases: Sequence[Lease]) -> None:
+        """``stage`` has let go of the request: free its leases, unless a stage here still holds it.
+
+        A stage that hands its result or a chunk to a stage in this process passes the
+        object itself, so the zero-copy views it received may now live in the other
+        stage's request.  The leases therefore stay until the last stage in this process
+        lets go of that request; they are kept per request and go with it.
+        """
+        key = (request_id, inc)
+        kept = self._kept.get(key)
+        if kept is None and not leases:
+            return
+        if any(other.holds(request_id, inc) for name, other in self.stages.items() if name != stage):
+            self._kept.setdefault(key, []).extend(leases)
+            return
+        self._kept.pop(key, None)
+        self.release([*(kept or ()), *leases])
 
     def release(self, leases: Sequence[Lease]) -> None:
         """Give received shared-memory leases back to the processes that lent them."""

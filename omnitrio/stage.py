@@ -59,6 +59,9 @@ class Switchboard(Protocol):
 
     def release(self, leases: Sequence[Any]) -> None: ...
 
+    def let_go(self, request_id: str, inc: int, stage: str, leases: Sequence[Any]) -> None:
+        """``stage`` is done with the request: free its ``leases`` once no stage here needs them."""
+
     def transport_to(self, stage: str) -> str: ...
 
 
@@ -92,6 +95,11 @@ class Stage:
         qsize = getattr(getattr(self.scheduler, "inbox", None), "qsize", None)
         waiting = self._bridge.waiting if self._bridge is not None else 0
         return (int(qsize()) if callable(qsize) else 0) + waiting
+
+    def holds(self, request_id: str, inc: int) -> bool:
+        """True while this stage has a scope for that incarnation of the request."""
+        req = self._requests.get(request_id)
+        return req is not None and req.inc == inc
 
     @property
     def active_requests(self) -> int:
@@ -368,9 +376,8 @@ class Stage:
         req.outputs.close()
         if req.in_scheduler and req.outcome != "done" and self._bridge is not None:
             self._bridge.abort(req.request_id)
-        if req.leases:
-            self._board.release(req.leases)
-            req.leases.clear()
+        self._board.let_go(req.request_id, req.inc, self.name, req.leases)
+        req.leases.clear()
         if req.aborted:
             if self._rec is not None:
                 self._rec.emit(req.request_id, self.name, "stage_aborted")

@@ -115,6 +115,32 @@ async def test_cuda_tensors_cross_processes_onto_the_same_device() -> None:
     assert out["tail"].device == torch.device("cuda:0")  # and back to the caller's process
 
 
+async def test_views_passed_to_a_stage_in_the_same_process_stay_valid_after_the_first_lets_go() -> None:
+    # fill (p1) -> forward (p2) -> late_reader (p2): forward hands its zero-copy view of p1's
+    # shared memory to late_reader in-process and finishes; p1 must not reuse that memory
+    # for the next request's tensor while late_reader still reads it.
+    config = PipelineConfig(
+        stages=[
+            StageConfig(name="fill", process="p1", factory_path=f"{T}.create_filler", next="forward"),
+            StageConfig(name="forward", process="p2", factory_path=f"{T}.create_echo", next="read"),
+            StageConfig(name="read", process="p2", factory_path=f"{T}.create_late_reader", terminal=True),
+        ]
+    )
+    async with open_pipeline(config) as pipeline:
+        results: dict[int, Any] = {}
+
+        async def one(value: int) -> None:
+            results[value] = await pipeline.submit(f"r{value}", value)
+
+        await one(0)  # warm: torch imported everywhere
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 1)
+            await trio.sleep(0.1)  # r1 is in read's sleep; r2's tensor is packed meanwhile
+            nursery.start_soon(one, 2)
+        await settled(pipeline)
+    assert results[1] == {"value": 1.0, "uniform": True} and results[2] == {"value": 2.0, "uniform": True}
+
+
 async def test_unpicklable_payload_fails_only_that_request_naming_the_stage() -> None:
     config = chain_config(2, process=True)
     config.stages[0].factory_path = f"{T}.create_unpicklable"
