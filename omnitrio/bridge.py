@@ -7,13 +7,13 @@
   pass of the trio loop are handed to the inbox together, in one atomic step (the
   queue's lock is held while they are appended), so a burst that reached the stage
   together is never split by the scheduler thread waking up half-way through it.
-  A ``queue.Queue`` inbox is kept about :data:`INBOX_DEPTH` messages deep (less if its
-  ``maxsize`` is smaller; at least one message per waiting request is handed over each
-  time): the rest wait in a :class:`~omnitrio.fairqueue.FairQueue` and go in one per
+  A ``queue.Queue`` inbox is kept at most :data:`INBOX_DEPTH` messages deep, or one
+  batch (the scheduler's ``max_batch_size``) if that is more, or its ``maxsize`` if that
+  is less: the rest wait in a :class:`~omnitrio.fairqueue.FairQueue` and go in one per
   request per round when the scheduler has taken the inbox down to :data:`INBOX_LOW`
   (its ``not_full`` condition, which every ``get`` notifies, is swapped for one that also
   wakes trio).  So one request's backlog never sits in a FIFO in front of another
-  request's input, and a burst of new requests still reaches the scheduler in one step.
+  request's input, and a burst of new requests still reaches a batching scheduler whole.
 * **thread → trio**: the outbox may be any queue-like object the scheduler made —
   including a plain ``queue.Queue`` it never told us about.  For a ``queue.Queue`` the
   bridge swaps the queue's ``not_empty`` condition for one that also asks trio to drain,
@@ -47,6 +47,10 @@ INBOX_LOW = 4
 _STOP = object()
 
 
+def _positive_int(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
+
+
 class _WakingCondition(threading.Condition):
     """A queue's ``not_empty`` condition that also wakes trio on every notify."""
 
@@ -75,6 +79,10 @@ class SchedulerBridge:
         self._deliver = deliver
         self._handed_over = handed_over
         self._waiting: FairQueue[IncomingMessage] = FairQueue()
+        # At least one batch deep, so a batching scheduler still sees a burst whole.
+        depth = max(INBOX_DEPTH, _positive_int(getattr(scheduler, "max_batch_size", None)))
+        maxsize = _positive_int(getattr(scheduler.inbox, "maxsize", None))
+        self._inbox_depth = min(depth, maxsize) if maxsize else depth
         self._starving = False  # messages wait for room in the inbox (read under its mutex)
         self._flush_wanted = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
@@ -117,10 +125,7 @@ class SchedulerBridge:
                 enqueue(msg)
         elif isinstance(inbox, queue.Queue):
             with inbox.mutex:
-                # At least one round: a burst of new requests (one message each) still goes
-                # in as one step, so a batching scheduler sees it whole.
-                depth = min(INBOX_DEPTH, inbox.maxsize) if inbox.maxsize > 0 else INBOX_DEPTH
-                batch = self._waiting.take(max(depth - len(inbox.queue), self._waiting.keys))
+                batch = self._waiting.take(max(self._inbox_depth - len(inbox.queue), 0))
                 self._starving = len(self._waiting) > 0
                 inbox.queue.extend(batch)
                 inbox.unfinished_tasks += len(batch)
