@@ -131,11 +131,11 @@ async def test_a_slow_stage_holds_its_producer_back_instead_of_queueing_without_
 
 
 async def test_a_late_requests_chunks_do_not_wait_behind_another_requests_backlog() -> None:
-    async with open_pipeline(recorder_config(first_chunk_delay=0.5), inline=True) as pipeline:
+    async with open_pipeline(recorder_config(first_chunk_delay=1.0), inline=True) as pipeline:
         async with trio.open_nursery() as nursery:
             # Fewer chunks than BACKLOG_HIGH: the talker's one outbox is never paused for hog.
             nursery.start_soon(pipeline.submit, "hog", BACKLOG_HIGH - 100)
-            await trio.sleep(0.2)  # b stalls on hog's first chunk; hog's next ones pile up
+            await trio.sleep(0.2)  # b stalls (1 s) on hog's first chunk; hog's next ones pile up
             late = await pipeline.submit("late", 3)
             nursery.cancel_scope.cancel()
     # b finishes what its inbox held when it stalled, then takes turns between requests.
