@@ -79,9 +79,13 @@ class SchedulerBridge:
         self._deliver = deliver
         self._handed_over = handed_over
         self._waiting: FairQueue[IncomingMessage] = FairQueue()
+        inbox, enqueue = scheduler.inbox, getattr(scheduler, "enqueue", None)
+        # Each message goes in by itself, unless the inbox is a queue.Queue we can keep shallow.
+        self._put_one: Callable[[IncomingMessage], None] = enqueue or inbox.put
+        self._shallow: queue.Queue[Any] | None = inbox if enqueue is None and isinstance(inbox, queue.Queue) else None
         # At least one batch deep, so a batching scheduler still sees a burst whole.
         depth = max(INBOX_DEPTH, _positive_int(getattr(scheduler, "max_batch_size", None)))
-        maxsize = _positive_int(getattr(scheduler.inbox, "maxsize", None))
+        maxsize = _positive_int(getattr(inbox, "maxsize", None))
         self._inbox_depth = min(depth, maxsize) if maxsize else depth
         self._starving = False  # messages wait for room in the inbox (read under its mutex)
         self._flush_wanted = trio.Event()
@@ -117,13 +121,8 @@ class SchedulerBridge:
         self.scheduler.abort(request_id)
 
     def _flush_in(self) -> None:
-        enqueue = getattr(self.scheduler, "enqueue", None)
-        inbox = self.scheduler.inbox
-        if enqueue is not None:
-            batch = self._waiting.take()
-            for msg in batch:
-                enqueue(msg)
-        elif isinstance(inbox, queue.Queue):
+        inbox = self._shallow
+        if inbox is not None:
             with inbox.mutex:
                 batch = self._waiting.take(max(self._inbox_depth - len(inbox.queue), 0))
                 self._starving = len(self._waiting) > 0
@@ -133,13 +132,13 @@ class SchedulerBridge:
         else:
             batch = self._waiting.take()
             for msg in batch:
-                inbox.put(msg)
+                self._put_one(msg)
         if batch and self._handed_over is not None:
             self._handed_over(batch)
 
     def _on_inbox_get(self) -> None:
         """Called on the scheduler thread, inbox mutex held, after every ``get``."""
-        if self._starving and len(self.scheduler.inbox.queue) <= INBOX_LOW:
+        if self._starving and self._shallow is not None and len(self._shallow.queue) <= INBOX_LOW:
             self._starving = False
             self._soon(self._want_flush)
 
@@ -207,9 +206,8 @@ class SchedulerBridge:
             self._deliver(batch)
 
     def _install_waker(self) -> None:
-        inbox = self.scheduler.inbox
-        if isinstance(inbox, queue.Queue) and getattr(self.scheduler, "enqueue", None) is None:
-            inbox.not_full = _WakingCondition(inbox.mutex, self._on_inbox_get)
+        if self._shallow is not None:
+            self._shallow.not_full = _WakingCondition(self._shallow.mutex, self._on_inbox_get)
         outbox = self._outbox
         if isinstance(outbox, queue.Queue):
             outbox.not_empty = _WakingCondition(outbox.mutex, self._request_drain)

@@ -70,11 +70,8 @@ class Mailbox(Generic[T]):
 
     async def receive_slice(self, limit: int) -> list[T]:
         """The next 1 to ``limit`` items (one turn); ``trio.EndOfChannel`` once closed and drained."""
-        first = await self.receive()
+        taken = [await self.receive()]
         items = self._items
-        if not items:
-            return [first]
-        taken = [first]
         while items and len(taken) < limit:
             taken.append(items.popleft())
         return taken

@@ -291,17 +291,18 @@ class _Packer(pickle.Pickler):
         # A CUDA tensor is copied device → shared memory directly and rebuilt on the same
         # device index by the receiver: one copy each way, no pickled bytes in between.
         cuda = t.device.index if t.is_cuda else None
+        # Plain bytes in memory order: crosses as they are, no torch op needed.
+        as_bytes = cuda is None and src.is_contiguous() and not (src.is_conj() or src.is_neg())
         if nbytes <= self.inline_limit:
             # Small tensors (stream chunks, token ids) are the common case: keep it to a few calls.
-            plain = cuda is None and t.dtype in kinds.numpy_ok and src.is_contiguous()
-            if plain and not (src.is_conj() or src.is_neg()):
+            if as_bytes and t.dtype in kinds.numpy_ok:
                 data = src.numpy()
             else:
                 data = src.resolve_conj().resolve_neg().contiguous().reshape(-1).view(kinds.uint8).cpu().numpy()
             return _inline_tensor, (pickle.PickleBuffer(data), dtype, shape, t.requires_grad, cuda)
         region, offset = self._place(nbytes)
         dst = region.segment.torch_bytes()[offset : offset + nbytes]
-        if cuda is None and src.is_contiguous() and not (src.is_conj() or src.is_neg()):
+        if as_bytes:
             # A plain byte copy: numpy's runs at memcpy speed; torch's copy_ on one thread
             # (stage processes run torch on one) is a third slower for big tensors.
             import numpy

@@ -277,11 +277,9 @@ class SlotArena:
 
     def _take_spare(self, nbytes: int) -> Segment | None:
         """The smallest spare that holds ``nbytes``, taken out of the spares (lock held)."""
-        fits = [spare for spare in self._spares if spare.size >= nbytes]
-        if not fits:
-            return None
-        best = min(fits, key=lambda spare: spare.size)
-        self._spares.remove(best)
+        best = min((s for s in self._spares if s.size >= nbytes), key=lambda s: s.size, default=None)
+        if best is not None:
+            self._spares.remove(best)
         return best
 
     def _keep_spare(self, segment: Segment) -> None:
