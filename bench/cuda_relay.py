@@ -34,12 +34,14 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import omnitrio  # noqa: E402
+from bench import pipelines  # noqa: E402
+from bench.measure import MIB  # noqa: E402
 from bench.toy_stages import SIZES_MB  # noqa: E402
-from omnitrio import PipelineConfig, StageConfig, open_pipeline  # noqa: E402
+from omnitrio import open_pipeline  # noqa: E402
 from omnitrio.transport.relay import ShmPool, ShmReader  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "cuda_relay.json"
-MIB = 1024 * 1024
 
 
 def median_s(fn: Callable[[], object], repeats: int) -> float:
@@ -79,18 +81,7 @@ def in_process(mb: int, repeats: int) -> dict[str, float]:
 
 
 async def pipeline(repeats: int) -> dict[int, float]:
-    config = PipelineConfig(
-        stages=[
-            StageConfig(
-                name="a",
-                process="p_a",
-                factory_path="bench.toy_stages.create_tensor_source",
-                factory={"device": "cuda:0"},
-                next="b",
-            ),
-            StageConfig(name="b", process="p_b", factory_path="bench.toy_stages.create_tensor_sink", terminal=True),
-        ]
-    )
+    config = pipelines.tensor_pair(omnitrio, process=True, device="cuda:0")
     out: dict[int, float] = {}
     async with open_pipeline(config) as api:
         for mb in SIZES_MB:

@@ -93,11 +93,16 @@ def talker_vocoder(classes: Any, *, process: bool, slow: bool = False, steps: in
     return _base(classes, "stream", stages)
 
 
-def tensor_pair(classes: Any, *, process: bool) -> Any:
-    """Stage A returns a preallocated tensor; stage B (another process) checks it and returns its size."""
+def tensor_pair(classes: Any, *, process: bool, device: str = "cpu") -> Any:
+    """Stage A returns a preallocated tensor on ``device``; stage B (another process) checks it, returns its size."""
+    on_device = {"factory": classes.FactoryArgs(device=device)} if device != "cpu" else {}  # the peer: CPU only
     stages = [
         classes.StageConfig(
-            name="a", process="p_a" if process else None, factory_path=f"{T}.create_tensor_source", next="b"
+            name="a",
+            process="p_a" if process else None,
+            factory_path=f"{T}.create_tensor_source",
+            next="b",
+            **on_device,
         ),
         classes.StageConfig(
             name="b", process="p_b" if process else None, factory_path=f"{T}.create_tensor_sink", terminal=True
