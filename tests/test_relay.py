@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from omnitrio.contract import OmniRequest, StagePayload, StreamItem
-from omnitrio.transport.relay import RelayError, ShmPool, ShmReader, header_leases, remove_segments
+from omnitrio.transport.relay import LIST_LIMIT, RelayError, ShmPool, ShmReader, header_leases, remove_segments
 
 SLOT = 64 * 1024
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,6 +147,34 @@ def test_small_tensors_of_every_layout_arrive_inline_with_their_values(pool: Shm
     assert out["grad"].requires_grad and not out["conj"].is_conj()
     sources["transposed"][0, 0] = -1.0  # the receiver's copy is its own
     assert out["transposed"][0, 0] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("dtype", "bits"),
+    [
+        (torch.float16, torch.int16),
+        (torch.bfloat16, torch.int16),
+        (torch.float32, torch.int32),
+        (torch.float64, torch.int64),
+        (torch.int64, torch.int64),
+        (torch.uint8, torch.uint8),
+    ],
+)
+@pytest.mark.parametrize("numel", [1, LIST_LIMIT, LIST_LIMIT + 1])
+def test_tiny_tensors_keep_every_bit_on_both_sides_of_the_list_limit(
+    pool: ShmPool, reader: ShmReader, dtype: torch.dtype, bits: torch.dtype, numel: int
+) -> None:
+    gen = torch.Generator().manual_seed(numel)
+    info = torch.iinfo(bits)
+    raw = torch.randint(info.min, info.max, (200, numel), dtype=bits, generator=gen)
+    raw[0, 0] = 0 if dtype == torch.uint8 else info.min  # -0.0 for the float dtypes
+    sent = raw.view(dtype)
+    out, _ = round_trip(pool, reader, list(sent.unbind()))
+    got = torch.stack(out)
+    assert got.dtype == dtype and got.shape == sent.shape
+    nan = torch.isnan(sent) if dtype.is_floating_point else torch.zeros_like(sent, dtype=torch.bool)
+    assert torch.equal(got.view(bits)[~nan], raw[~nan])
+    assert torch.isnan(got[nan]).all()  # a NaN stays a NaN (its payload bits may not)
 
 
 def test_small_tensors_ride_inline_and_hold_no_lease(pool: ShmPool, reader: ShmReader) -> None:

@@ -22,10 +22,12 @@ What crosses how:
 
 * exact CPU ``torch.Tensor`` (strided, not quantized) and exact ``numpy.ndarray`` (no
   object dtype): bigger than ``inline_limit`` → shared memory; otherwise raw bytes inline
-  in the header.  Non-contiguous sources are made contiguous on copy-in, so the receiver
-  always gets a C-contiguous tensor of the same dtype, shape and ``requires_grad``.
-  Aliasing between tensors is not kept (each crosses as its own copy); the same tensor
-  object twice in one payload crosses once and arrives as one object.
+  in the header (up to ``LIST_LIMIT`` elements as a list of their values, which needs no
+  torch call that releases the GIL; a NaN's payload bits may not survive that way).
+  Non-contiguous sources are made contiguous on copy-in, so the receiver always gets a
+  C-contiguous tensor of the same dtype, shape and ``requires_grad``.  Aliasing between
+  tensors is not kept (each crosses as its own copy); the same tensor object twice in one
+  payload crosses once and arrives as one object.
 * an exact CUDA tensor (strided, not quantized) is copied from the device straight into
   shared memory (or inline, if small) and the receiver copies it onto the same device
   index: it arrives as a CUDA tensor the receiver owns, not a view.  A receiver without
@@ -58,6 +60,8 @@ from omnitrio.transport.shm import ALIGN, Region, Segment, SlotArena, remove_seg
 DEFAULT_SLOT_BYTES = 1 << 20  # allocation granularity; a tensor takes a run of whole slots
 DEFAULT_SLOTS = 64  # 64 MiB pre-faulted pool per sending process
 DEFAULT_INLINE_LIMIT = 64 * 1024
+LIST_LIMIT = 32
+"""Inline CPU tensors of at most this many elements cross as a list of their values."""
 _COUNT = struct.Struct("<I")
 
 
@@ -285,8 +289,14 @@ class _Packer(pickle.Pickler):
         dtype = kinds.names.get(t.dtype) or kinds.name(t)
         if dtype is None or t.layout is not kinds.strided or not (t.is_cpu or t.is_cuda):
             return t.__reduce_ex__(5)
-        shape = tuple(t.shape)
         nbytes = t.nbytes
+        if nbytes <= self.inline_limit and t.is_cpu and 0 < t.numel() <= LIST_LIMIT and t.dtype in kinds.listable:
+            # Tiny tensors (a step's codes, a token id) cross as their values: tolist() and
+            # torch.tensor(values) keep the GIL.  Most torch calls release it, and taking it
+            # back from a busy scheduler thread waits up to a switch interval
+            # (bench/gil_probe.py: 22 µs alone, 1.6 ms per unpack of the byte form).
+            return _listed_tensor, (t.tolist(), dtype, t.requires_grad)
+        shape = tuple(t.shape)
         src = t.detach()
         # A CUDA tensor is copied device → shared memory directly and rebuilt on the same
         # device index by the receiver: one copy each way, no pickled bytes in between.
@@ -340,6 +350,8 @@ class _TensorKinds:
         ]
         self.names: dict[Any, str] = {dtype: str(dtype).removeprefix("torch.") for dtype in plain}
         self.numpy_ok = frozenset(plain) - {torch.bfloat16}
+        # Dtypes whose values tolist() → torch.tensor(values, dtype) gives back exactly.
+        self.listable = frozenset(plain) - {getattr(torch, name, None) for name in ("uint16", "uint32", "uint64")}
         self.strided = torch.strided
         self.uint8 = torch.uint8
 
@@ -361,9 +373,19 @@ def _inline_tensor(
     if len(data) == 0:
         t = torch.empty(shape, dtype=torch_dtype)
     else:
-        t = torch.frombuffer(data, dtype=torch_dtype).view(shape)
+        t = torch.frombuffer(data, dtype=torch_dtype)
+        if len(shape) != 1:
+            t = t.view(shape)
     if cuda is not None:
         t = t.to(_cuda_device(torch, f"cuda:{cuda}"))
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _listed_tensor(values: Any, dtype: str, requires_grad: bool) -> Any:
+    """Rebuild a tiny tensor that crossed as its values (see ``LIST_LIMIT``)."""
+    import torch
+
+    t = torch.tensor(values, dtype=getattr(torch, dtype))
     return t.requires_grad_(True) if requires_grad else t
 
 
