@@ -23,6 +23,10 @@
   produced them, at most :data:`DRAIN_BATCH` per pass of the trio loop, so a flooding
   scheduler cannot starve the other stages of its process.
 
+Priority: with ``nice > 0`` (stage processes, from ``PipelineConfig.scheduler_nice``) the
+scheduler thread runs that much nicer than the IO loop (Linux sets niceness per thread),
+so on oversubscribed cores the loop that carries every request's messages runs first.
+
 Cancellation: when the bridge's task is cancelled it calls ``scheduler.stop()`` and
 waits for ``start()`` to return (never abandoning the thread, which could still touch
 what we free).  If ``start()`` raises, :meth:`run` returns the exception so the stage
@@ -31,7 +35,10 @@ can fail the scheduler's requests and start a fresh one.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +56,29 @@ _STOP = object()
 
 def _positive_int(value: object) -> int:
     return value if isinstance(value, int) and value > 0 else 0
+
+
+def _lower_thread_priority(by: int) -> Callable[[], None]:
+    """Make the calling thread ``by`` nicer (Linux only); returns the undo.
+
+    Raising niceness needs no privilege, lowering it back may (``RLIMIT_NICE``), so the
+    undo is best effort: a worker thread that stays nicer is one trio keeps for this
+    process's later ``to_thread`` calls, which in a stage process run its schedulers.
+    """
+    if by <= 0 or sys.platform != "linux":
+        return lambda: None
+    tid = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, tid)
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(before + by, 19))
+    except OSError:
+        return lambda: None
+
+    def undo() -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, before)
+
+    return undo
 
 
 class _WakingCondition(threading.Condition):
@@ -72,9 +102,13 @@ class SchedulerBridge:
         name: str,
         deliver: Callable[[list[OutgoingMessage]], None],
         handed_over: Callable[[list[IncomingMessage]], None] | None = None,
+        *,
+        nice: int = 0,
     ) -> None:
-        """``deliver`` gets the scheduler's outputs; ``handed_over`` each batch put in its inbox."""
+        """``deliver`` gets the scheduler's outputs; ``handed_over`` each batch put in its inbox;
+        ``nice`` lowers the scheduler thread's priority (see the module docstring)."""
         self.scheduler = scheduler
+        self._nice = nice
         self.name = name
         self._deliver = deliver
         self._handed_over = handed_over
@@ -259,11 +293,15 @@ class SchedulerBridge:
         failure: list[BaseException] = []
 
         def thread_main() -> None:
+            restore_priority = _lower_thread_priority(self._nice)
             try:
-                self.scheduler.warm_up_serving_thread()
+                try:
+                    self.scheduler.warm_up_serving_thread()
+                finally:
+                    token.run_sync_soon(ready.set)
+                self.scheduler.start()
             finally:
-                token.run_sync_soon(ready.set)
-            self.scheduler.start()
+                restore_priority()
 
         async def run_thread() -> None:
             try:

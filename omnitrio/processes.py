@@ -383,7 +383,9 @@ async def _serve_child(spec: ChildSpec, host: Host, recorder: Any, shutdown: tri
         try:
             topology = Topology.compile(spec.config, [n for n, home in spec.homes.items() if home == spec.process])
             for name, plan in topology.plans.items():
-                host.stages[name] = Stage(plan, builder(spec.config, name), host, recorder)
+                host.stages[name] = Stage(
+                    plan, builder(spec.config, name), host, recorder, scheduler_nice=spec.config.scheduler_nice
+                )
             async with trio.open_nursery() as starting:
                 for stage in host.stages.values():
                     starting.start_soon(nursery.start, stage.run)

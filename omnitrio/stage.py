@@ -74,8 +74,12 @@ class Stage:
         build_scheduler: Callable[[], Any],
         switchboard: Switchboard,
         recorder: EventRecorder | None = None,
+        *,
+        scheduler_nice: int = 0,
     ) -> None:
+        """``scheduler_nice``: how much nicer the scheduler thread runs (stage processes only)."""
         self.plan = plan
+        self._scheduler_nice = scheduler_nice
         self._rec = recorder
         self.name = plan.name
         self._build_scheduler = build_scheduler
@@ -125,7 +129,9 @@ class Stage:
                 # Loading models can take seconds: build in a worker thread so the IO loop
                 # (and the other stages of this process, loading in parallel) stay responsive.
                 self.scheduler = await trio.to_thread.run_sync(self._build_scheduler)
-            bridge = SchedulerBridge(self.scheduler, self.name, self._on_outputs, self._on_handed_over)
+            bridge = SchedulerBridge(
+                self.scheduler, self.name, self._on_outputs, self._on_handed_over, nice=self._scheduler_nice
+            )
             self._bridge = bridge
             if started:
                 failure = await bridge.run()

@@ -102,6 +102,14 @@ CASES = {
         r"entry_stage: unknown stage 'zz'",
     ),
     "no_terminal_stage": (chain(stage("a", next="b"), stage("b", next="a")), r"no stage is terminal"),
+    "scheduler_nice_above_19": (
+        PipelineConfig(stages=[stage("a", terminal=True)], scheduler_nice=20),
+        r"scheduler_nice: must be an integer from 0 to 19, got 20",
+    ),
+    "scheduler_nice_negative": (
+        PipelineConfig(stages=[stage("a", terminal=True)], scheduler_nice=-1),
+        r"scheduler_nice: must be an integer from 0 to 19, got -1",
+    ),
     "two_senders_without_wait_for": (
         chain(stage("a", next=["b", "c"]), stage("b", next="d"), stage("c", next="d"), stage("d", terminal=True)),
         r"\('d'\): wait_for: several stages send here",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,20 @@ async def test_each_process_group_is_its_own_process_and_shared_groups_share_one
     assert pids[0] != pids[1] and pids[1] == pids[2] and os.getpid() not in pids
     assert health["stages"]["s0"]["pid"] == pids[0]
     assert health["stages"]["s2"]["process"] == "p_s1"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="niceness is per thread on Linux only")
+@pytest.mark.parametrize(("nice", "process"), [(None, True), (0, True), (7, True), (None, False)])
+async def test_a_stage_process_runs_its_scheduler_nicer_than_its_io_loop(nice: int | None, process: bool) -> None:
+    config = chain_config(1, process=process, factory="create_niceness")
+    if nice is not None:
+        config.scheduler_nice = nice
+    async with open_pipeline(config) as pipeline:
+        seen = await pipeline.submit("r", "x")
+    expected = PipelineConfig(stages=[]).scheduler_nice if nice is None else nice
+    if not process:  # inline stages share the caller's process: its threads are left alone
+        expected = 0
+    assert seen["scheduler"] == min(seen["main"] + expected, 19)
 
 
 async def cross_tensors(device: str) -> dict[str, Any]:

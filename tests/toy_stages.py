@@ -154,6 +154,20 @@ def create_pid() -> SimpleScheduler:
     return SimpleScheduler(fn)
 
 
+def create_niceness() -> SimpleScheduler:
+    """Reports the niceness of the thread that computes and of the process's main thread."""
+    import os
+    import threading
+
+    def fn(payload: StagePayload) -> dict[str, int]:
+        return {
+            "scheduler": os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
+            "main": os.getpriority(os.PRIO_PROCESS, os.getpid()),
+        }
+
+    return SimpleScheduler(fn)
+
+
 def create_tensor_maker(device: str = "cpu") -> SimpleScheduler:
     """Returns tensors of several dtypes and shapes on ``device``, nested, as the input asks."""
     import torch
