@@ -46,7 +46,7 @@ from omnitrio.errors import (
 )
 from omnitrio.mailbox import Mailbox
 from omnitrio.messages import CompleteMessage, StreamMessage
-from omnitrio.requests import STREAM_WINDOW
+from omnitrio.requests import CREDIT_BATCH, credit_due
 from omnitrio.topology import StageFunctionError, Topology
 
 State = Literal["live", "releasing"]
@@ -194,12 +194,8 @@ class Coordinator:
         return handle
 
     def _consumed(self, handle: RequestHandle, stage: str) -> None:
-        n = handle.consumed.get(stage, 0) + 1
-        if n >= STREAM_WINDOW // 2:
-            n = 0
-            if handle.state == "live" and not handle.finished:
-                self._send(Credit(handle.request_id, handle.inc, stage, STREAM_WINDOW // 2, COORDINATOR))
-        handle.consumed[stage] = n
+        if credit_due(handle.consumed, stage) and handle.state == "live" and not handle.finished:
+            self._send(Credit(handle.request_id, handle.inc, stage, CREDIT_BATCH, COORDINATOR))
 
     def _abort_everywhere(self, handle: RequestHandle, error: RequestError) -> None:
         """Fail the caller with ``error`` and ask every stage to drop the request."""

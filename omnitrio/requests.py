@@ -25,6 +25,8 @@ from omnitrio.fanin import FanIn
 from omnitrio.mailbox import Mailbox
 
 STREAM_WINDOW = 16
+CREDIT_BATCH = STREAM_WINDOW // 2
+"""A consumer gives credit back in batches of this many chunks, per request and producer."""
 BACKLOG_HIGH = 1024
 """Outputs one request may have buffered at a stage before the scheduler's outbox stops draining."""
 BACKLOG_LOW = 256
@@ -94,10 +96,15 @@ class RequestScope:
 
     def count_fed(self, producer: str) -> bool:
         """One more chunk from ``producer`` reached the scheduler; True when a credit is due."""
-        n = self.fed.get(producer, 0) + 1
-        due = n >= STREAM_WINDOW // 2
-        self.fed[producer] = 0 if due else n
-        return due
+        return credit_due(self.fed, producer)
+
+
+def credit_due(consumed: dict[str, int], producer: str) -> bool:
+    """Count one chunk consumed from ``producer``; True when :data:`CREDIT_BATCH` credits are due."""
+    n = consumed.get(producer, 0) + 1
+    due = n >= CREDIT_BATCH
+    consumed[producer] = 0 if due else n
+    return due
 
 
 class Tombstones:

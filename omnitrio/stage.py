@@ -43,7 +43,7 @@ from omnitrio.envelopes import (
 )
 from omnitrio.events import EventRecorder
 from omnitrio.fanin import FanIn, FanInError
-from omnitrio.requests import BACKLOG_HIGH, BACKLOG_LOW, STREAM_WINDOW, RequestScope, Tombstones
+from omnitrio.requests import BACKLOG_HIGH, BACKLOG_LOW, CREDIT_BATCH, RequestScope, Tombstones
 from omnitrio.topology import StageFunctionError, StagePlan
 
 OUTPUT_SLICE = 32
@@ -267,7 +267,7 @@ class Stage:
             if msg.type == "stream_chunk" and (req := requests.get(msg.request_id)) is not None:
                 producer = msg.data.from_stage
                 if req.count_fed(producer):
-                    self._board.send(Credit(req.request_id, req.inc, producer, STREAM_WINDOW // 2, self.name))
+                    self._board.send(Credit(req.request_id, req.inc, producer, CREDIT_BATCH, self.name))
 
     def _on_outputs(self, outputs: list[OutgoingMessage]) -> None:
         """Called by the bridge in the trio thread; outputs of inactive requests are dropped."""
