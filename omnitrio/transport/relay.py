@@ -343,15 +343,16 @@ class _TensorKinds:
     """What the packer asks of torch per tensor, looked up once per process."""
 
     def __init__(self, torch: Any) -> None:
-        plain = [
+        # Values of these survive tolist() → torch.tensor(values, dtype) exactly; torch's
+        # wide unsigned ints (barely supported) cross only as bytes.
+        listed = [
             *(torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128),
             *(torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64),
-            *(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)),
         ]
+        plain = [*listed, *(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))]
         self.names: dict[Any, str] = {dtype: str(dtype).removeprefix("torch.") for dtype in plain}
         self.numpy_ok = frozenset(plain) - {torch.bfloat16}
-        # Dtypes whose values tolist() → torch.tensor(values, dtype) gives back exactly.
-        self.listable = frozenset(plain) - {getattr(torch, name, None) for name in ("uint16", "uint32", "uint64")}
+        self.listable = frozenset(listed)
         self.strided = torch.strided
         self.uint8 = torch.uint8
 
