@@ -63,6 +63,14 @@ class DuplicateRequest(RequestError, ValueError):
     """A request with this id is still live."""
 
 
+class RelayError(OmnitrioError):
+    """A relay header could not be unpacked; ``leases`` are the ids it held, to release anyway."""
+
+    def __init__(self, message: str, leases: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.leases = leases
+
+
 class PipelineClosed(OmnitrioError):
     """The pipeline is shutting down or has stopped."""
 

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from omnitrio.contract import OmniRequest, StagePayload, StreamItem
-from omnitrio.transport.relay import LIST_LIMIT, RelayError, ShmPool, ShmReader, header_leases, remove_segments
+from omnitrio.transport.relay import RelayError, ShmPool, ShmReader, header_leases, remove_segments
+from omnitrio.transport.tensors import LIST_LIMIT
 
 SLOT = 64 * 1024
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -472,11 +473,11 @@ def test_cuda_tensors_arrive_on_their_device_with_their_values(
 def test_a_cuda_tensor_for_a_process_without_cuda_is_refused_by_name(reader: ShmReader) -> None:
     if torch.cuda.is_available():
         pytest.skip("this process has CUDA")
-    from omnitrio.transport import relay
+    from omnitrio.transport import relay, tensors
 
     class FromTheGpu:  # what a sender with a GPU packs for a small cuda:0 tensor
         def __reduce__(self) -> Any:
-            return relay._inline_tensor, (bytearray(8), "float32", (2,), False, 0)
+            return tensors.inline_tensor, (bytearray(8), "float32", (2,), False, 0)
 
     header = pickle.dumps(FromTheGpu(), protocol=5) + relay._NO_LEASES
     with pytest.raises(RelayError, match=r"tensor on cuda:0, but this process sees no CUDA device"):

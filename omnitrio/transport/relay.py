@@ -22,8 +22,8 @@ What crosses how:
 
 * exact CPU ``torch.Tensor`` (strided, not quantized) and exact ``numpy.ndarray`` (no
   object dtype): bigger than ``inline_limit`` → shared memory; otherwise raw bytes inline
-  in the header (up to ``LIST_LIMIT`` elements as a list of their values, which needs no
-  torch call that releases the GIL; a NaN's payload bits may not survive that way).
+  in the header (tiny ones as a list of their values: :mod:`omnitrio.transport.tensors`
+  says how each form is rebuilt).
   Non-contiguous sources are made contiguous on copy-in, so the receiver always gets a
   C-contiguous tensor of the same dtype, shape and ``requires_grad``.  Aliasing between
   tensors is not kept (each crosses as its own copy); the same tensor object twice in one
@@ -54,14 +54,13 @@ from typing import Any
 import attrs
 
 from omnitrio.contract import OmniRequest, StagePayload, StreamItem
-from omnitrio.errors import OmnitrioError
+from omnitrio.errors import RelayError
 from omnitrio.transport.shm import ALIGN, Region, Segment, SlotArena, remove_segments
+from omnitrio.transport.tensors import LIST_LIMIT, TensorKinds, cuda_device, inline_tensor, listed_tensor
 
 DEFAULT_SLOT_BYTES = 1 << 20  # allocation granularity; a tensor takes a run of whole slots
 DEFAULT_SLOTS = 64  # 64 MiB pre-faulted pool per sending process
 DEFAULT_INLINE_LIMIT = 64 * 1024
-LIST_LIMIT = 32
-"""Inline CPU tensors of at most this many elements cross as a list of their values."""
 _COUNT = struct.Struct("<I")
 
 
@@ -85,14 +84,6 @@ _CONTRACT_REDUCERS: dict[type, Callable[[Any], Any]] = {
     OmniRequest: _reduce_request,
     StreamItem: _reduce_stream_item,
 }
-
-
-class RelayError(OmnitrioError):
-    """A header could not be unpacked; ``leases`` are the ids it held, to release anyway."""
-
-    def __init__(self, message: str, leases: tuple[int, ...] = ()) -> None:
-        super().__init__(message)
-        self.leases = leases
 
 
 @attrs.define
@@ -222,7 +213,7 @@ class _Packer(pickle.Pickler):
         self.cursor = 0
         self._table: dict[type, Any] = {}
         self._table_key: tuple[bool, bool, bool, int] | None = None
-        self._tensor: _TensorKinds | None = None
+        self._tensor: TensorKinds | None = None
 
     def run(self, obj: object, peer: str, inline_limit: int) -> Packed:
         try:
@@ -242,7 +233,7 @@ class _Packer(pickle.Pickler):
             table = {**copyreg.dispatch_table, **reducers}
             if torch is not None:
                 table[torch.Tensor] = self._reduce_tensor
-                self._tensor = _TensorKinds(torch)
+                self._tensor = TensorKinds(torch)
             if numpy is not None:
                 table[numpy.ndarray] = self._reduce_ndarray
             self._table, self._table_key = table, key
@@ -291,11 +282,9 @@ class _Packer(pickle.Pickler):
             return t.__reduce_ex__(5)
         nbytes = t.nbytes
         if nbytes <= self.inline_limit and t.is_cpu and 0 < t.numel() <= LIST_LIMIT and t.dtype in kinds.listable:
-            # Tiny tensors (a step's codes, a token id) cross as their values: tolist() and
-            # torch.tensor(values) keep the GIL.  Most torch calls release it, and taking it
-            # back from a busy scheduler thread waits up to a switch interval
-            # (bench/gil_probe.py: 22 µs alone, 1.6 ms per unpack of the byte form).
-            return _listed_tensor, (t.tolist(), dtype, t.requires_grad)
+            # Tiny tensors (a step's codes, a token id) cross as their values: no torch call
+            # that releases the GIL on either side (see omnitrio.transport.tensors).
+            return listed_tensor, (t.tolist(), dtype, t.requires_grad)
         shape = tuple(t.shape)
         src = t.detach()
         # A CUDA tensor is copied device → shared memory directly and rebuilt on the same
@@ -309,7 +298,7 @@ class _Packer(pickle.Pickler):
                 data = src.numpy()
             else:
                 data = src.resolve_conj().resolve_neg().contiguous().reshape(-1).view(kinds.uint8).cpu().numpy()
-            return _inline_tensor, (pickle.PickleBuffer(data), dtype, shape, t.requires_grad, cuda)
+            return inline_tensor, (pickle.PickleBuffer(data), dtype, shape, t.requires_grad, cuda)
         region, offset = self._place(nbytes)
         dst = region.segment.torch_bytes()[offset : offset + nbytes]
         if as_bytes:
@@ -337,69 +326,6 @@ class _Packer(pickle.Pickler):
 def _ref(kind: str, region: Region, offset: int, dtype: Any, shape: tuple[int, ...], grad: bool) -> Any:
     """The reduce tuple that stands for a tensor in shared memory (the header stays small)."""
     return _shm_ref, (kind, region.segment.name, region.oneoff, offset, dtype, shape, grad, region.lease_id)
-
-
-class _TensorKinds:
-    """What the packer asks of torch per tensor, looked up once per process."""
-
-    def __init__(self, torch: Any) -> None:
-        # Values of these survive tolist() → torch.tensor(values, dtype) exactly; torch's
-        # wide unsigned ints (barely supported) cross only as bytes.
-        listed = [
-            *(torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128),
-            *(torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64),
-        ]
-        plain = [*listed, *(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))]
-        self.names: dict[Any, str] = {dtype: str(dtype).removeprefix("torch.") for dtype in plain}
-        self.numpy_ok = frozenset(plain) - {torch.bfloat16}
-        self.listable = frozenset(listed)
-        self.strided = torch.strided
-        self.uint8 = torch.uint8
-
-    def name(self, t: Any) -> str | None:
-        """The name of a dtype met for the first time (float8, complex32 …); None if quantized."""
-        if t.is_quantized:
-            return None
-        name = self.names[t.dtype] = str(t.dtype).removeprefix("torch.")
-        return name
-
-
-def _inline_tensor(
-    data: bytearray, dtype: str, shape: tuple[int, ...], requires_grad: bool, cuda: int | None = None
-) -> Any:
-    """Rebuild a small tensor that rode inline in the header (it owns its bytes)."""
-    import torch
-
-    torch_dtype = getattr(torch, dtype)
-    if len(data) == 0:
-        t = torch.empty(shape, dtype=torch_dtype)
-    else:
-        t = torch.frombuffer(data, dtype=torch_dtype)
-        if len(shape) != 1:
-            t = t.view(shape)
-    if cuda is not None:
-        t = t.to(_cuda_device(torch, f"cuda:{cuda}"))
-    return t.requires_grad_(True) if requires_grad else t
-
-
-def _listed_tensor(values: Any, dtype: str, requires_grad: bool) -> Any:
-    """Rebuild a tiny tensor that crossed as its values (see ``LIST_LIMIT``)."""
-    import torch
-
-    t = torch.tensor(values, dtype=getattr(torch, dtype))
-    return t.requires_grad_(True) if requires_grad else t
-
-
-def _cuda_device(torch: Any, name: str) -> Any:
-    """The receiver's device for a tensor that left ``name``; a clear error if it has none."""
-    device = torch.device(name)
-    if not torch.cuda.is_available():
-        raise RelayError(f"the payload holds a tensor on {name}, but this process sees no CUDA device")
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        raise RelayError(
-            f"the payload holds a tensor on {name}, but this process sees only {torch.cuda.device_count()} CUDA devices"
-        )
-    return device
 
 
 def _shm_ref(*ref: Any) -> Any:
@@ -477,7 +403,7 @@ class ShmReader:
         t = torch.frombuffer(segment.mm, dtype=torch_dtype, count=numel, offset=offset).view(shape)
         if kind != "t":
             # Host → device copy; the view's bytes may be reused once the lease is released.
-            t = t.to(_cuda_device(torch, kind))
+            t = t.to(cuda_device(torch, kind))
         return t.requires_grad_(True) if grad else t
 
     def _cached(self, name: str) -> Segment:
