@@ -118,3 +118,21 @@ def test_espeak_ng_fallback_speaks_when_installed() -> None:
     assert len(clips) == 2
     assert all(clip.dtype == np.float32 and np.abs(clip).max() > 0.1 for clip in clips)
     assert tts.sample_rate == 22_050
+
+
+def test_piper_without_variation_gives_the_same_samples_every_time() -> None:
+    pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
+    from schedulers.speech.tts import shared_synthesizer
+
+    steady, varied = shared_synthesizer("piper", variation=0.0), shared_synthesizer("piper")
+    assert np.array_equal(steady.synthesize("Hello there."), steady.synthesize("Hello there."))
+    first, second = varied.synthesize("Hello there."), varied.synthesize("Hello there.")
+    assert first.shape != second.shape or not np.array_equal(first, second)
+
+
+def test_piper_variation_outside_zero_to_one_is_rejected_by_name() -> None:
+    pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
+    from schedulers.speech.tts import PiperSynthesizer
+
+    with pytest.raises(ValueError, match=r"variation must be a number between 0.0 and 1.0, got 2"):
+        PiperSynthesizer(variation=2)

@@ -85,13 +85,25 @@ def piper_voice_paths() -> tuple[Path, Path]:
 
 
 class PiperSynthesizer:
-    """A Piper voice on onnxruntime (CPU).  Thread-safe: onnxruntime sessions allow concurrent runs."""
+    """A Piper voice on onnxruntime (CPU).  Thread-safe: onnxruntime sessions allow concurrent runs.
+
+    Piper samples its prosody and timing noise on every call, so one text gives slightly
+    different audio each time.  ``variation`` scales that noise: 1.0 is the voice's own
+    setting, 0.0 makes synthesis deterministic (the same text always gives the same samples).
+    """
 
     name = "piper"
 
     def __init__(
-        self, model_path: str | Path | None = None, config_path: str | Path | None = None, *, threads: int = 2
+        self,
+        model_path: str | Path | None = None,
+        config_path: str | Path | None = None,
+        *,
+        threads: int = 2,
+        variation: float = 1.0,
     ) -> None:
+        if isinstance(variation, bool) or not isinstance(variation, int | float) or not 0.0 <= variation <= 1.0:
+            raise ValueError(f"variation must be a number between 0.0 and 1.0, got {variation!r}")
         import onnxruntime
         from piper import PiperConfig, PiperVoice, SynthesisConfig
 
@@ -107,9 +119,15 @@ class PiperSynthesizer:
         self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(_read_json(config)))
         self._config_type = SynthesisConfig
         self.sample_rate: int = self._voice.config.sample_rate
+        self._noise_scale = self._voice.config.noise_scale * variation
+        self._noise_w_scale = self._voice.config.noise_w_scale * variation
 
     def synthesize(self, text: str, speed: float = 1.0) -> FloatAudio:
-        config = self._config_type(length_scale=self._voice.config.length_scale / check_speed(speed))
+        config = self._config_type(
+            length_scale=self._voice.config.length_scale / check_speed(speed),
+            noise_scale=self._noise_scale,
+            noise_w_scale=self._noise_w_scale,
+        )
         clips = [chunk.audio_float_array for chunk in self._voice.synthesize(text, config)]
         return np.concatenate(clips).astype(np.float32) if clips else np.zeros(0, dtype=np.float32)
 
