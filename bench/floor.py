@@ -9,7 +9,9 @@
   per stage" (spawned, given one message through a :class:`~omnitrio.mailbox.Mailbox`,
   gone), 256 in flight, in µs of this process's time per request.  A request through the
   seed's fan pipeline lives as such a task at 4 stages and the coordinator, so two cores
-  can carry at most ``2e6 / (5 * µs)`` requests a second before any other work.
+  can carry at most ``2e6 / (5 * µs)`` requests a second before any other work;
+* the streaming floor (:mod:`bench.stream_floor`): the seed's talker → vocoder in three
+  processes with the least runtime any implementation of the scheduler contract needs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 import trio
 import zmq
 
+from bench import stream_floor
 from bench.measure import MIB, latency_ms, loadavg
 from omnitrio.mailbox import Mailbox
 
@@ -156,5 +159,6 @@ def run(quick: bool) -> dict[str, Any]:
         "trio_thread_rtt": trio_thread_rtt(n, 200),
         "memcpy_128MB": memcpy(128, 5 if quick else 11),
         "request_task": request_task(n * 4),
+        "stream": stream_floor.run(2.0 if quick else 5.0),
         "loadavg": loadavg(),
     }

@@ -65,6 +65,10 @@ FLOOR_ROWS = [
     ("memcpy 128 MB into a pre-faulted buffer", "GB/s", ("memcpy_128MB", "GB_per_s")),
     ("one request task (spawn, cancel scope, one message), 256 in flight", "µs", ("request_task", "us_per_request")),
     ("fan ceiling from request tasks alone (5 each, 2 cores)", "req/s", ("request_task", "fan_ceiling_req_per_s")),
+    ("streaming floor (bench/stream_floor.py), talker → vocoder, c=1", "chunks/s", ("stream", "c1", "chunks_per_s")),
+    ("streaming floor, c=1 first chunk p50", "ms", ("stream", "c1", "first_chunk", "p50_ms")),
+    ("streaming floor, c=16 (no fairness)", "chunks/s", ("stream", "c16", "chunks_per_s")),
+    ("streaming floor, c=16 first chunk p50 (no fairness)", "ms", ("stream", "c16", "first_chunk", "p50_ms")),
 ]
 
 
