@@ -52,7 +52,7 @@ DRAIN_BATCH = 256
 INBOX_DEPTH = 12
 """Deep enough that the scheduler rarely waits for trio to refill it; shallow enough that it
 hands the GIL back to this process's IO loop often (16 left a new request's first chunk ~20 %
-later with 16 streams, and 8 cost ~8 % throughput: bench A/B, 2 cores)."""
+later with 16 streams, and 8 cost 5-10 % throughput: bench A/B, 2 cores)."""
 INBOX_LOW = 3
 _STOP = object()
 
