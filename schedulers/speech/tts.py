@@ -69,11 +69,16 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
+def _number_between(name: str, value: Any, low: float, high: float) -> float:
+    """``value`` as a float if it is a number (not a bool) from ``low`` to ``high``; else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValueError(f"{name} must be a number between {low} and {high}, got {value!r}")
+    return float(value)
+
+
 def check_speed(speed: Any) -> float:
     """OpenAI's speed range: 0.25 to 4.0 (1.0 = the voice's natural pace)."""
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or not MIN_SPEED <= speed <= MAX_SPEED:
-        raise ValueError(f"speed must be a number between {MIN_SPEED} and {MAX_SPEED}, got {speed!r}")
-    return float(speed)
+    return _number_between("speed", speed, MIN_SPEED, MAX_SPEED)
 
 
 def piper_voice_paths() -> tuple[Path, Path]:
@@ -102,8 +107,7 @@ class PiperSynthesizer:
         threads: int = 2,
         variation: float = 1.0,
     ) -> None:
-        if isinstance(variation, bool) or not isinstance(variation, int | float) or not 0.0 <= variation <= 1.0:
-            raise ValueError(f"variation must be a number between 0.0 and 1.0, got {variation!r}")
+        variation = _number_between("variation", variation, 0.0, 1.0)
         import onnxruntime
         from piper import PiperConfig, PiperVoice, SynthesisConfig
 
