@@ -3,9 +3,11 @@
 Three processes, as in ``bench`` streaming with one process per stage: a caller, the
 seed's ``ToyTalkerScheduler`` and ``ToyVocoderScheduler`` (unchanged, each in a thread
 with its ``queue.Queue`` inbox and outbox, the contract's shape).  Around them there is
-only what any runtime must do to carry a chunk: a trio loop per process, woken by the
-scheduler's outbox; everything queued in one pass written as one pickled frame on a
-Unix stream socket; the frame read, unpickled and put in the next inbox in one step.
+only what any runtime must do to carry a chunk, built from omnitrio's own parts: a trio
+loop per process, woken by the scheduler's outbox (the bridge's ``WakingCondition``);
+everything drained in one pass pickled as one frame and sent on omnitrio's Unix link
+(``UnixLink``/``UnixInbound``); each frame read, unpickled and put in the next inbox in
+one step.
 
 Left out, so that the figures are a bound no runtime with this contract can beat here:
 flow control, fairness between requests, per-request tasks and cancel scopes, aborts,
@@ -23,7 +25,6 @@ import multiprocessing
 import os
 import pickle
 import queue
-import struct
 import sys
 import tempfile
 import threading
@@ -35,65 +36,27 @@ from typing import Any
 import trio
 
 from bench.measure import latency_ms, loadavg
+from omnitrio.bridge import WakingCondition
+from omnitrio.transport.tensors import listed_tensor
+from omnitrio.transport.unix import UnixInbound, UnixLink
 
-_U32 = struct.Struct("<I")
 STEPS = 100
 RESULTS = Path(__file__).parent / "results"
 
 
-class FrameWriter:
-    """Everything sent during one pass of the trio loop leaves as one frame."""
+async def serve(path: str, on_items: Callable[[list[Any]], None], *, task_status: Any) -> None:
+    """Listen on ``path``; each frame that arrives is one pickled list of items."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self._stream = stream
-        self._items: list[Any] = []
-        self._wake = trio.Event()
+    async def dispatch(sender: str, frames: list[bytes]) -> None:
+        for frame in frames:
+            on_items(pickle.loads(frame))
 
-    def send(self, items: list[Any]) -> None:
-        self._items.extend(items)
-        self._wake.set()
-
-    async def pump(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            items, self._items = self._items, []
-            body = pickle.dumps(items, protocol=5)
-            await self._stream.send_all(_U32.pack(len(body)) + body)
+    await UnixInbound(path).serve(dispatch, task_status=task_status)
 
 
-async def read_frames(stream: trio.SocketStream, on_items: Callable[[list[Any]], None]) -> None:
-    buffer = bytearray()
-    while True:
-        data = await stream.receive_some(1 << 16)
-        if not data:
-            return
-        buffer += data
-        pos = 0
-        while len(buffer) - pos >= 4:
-            (size,) = _U32.unpack_from(buffer, pos)
-            if len(buffer) - pos - 4 < size:
-                break
-            on_items(pickle.loads(buffer[pos + 4 : pos + 4 + size]))
-            pos += 4 + size
-        del buffer[:pos]
-
-
-async def accept_one(path: str) -> trio.SocketStream:
-    listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    await listener.bind(path)
-    listener.listen(1)
-    conn, _ = await listener.accept()
-    listener.close()
-    return trio.SocketStream(conn)
-
-
-async def connect(path: str) -> trio.SocketStream:
-    while True:
-        try:
-            return await trio.open_unix_socket(path)
-        except OSError:
-            await trio.sleep(0.01)
+def send(link: UnixLink, items: list[Any]) -> None:
+    """Queue ``items`` as one frame; what is queued in one pass of the loop leaves as one write."""
+    link.send(pickle.dumps(items, protocol=5))
 
 
 def wake_on_put(outbox: queue.Queue[Any], drain: Callable[[], None]) -> None:
@@ -105,13 +68,11 @@ def wake_on_put(outbox: queue.Queue[Any], drain: Callable[[], None]) -> None:
         pending.release()
         drain()
 
-    class Waking(threading.Condition):
-        def notify(self, n: int = 1) -> None:
-            super().notify(n)
-            if pending.acquire(blocking=False):
-                token.run_sync_soon(run_drain)
+    def request_drain() -> None:
+        if pending.acquire(blocking=False):
+            token.run_sync_soon(run_drain)
 
-    outbox.not_empty = Waking(outbox.mutex)
+    outbox.not_empty = WakingCondition(outbox.mutex, request_drain)
 
 
 def put_all(inbox: queue.Queue[Any], messages: list[Any]) -> None:
@@ -136,15 +97,14 @@ async def run_stage(role: str, listen: str, downstream: str) -> None:
     from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, StreamItem
 
     scheduler = create_talker(STEPS) if role == "talker" else create_vocoder()
-    upstream = await accept_one(listen)
-    writer = FrameWriter(await connect(downstream))
+    link = UnixLink(downstream, role.encode())
     chunk_ids: dict[str, int] = {}
 
     def incoming(item: tuple[Any, ...]) -> Any:
         kind, rid = item[0], item[1]
         if kind == "chunk":
             _, _, chunk_id, values, dtype, metadata = item
-            data = torch.tensor(values, dtype=getattr(torch, dtype))
+            data = listed_tensor(values, dtype, False)
             return IncomingMessage(rid, "stream_chunk", StreamItem(chunk_id, data, "talker", metadata))
         if kind == "done":
             return IncomingMessage(rid, "stream_done", "talker")
@@ -157,22 +117,20 @@ async def run_stage(role: str, listen: str, downstream: str) -> None:
             chunk_ids[rid] = chunk_id + 1
             data = message.data
             if isinstance(data, torch.Tensor):
-                return [("chunk", rid, chunk_id, data.tolist(), str(data.dtype)[6:], message.metadata)]
+                dtype = str(data.dtype).removeprefix("torch.")
+                return [("chunk", rid, chunk_id, data.tolist(), dtype, message.metadata)]
             return [("chunk", rid, chunk_id, data, "", message.metadata)]
         chunk_ids.pop(rid, None)
         return [("done", rid), ("payload", rid, message.data.data)]
 
     def drain() -> None:
-        writer.send([item for message in take_all(scheduler.outbox) for item in outgoing(message)])
+        send(link, [item for message in take_all(scheduler.outbox) for item in outgoing(message)])
 
     wake_on_put(scheduler.outbox, drain)
-    thread = threading.Thread(target=scheduler.start, daemon=True)
-    thread.start()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(writer.pump)
-        await read_frames(upstream, lambda items: put_all(scheduler.inbox, [incoming(i) for i in items]))
-        nursery.cancel_scope.cancel()
-    scheduler.stop()
+    threading.Thread(target=scheduler.start, daemon=True).start()
+    async with trio.open_nursery() as nursery:  # until the parent terminates this process
+        nursery.start_soon(link.pump)
+        await nursery.start(serve, listen, lambda items: put_all(scheduler.inbox, [incoming(i) for i in items]))
 
 
 def stage_main(role: str, listen: str, downstream: str) -> None:
@@ -183,8 +141,8 @@ def stage_main(role: str, listen: str, downstream: str) -> None:
 class Caller:
     """The caller process's side: submits to the talker, counts what the vocoder sends back."""
 
-    def __init__(self, writer: FrameWriter) -> None:
-        self.writer = writer
+    def __init__(self, link: UnixLink) -> None:
+        self.link = link
         self.live: dict[str, tuple[float, list[float], trio.Event]] = {}
         self.chunks = 0
 
@@ -212,7 +170,7 @@ class Caller:
                 first: list[float] = []
                 finished = trio.Event()
                 self.live[rid] = (time.perf_counter(), first, finished)
-                self.writer.send([("new", rid, None)])
+                send(self.link, [("new", rid, None)])
                 await finished.wait()
                 del self.live[rid]
                 firsts.extend(first)
@@ -228,11 +186,10 @@ class Caller:
 
 async def drive(talker: str, listen: str, seconds: float) -> dict[str, Any]:
     """Warm up for a second, then measure c=1 and c=16 for ``seconds`` each."""
-    caller = Caller(FrameWriter(await connect(talker)))
-    vocoder = await accept_one(listen)
+    caller = Caller(UnixLink(talker, b"caller"))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(caller.writer.pump)
-        nursery.start_soon(read_frames, vocoder, caller.on_items)
+        nursery.start_soon(caller.link.pump)
+        await nursery.start(serve, listen, caller.on_items)
         await caller.measure(1, 1.0)
         figures = {"c1": await caller.measure(1, seconds), "c16": await caller.measure(16, seconds)}
         nursery.cancel_scope.cancel()

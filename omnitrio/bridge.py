@@ -84,7 +84,7 @@ def _lower_thread_priority(by: int) -> Callable[[], None]:
     return undo
 
 
-class _WakingCondition(threading.Condition):
+class WakingCondition(threading.Condition):
     """A queue's ``not_empty`` condition that also wakes trio on every notify."""
 
     def __init__(self, lock: Any, on_notify: Callable[[], None]) -> None:
@@ -244,10 +244,10 @@ class SchedulerBridge:
 
     def _install_waker(self) -> None:
         if self._shallow is not None:
-            self._shallow.not_full = _WakingCondition(self._shallow.mutex, self._on_inbox_get)
+            self._shallow.not_full = WakingCondition(self._shallow.mutex, self._on_inbox_get)
         outbox = self._outbox
         if isinstance(outbox, queue.Queue):
-            outbox.not_empty = _WakingCondition(outbox.mutex, self._request_drain)
+            outbox.not_empty = WakingCondition(outbox.mutex, self._request_drain)
             if outbox.qsize():
                 self._request_drain()
             return
