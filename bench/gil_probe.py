@@ -7,7 +7,8 @@ once per switch interval.  So a call that costs a few µs alone can cost a switc
 when the other thread is busy.  This probe measures it for the calls on the streaming
 path: the relay's pack and unpack of one stream chunk (the seed talker's 2-element
 tensor in a ``StreamItem``), the seed vocoder's hook op (``codes * 100``), and for
-comparison ``tolist()`` and ``torch.tensor(list)``, which keep the GIL.
+comparison ``tolist()``, ``torch.tensor(list)`` and ``torch.from_numpy(numpy.array(list))``,
+which keep the GIL.
 
 "Contended" means a second thread runs a pure-Python loop the whole time (the worst case:
 a scheduler thread busy in Python).  The switch interval is the one stage processes use
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +90,7 @@ def main() -> None:
             "codes * 100 (the seed vocoder's hook)": lambda: codes * 100,
             "codes.tolist()": lambda: codes.tolist(),
             "torch.tensor(list)": lambda: torch.tensor(values),
+            "torch.from_numpy(numpy.array(list))": lambda: torch.from_numpy(numpy.array(values, dtype="int64")),
         }
         rows = {}
         load_before = loadavg()
