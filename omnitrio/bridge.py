@@ -23,6 +23,15 @@
   produced them, at most :data:`DRAIN_BATCH` per pass of the trio loop, so a flooding
   scheduler cannot starve the other stages of its process.
 
+Hand-off: when a request's first output is queued while the trio loop is idle, the
+scheduler thread waits (at most :data:`HANDOFF_S`, with the GIL and the outbox's lock
+released) until the loop has handled it and is idle again.  Without that, a scheduler
+that drops the GIL briefly on every step (most torch calls do) keeps the loop from ever
+taking it: a thread waiting for the GIL forces a switch only after a whole switch
+interval without any release, so the loop got a talker's first chunk only after the
+talker's 100-chunk burst ended (2.6 ms later; seen with ``perf sched``).  Later outputs
+of the request do not wait: they leave in batches, as before.
+
 Priority: with ``nice > 0`` (stage processes, from ``PipelineConfig.scheduler_nice``) the
 scheduler thread runs that much nicer than the IO loop (Linux sets niceness per thread),
 so on oversubscribed cores the loop that carries every request's messages runs first.
@@ -41,6 +50,7 @@ import queue
 import sys
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -55,6 +65,8 @@ hands the GIL back to this process's IO loop often.  Bench A/B on 2 cores, 16 st
 seed's talker → vocoder: a new request's first chunk p50 ~22 ms at 12 deep, ~15 ms at 8;
 8 costs 5-10 % throughput (which rebuilding tiny tensors through numpy had just won back)."""
 INBOX_LOW = 2
+HANDOFF_S = 0.001
+"""Longest a scheduler thread waits for the IO loop to take a request's first output (see above)."""
 _STOP = object()
 
 
@@ -86,15 +98,40 @@ def _lower_thread_priority(by: int) -> Callable[[], None]:
 
 
 class WakingCondition(threading.Condition):
-    """A queue's ``not_empty`` condition that also wakes trio on every notify."""
+    """A queue's ``not_empty`` condition that also wakes trio on every notify.
 
-    def __init__(self, lock: Any, on_notify: Callable[[], None]) -> None:
+    ``on_notify`` may return a function to call with the queue's lock released: the
+    bridge's hand-off, which blocks the notifying thread until trio has taken the item.
+    """
+
+    def __init__(self, lock: Any, on_notify: Callable[[], Callable[[], object] | None]) -> None:
         super().__init__(lock)
+        self._held = lock
         self._on_notify = on_notify
 
     def notify(self, n: int = 1) -> None:
         super().notify(n)
-        self._on_notify()
+        handoff = self._on_notify()
+        if handoff is not None:
+            self._held.release()  # trio's drain takes this lock
+            try:
+                handoff()
+            finally:
+                self._held.acquire()
+
+
+class LoopIdle(trio.abc.Instrument):
+    """An event set while this trio loop waits for IO with no task to run."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def before_io_wait(self, timeout: float) -> None:
+        if timeout > 0:
+            self.event.set()
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.event.clear()
 
 
 class SchedulerBridge:
@@ -108,9 +145,13 @@ class SchedulerBridge:
         handed_over: Callable[[list[IncomingMessage]], None] | None = None,
         *,
         nice: int = 0,
+        first_output: Callable[[str], bool] | None = None,
+        handoff_s: float = HANDOFF_S,
     ) -> None:
         """``deliver`` gets the scheduler's outputs; ``handed_over`` each batch put in its inbox;
-        ``nice`` lowers the scheduler thread's priority (see the module docstring)."""
+        ``nice`` lowers the scheduler thread's priority; ``first_output(request_id)`` says
+        whether the stage has had no output of that request yet (called on the scheduler
+        thread), and such an output is handed off for up to ``handoff_s`` (module docstring)."""
         self.scheduler = scheduler
         self._nice = nice
         self.name = name
@@ -128,6 +169,10 @@ class SchedulerBridge:
         self._starving = False  # messages wait for room in the inbox (read under its mutex)
         self._flush_wanted = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
+        self._trio_thread = threading.get_ident()
+        self._first_output = first_output if handoff_s > 0 else None
+        self._handoff_s = handoff_s
+        self._idle = LoopIdle()
         self._wake_pending = False
         self._wake_lock = threading.Lock()
         self._outbox = scheduler.outbox
@@ -191,13 +236,29 @@ class SchedulerBridge:
 
     # -- thread -> trio -------------------------------------------------------------
 
-    def _request_drain(self) -> None:
-        """Called from any thread after an output is queued; wakes trio once per batch."""
+    def _request_drain(self) -> Callable[[], object] | None:
+        """Called from any thread after an output is queued; wakes trio once per batch.
+
+        Returns the hand-off for the caller to run with the outbox's lock released, when
+        the output just queued is a request's first and the loop is idle.
+        """
         with self._wake_lock:
             if self._wake_pending or self._closed:
-                return
+                return None
             self._wake_pending = True
+        idle = self._idle.event
+        handoff = idle.is_set() and self._is_first_output() and threading.get_ident() != self._trio_thread
+        if handoff:
+            idle.clear()  # set again once the loop has run everything this wakes
         self._soon(self._drain)
+        return partial(idle.wait, self._handoff_s) if handoff else None
+
+    def _is_first_output(self) -> bool:
+        """Whether the output last queued (outbox lock held) is the first of its request."""
+        if self._first_output is None or not self._outbox.queue:
+            return False
+        request_id = getattr(self._outbox.queue[-1], "request_id", None)
+        return isinstance(request_id, str) and self._first_output(request_id)
 
     def _soon(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` in the trio thread (from any thread); dropped once trio has ended."""
@@ -322,6 +383,8 @@ class SchedulerBridge:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._feed_inbox)
+                if self._first_output is not None:
+                    trio.lowlevel.add_instrument(self._idle)
                 self._install_waker()
                 nursery.start_soon(run_thread)
                 try:
@@ -335,6 +398,10 @@ class SchedulerBridge:
                         self._stop_scheduler()
         finally:
             self._closed = True
+            self._idle.event.set()  # release a scheduler thread waiting in a hand-off
+            if self._first_output is not None:
+                with contextlib.suppress(KeyError):
+                    trio.lowlevel.remove_instrument(self._idle)
             if self._pump_thread is not None:
                 self._outbox.put(_STOP)
         return failure[0] if failure else None

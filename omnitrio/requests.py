@@ -47,6 +47,8 @@ class RequestScope:
     fan_in: FanIn | None = None
     got_payload: bool = False
     in_scheduler: bool = False
+    produced: bool = False
+    """The scheduler's first output for this request has reached the stage."""
     outcome: Outcome = "running"
     aborted: bool = False
     """Set by :meth:`abort`; the stage owes the coordinator one ``Released`` for it."""

@@ -130,7 +130,12 @@ class Stage:
                 # (and the other stages of this process, loading in parallel) stay responsive.
                 self.scheduler = await trio.to_thread.run_sync(self._build_scheduler)
             bridge = SchedulerBridge(
-                self.scheduler, self.name, self._on_outputs, self._on_handed_over, nice=self._scheduler_nice
+                self.scheduler,
+                self.name,
+                self._on_outputs,
+                self._on_handed_over,
+                nice=self._scheduler_nice,
+                first_output=self._no_output_yet,
             )
             self._bridge = bridge
             if started:
@@ -269,12 +274,17 @@ class Stage:
                 if req.count_fed(producer):
                     self._board.send(Credit(req.request_id, req.inc, producer, CREDIT_BATCH, self.name))
 
+    def _no_output_yet(self, request_id: str) -> bool:
+        req = self._requests.get(request_id)
+        return req is not None and not req.produced
+
     def _on_outputs(self, outputs: list[OutgoingMessage]) -> None:
         """Called by the bridge in the trio thread; outputs of inactive requests are dropped."""
         requests = self._requests
         for out in outputs:
             req = requests.get(out.request_id)
             if req is not None:
+                req.produced = True
                 req.push(out)
                 if req.backlog >= BACKLOG_HIGH and self._bridge is not None:
                     self._bridge.pause()
