@@ -275,6 +275,8 @@ class Stage:
                     self._board.send(Credit(req.request_id, req.inc, producer, CREDIT_BATCH, self.name))
 
     def _no_output_yet(self, request_id: str) -> bool:
+        """Whether the scheduler's output for ``request_id`` would be its first here; the
+        bridge asks on the scheduler thread (a read of the live table, never a change)."""
         req = self._requests.get(request_id)
         return req is not None and not req.produced
 
