@@ -23,9 +23,9 @@
   produced them, at most :data:`DRAIN_BATCH` per pass of the trio loop, so a flooding
   scheduler cannot starve the other stages of its process.
 
-Hand-off: when a request's first output is queued while the trio loop is idle, the
-scheduler thread waits (at most :data:`HANDOFF_S`, with the GIL and the outbox's lock
-released) until the loop has handled it and is idle again.  Without that, a scheduler
+Hand-off (stage processes): when a request's first output is queued while the trio
+loop is idle, the scheduler thread waits (at most :data:`HANDOFF_S`, with the GIL and the
+outbox's lock released) until the loop has handled it and is idle again.  Without that, a scheduler
 that drops the GIL briefly on every step (most torch calls do) keeps the loop from ever
 taking it: a thread waiting for the GIL forces a switch only after a whole switch
 interval without any release, so the loop got a talker's first chunk only after the

@@ -384,7 +384,12 @@ async def _serve_child(spec: ChildSpec, host: Host, recorder: Any, shutdown: tri
             topology = Topology.compile(spec.config, [n for n, home in spec.homes.items() if home == spec.process])
             for name, plan in topology.plans.items():
                 host.stages[name] = Stage(
-                    plan, builder(spec.config, name), host, recorder, scheduler_nice=spec.config.scheduler_nice
+                    plan,
+                    builder(spec.config, name),
+                    host,
+                    recorder,
+                    scheduler_nice=spec.config.scheduler_nice,
+                    hand_off=True,
                 )
             async with trio.open_nursery() as starting:
                 for stage in host.stages.values():
