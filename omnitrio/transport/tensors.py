@@ -24,18 +24,21 @@ from omnitrio.errors import RelayError
 
 LIST_LIMIT = 32
 """Inline CPU tensors of at most this many elements cross as a list of their values."""
+LISTED_DTYPES = (
+    *("float16", "bfloat16", "float32", "float64", "complex64", "complex128"),
+    *("bool", "uint8", "int8", "int16", "int32", "int64"),
+)
+"""Dtypes whose values survive ``tolist()`` and back exactly; torch's wide unsigned ints
+(barely supported) cross only as bytes."""
+NUMPY_DTYPES = frozenset(LISTED_DTYPES) - {"bfloat16"}
+"""Listed dtypes that numpy has under the same name: rebuilt through numpy."""
 
 
 class TensorKinds:
     """What the packer asks of torch per tensor, looked up once per process."""
 
     def __init__(self, torch: Any) -> None:
-        # Values of these survive tolist() → torch.tensor(values, dtype) exactly; torch's
-        # wide unsigned ints (barely supported) cross only as bytes.
-        listed = [
-            *(torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128),
-            *(torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64),
-        ]
+        listed = [getattr(torch, name) for name in LISTED_DTYPES]
         plain = [*listed, *(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))]
         self.names: dict[Any, str] = {dtype: str(dtype).removeprefix("torch.") for dtype in plain}
         self.numpy_ok = frozenset(plain) - {torch.bfloat16}
@@ -80,12 +83,6 @@ def listed_tensor(values: Any, dtype: str, requires_grad: bool) -> Any:
     else:  # bfloat16
         t = torch.tensor(values, dtype=getattr(torch, dtype))
     return t.requires_grad_(True) if requires_grad else t
-
-
-NUMPY_DTYPES = frozenset(
-    ("float16", "float32", "float64", "complex64", "complex128", "bool", "uint8", "int8", "int16", "int32", "int64")
-)
-"""Listed dtypes that numpy has under the same name."""
 
 
 def cuda_device(torch: Any, name: str) -> Any:
