@@ -121,7 +121,10 @@ class WakingCondition(threading.Condition):
 
 
 class LoopIdle(trio.abc.Instrument):
-    """An event set while this trio loop waits for IO with no task to run."""
+    """An event set while this trio loop waits for IO with no task to run.
+
+    One per loop (``trio.lowlevel.add_instrument``): every hook runs on every pass.
+    """
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -146,12 +149,15 @@ class SchedulerBridge:
         *,
         nice: int = 0,
         first_output: Callable[[str], bool] | None = None,
+        idle: LoopIdle | None = None,
         handoff_s: float = HANDOFF_S,
     ) -> None:
         """``deliver`` gets the scheduler's outputs; ``handed_over`` each batch put in its inbox;
         ``nice`` lowers the scheduler thread's priority; ``first_output(request_id)`` says
         whether the stage has had no output of that request yet (called on the scheduler
-        thread), and such an output is handed off for up to ``handoff_s`` (module docstring)."""
+        thread), and such an output is handed off for up to ``handoff_s`` while ``idle`` (this
+        loop's instrument, installed by the caller, shared by its stages) says the loop is
+        idle (module docstring)."""
         self.scheduler = scheduler
         self._nice = nice
         self.name = name
@@ -170,9 +176,9 @@ class SchedulerBridge:
         self._flush_wanted = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
         self._trio_thread = threading.get_ident()
-        self._first_output = first_output if handoff_s > 0 else None
+        self._first_output = first_output if handoff_s > 0 and idle is not None else None
         self._handoff_s = handoff_s
-        self._idle = LoopIdle()
+        self._idle = idle.event if idle is not None else threading.Event()  # never set: no hand-off
         self._wake_pending = False
         self._wake_lock = threading.Lock()
         self._outbox = scheduler.outbox
@@ -246,7 +252,7 @@ class SchedulerBridge:
             if self._wake_pending or self._closed:
                 return None
             self._wake_pending = True
-        idle = self._idle.event
+        idle = self._idle
         handoff = idle.is_set() and self._is_first_output() and threading.get_ident() != self._trio_thread
         if handoff:
             idle.clear()  # set again once the loop has run everything this wakes
@@ -383,8 +389,6 @@ class SchedulerBridge:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._feed_inbox)
-                if self._first_output is not None:
-                    trio.lowlevel.add_instrument(self._idle)
                 self._install_waker()
                 nursery.start_soon(run_thread)
                 try:
@@ -398,10 +402,6 @@ class SchedulerBridge:
                         self._stop_scheduler()
         finally:
             self._closed = True
-            self._idle.event.set()  # release a scheduler thread waiting in a hand-off
-            if self._first_output is not None:
-                with contextlib.suppress(KeyError):
-                    trio.lowlevel.remove_instrument(self._idle)
             if self._pump_thread is not None:
                 self._outbox.put(_STOP)
         return failure[0] if failure else None

@@ -36,6 +36,7 @@ from typing import Any
 import attrs
 import trio
 
+from omnitrio.bridge import LoopIdle
 from omnitrio.config import PipelineConfig
 from omnitrio.coordinator import Coordinator
 from omnitrio.errors import RequestFailed, StartupError, collapse
@@ -382,6 +383,8 @@ async def _serve_child(spec: ChildSpec, host: Host, recorder: Any, shutdown: tri
             nursery.start_soon(flush_periodically, recorder)
         try:
             topology = Topology.compile(spec.config, [n for n, home in spec.homes.items() if home == spec.process])
+            loop_idle = LoopIdle()
+            trio.lowlevel.add_instrument(loop_idle)
             for name, plan in topology.plans.items():
                 host.stages[name] = Stage(
                     plan,
@@ -389,7 +392,7 @@ async def _serve_child(spec: ChildSpec, host: Host, recorder: Any, shutdown: tri
                     host,
                     recorder,
                     scheduler_nice=spec.config.scheduler_nice,
-                    hand_off=True,
+                    loop_idle=loop_idle,
                 )
             async with trio.open_nursery() as starting:
                 for stage in host.stages.values():

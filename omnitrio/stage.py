@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import trio
 
-from omnitrio.bridge import SchedulerBridge
+from omnitrio.bridge import LoopIdle, SchedulerBridge
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload, StreamItem
 from omnitrio.envelopes import (
     COORDINATOR,
@@ -76,15 +76,16 @@ class Stage:
         recorder: EventRecorder | None = None,
         *,
         scheduler_nice: int = 0,
-        hand_off: bool = False,
+        loop_idle: LoopIdle | None = None,
     ) -> None:
-        """``scheduler_nice``: how much nicer the scheduler thread runs; ``hand_off``: the
-        bridge hands a request's first output to an idle IO loop.  Both for stage processes
-        only: where the caller and every stage share one loop, that loop is idle only when the
-        whole pipeline is, and waiting for it cost 5-12 % throughput (bench A/B, inline)."""
+        """``scheduler_nice``: how much nicer the scheduler thread runs; with ``loop_idle`` (this
+        loop's instrument) the bridge hands a request's first output to the idle loop.  Both
+        for stage processes only: where the caller and every stage share one loop, that loop is
+        idle only when the whole pipeline is, and waiting for it cost 5-12 % throughput (bench
+        A/B, inline)."""
         self.plan = plan
         self._scheduler_nice = scheduler_nice
-        self._hand_off = hand_off
+        self._loop_idle = loop_idle
         self._rec = recorder
         self.name = plan.name
         self._build_scheduler = build_scheduler
@@ -140,7 +141,8 @@ class Stage:
                 self._on_outputs,
                 self._on_handed_over,
                 nice=self._scheduler_nice,
-                first_output=self._no_output_yet if self._hand_off else None,
+                first_output=self._no_output_yet,
+                idle=self._loop_idle,
             )
             self._bridge = bridge
             if started:

@@ -7,7 +7,7 @@ import time
 
 import trio
 
-from omnitrio.bridge import SchedulerBridge
+from omnitrio.bridge import LoopIdle, SchedulerBridge
 from omnitrio.contract import IncomingMessage, OutgoingMessage
 
 BURST = 2000
@@ -56,7 +56,9 @@ async def run_burst(*, handoff_s: float) -> list[tuple[int, int]]:
     def first_output(request_id: str) -> bool:
         return not any(out.request_id == request_id for out in received)
 
-    bridge = SchedulerBridge(scheduler, "burst", deliver, first_output=first_output, handoff_s=handoff_s)
+    idle = LoopIdle()
+    trio.lowlevel.add_instrument(idle)
+    bridge = SchedulerBridge(scheduler, "burst", deliver, first_output=first_output, idle=idle, handoff_s=handoff_s)
     async with trio.open_nursery() as nursery:
         await nursery.start(bridge.run)
         bridge.put(IncomingMessage("r1", "new_request", None))
