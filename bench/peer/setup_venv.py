@@ -8,10 +8,11 @@ torch or ``sglang`` itself.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-import venv
 from pathlib import Path
+from venv import EnvBuilder
 
 PEER_DIR = Path(__file__).resolve().parent
 BENCH_DIR = PEER_DIR.parent
@@ -30,9 +31,24 @@ PEER_DEPS = [
 ]
 
 
-def python() -> Path:
-    """The peer venv's interpreter (it may not exist yet)."""
-    return VENV / "bin" / "python"
+def python(venv: Path = VENV) -> Path:
+    """A venv's interpreter, the peer's by default (it may not exist yet)."""
+    return venv / "bin" / "python"
+
+
+def create(venv: Path) -> list[str]:
+    """Create ``venv`` unless it exists; the ``pip install`` command line of its interpreter."""
+    if not python(venv).exists():
+        print(f"creating {venv}", flush=True)
+        EnvBuilder(with_pip=True, clear=False).create(venv)
+    return [str(python(venv)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+
+
+def clean_env(pythonpath: list[Path]) -> dict[str, str]:
+    """This process's environment for a venv's subprocesses: ``pythonpath`` only, no venv of ours."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = os.pathsep.join(str(path) for path in pythonpath)
+    return env
 
 
 def is_ready() -> bool:
@@ -49,19 +65,12 @@ def imports_ok() -> bool:
 
 def peer_env() -> dict[str, str]:
     """Environment for peer subprocesses: the stub and bench/peer/seed on PYTHONPATH, nothing else of ours."""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PYTHONPATH"] = os.pathsep.join([str(PEER_DIR / "stub"), str(PEER_DIR / "seed"), str(BENCH_DIR.parent)])
-    return env
+    return clean_env([PEER_DIR / "stub", PEER_DIR / "seed", BENCH_DIR.parent])
 
 
 def setup() -> None:
     """Create the venv and install the peer (idempotent)."""
-    if not python().exists():
-        print(f"creating {VENV}", flush=True)
-        venv.EnvBuilder(with_pip=True, clear=False).create(VENV)
-    pip = [str(python()), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    pip = create(VENV)
     subprocess.run([*pip, "--no-deps", PEER_PACKAGE], check=True)
     subprocess.run([*pip, *PEER_DEPS], check=True)
     # pip reports sglang-omni's unmet requirements above; they are deliberately not installed.
