@@ -56,6 +56,7 @@ from typing import Any
 import trio
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage
+from omnitrio.errors import StartupError
 from omnitrio.fairqueue import FairQueue
 
 DRAIN_BATCH = 256
@@ -368,6 +369,8 @@ class SchedulerBridge:
             try:
                 try:
                     self.scheduler.warm_up_serving_thread()
+                except Exception as exc:
+                    raise StartupError(f"stage {self.name!r}: scheduler failed to start: {exc}") from exc
                 finally:
                     token.run_sync_soon(ready.set)
                 self.scheduler.start()

@@ -33,6 +33,7 @@ import trio
 
 from omnitrio.config import PipelineConfig, load
 from omnitrio.errors import ConfigError
+from omnitrio.importing import import_object
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "speech.toml"
 log = logging.getLogger("omnitrio.cli")
@@ -162,7 +163,28 @@ def _inline(config: PipelineConfig) -> bool:
 def _check(args: argparse.Namespace) -> int:
     config = load_config(args.file, args.overrides)
     print(describe(config))
-    return 0
+    problems = preflight(config)
+    for problem in problems:
+        print(f"omnitrio: error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def preflight(config: PipelineConfig) -> list[str]:
+    """What stage factories with a ``preflight(**factory_args)`` say about running here, one line each.
+
+    A factory that needs an optional package (``sglang``, say) names what to install, and checks
+    its arguments against that package when it is installed; the factory itself is not called.
+    """
+    problems = []
+    for stage in config.stages:
+        check = getattr(import_object(stage.factory_path), "preflight", None)
+        if check is None:
+            continue
+        try:
+            check(**stage.factory.to_kwargs())
+        except Exception as exc:
+            problems.append(f"stage {stage.name!r}: {exc}")
+    return problems
 
 
 def describe(config: PipelineConfig) -> str:
