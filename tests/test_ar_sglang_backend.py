@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import torch
 
+from omnitrio import PipelineConfig, StageConfig, open_pipeline
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
+from omnitrio.errors import StartupError
 from schedulers.ar.sglang_backend import SGLangScheduler, create_sglang_scheduler, per_token_hidden_states, shut_down
 
 
@@ -198,12 +200,18 @@ def test_return_hidden_states_is_asked_of_the_engine(fake) -> None:
     assert "return_hidden_states" not in calls["plain"]
 
 
+# Like glibc's sem_open: map a temporary file, link it to its name, remove the temporary name.
 MAPS_AND_WAIT = """
-import mmap, sys, time
-with open(sys.argv[1], "r+b") as f:
+import mmap, os, sys, time
+temporary = sys.argv[1] + ".tmp"
+with open(temporary, "w+b") as f:
+    f.write(bytes(64))
+    f.flush()
     mapped = mmap.mmap(f.fileno(), 0)
-    print("mapped", flush=True)
-    time.sleep(60)
+os.link(temporary, sys.argv[1])
+os.unlink(temporary)
+print("mapped", flush=True)
+time.sleep(60)
 """
 
 
@@ -226,8 +234,7 @@ def test_shutdown_removes_the_shm_files_the_engine_children_mapped_and_no_other(
     tag = uuid.uuid4().hex[:8]
     own, other = Path(f"/dev/shm/sglang_loads_omnitrio-test-{tag}.shm"), Path(f"/dev/shm/sem.mp-omnitrio-test-{tag}")
     try:
-        for path in (own, other):
-            path.write_bytes(b"\0" * 64)
+        other.write_bytes(bytes(64))
         shut_down(ChildEngine(own))
         assert not own.exists()
         assert other.exists()
@@ -246,3 +253,19 @@ def test_check_names_what_to_install_when_sglang_is_missing() -> None:
     assert done.returncode == 1
     assert "stage 'thinker': needs the `sglang` package" in done.stderr
     assert "pip install 'omnitrio[sglang]'" in done.stderr
+
+
+def create_unstartable() -> SGLangScheduler:
+    def broken() -> Any:
+        raise OSError("no GPU here")
+
+    return SGLangScheduler(broken)
+
+
+async def test_an_engine_that_fails_to_start_fails_pipeline_start_up_naming_the_stage() -> None:
+    stage = StageConfig(name="thinker", factory_path=f"{__name__}.create_unstartable", terminal=True)
+    config = PipelineConfig(name="unstartable", stages=[stage])
+    for _ in range(10):  # the stage must never report ready first, whichever task trio runs first
+        with pytest.raises(StartupError, match=r"stage 'thinker': scheduler failed to start: .*no GPU here"):
+            async with open_pipeline(config, inline=True):
+                pass

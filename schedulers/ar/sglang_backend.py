@@ -13,11 +13,18 @@ and params (``ignore_eos`` is passed as SGLang's own sampling param).  Because S
 itself, ``stream`` outputs carry text: ``data={"text": delta}``, ``metadata={"modality": "text"}``
 (the engine's cumulative ``text`` turned into deltas).  The ``result`` payload's ``data`` gets
 ``text``, ``finish_reason`` (the type of SGLang's ``meta_info["finish_reason"]``), ``meta_info`` and,
-when the engine reports them, ``output_token_ids``.  An engine-side abort (``finish_reason`` type
-``"abort"``) is an ``error``.  ``abort(rid)`` cancels the stream and calls the engine's
-``abort_request(rid=...)`` (or its tokenizer manager's) on the engine's loop.
+when the engine reports them, ``output_token_ids``; with ``return_hidden_states`` (the engine needs
+``enable_return_hidden_states=True``) also ``hidden_states``, ``[generated, dim]`` float32 as
+:class:`ARScheduler` gives them.  An engine-side abort (``finish_reason`` type ``"abort"``) is an
+``error``.  ``abort(rid)`` cancels the stream and calls the engine's ``abort_request(rid=...)`` (or
+its tokenizer manager's) on the engine's loop.
 
-``sglang`` is imported only by :func:`create_sglang_scheduler`.
+``Engine.shutdown()`` kills every child process of the process it runs in, so an SGLang stage wants
+a process of its own (``process = "..."`` in the config).  :func:`shut_down` removes what the
+engine's processes leave in ``/dev/shm``.  Proven with sglang 0.5.23 on CPU
+(``tests/test_sglang_engine.py``).
+
+``sglang`` is imported only by :func:`create_sglang_scheduler` and :func:`preflight`.
 """
 
 from __future__ import annotations
@@ -147,13 +154,24 @@ _LEFT_BEHIND = ("sglang_loads_", "sem.mp-")
 
 
 def _mapped_shm(pid: int) -> set[Path]:
-    """The files under ``/dev/shm`` that process ``pid`` has mapped and SGLang leaves behind."""
+    """The files in ``/dev/shm`` SGLang leaves behind that process ``pid`` has mapped.
+
+    Matched by inode, not by the name in ``maps``: glibc's ``sem_open`` maps a temporary file and
+    links it to the semaphore's name, so ``maps`` shows the deleted temporary name.
+    """
     try:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return set()
-    paths = {Path(line.split(maxsplit=5)[5]) for line in maps.splitlines() if " /dev/shm/" in line}
-    return {path for path in paths if path.parent == SHM and path.name.startswith(_LEFT_BEHIND)}
+    inodes = set()
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(f"{SHM}/"):
+            inodes.add(int(fields[4]))
+    if not inodes:
+        return set()
+    with os.scandir(SHM) as entries:
+        return {Path(e.path) for e in entries if e.name.startswith(_LEFT_BEHIND) and e.inode() in inodes}
 
 
 SHM = Path("/dev/shm")
@@ -383,8 +401,9 @@ def preflight(model_path: str, *, scheduler_args: dict[str, Any] | None = None, 
     import sglang
     from sglang.srt.server_args import ServerArgs
 
-    fields = {field.name for field in dataclasses.fields(ServerArgs)}
-    unknown = sorted(set(engine_args) - fields)
+    # A msgspec Struct in sglang 0.5.23, a dataclass before.
+    fields = getattr(ServerArgs, "__struct_fields__", None) or [f.name for f in dataclasses.fields(ServerArgs)]
+    unknown = sorted(set(engine_args) - set(fields))
     if unknown:
         raise ValueError(f"sglang {sglang.__version__}: Engine does not take {unknown} (not in ServerArgs)")
 
