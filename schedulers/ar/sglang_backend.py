@@ -50,6 +50,10 @@ from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded,
 from schedulers.ar.scheduler import STOP, _Stop, prompt_and_params
 
 
+# SGLang's shutdown waits up to 60 s for its killed children; then /dev/shm is cleaned.
+SHUTDOWN_TIMEOUT = 90.0
+
+
 class EngineThread:
     """A thread running one asyncio loop that owns the engine ``factory()`` builds on it."""
 
@@ -78,7 +82,7 @@ class EngineThread:
         if self.loop is not None and self._closed is not None and self._thread.is_alive():
             self.loop.call_soon_threadsafe(self._closed.set)
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=SHUTDOWN_TIMEOUT)
 
     def _run(self) -> None:
         asyncio.run(self._main())
