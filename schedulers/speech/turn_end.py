@@ -26,6 +26,7 @@ from schedulers.speech.turn_words import unfinished_because
 
 Eagerness = Literal["low", "medium", "high", "auto"]
 EAGERNESS_LEVELS: tuple[Eagerness, ...] = ("low", "medium", "high", "auto")
+JUDGE_AT_MS = 200  # the pause at which a turn is judged: Smart Turn expects a short silence after the words
 
 
 class CompletionScorer(Protocol):
