@@ -1,9 +1,10 @@
 """Turn-taking: semantic end of turn against silence-only VAD, on a labelled set of synthesized utterances.
 
 The set: complete sentences, and the same sentences cut mid-phrase (after an article, a
-preposition, a conjunction, a filler, or a content word) followed by a 1 s hesitation; each
-spoken by Piper (the project's voice, three speeds) and by espeak-ng (three voices), generated
-here at run time.  Every utterance is 0.3 s of silence, the speech, then silence.
+preposition, a conjunction, a filler, or a content word) followed by a 1 s hesitation, the cut
+said with a final and with a continuing pitch (:func:`spoken`); each spoken by Piper (the
+project's voice, two speeds) and by espeak-ng (two voices), generated here at run time.  Every
+utterance is 0.3 s of silence, the speech, then silence.
 
 Each one is streamed through the server's VAD (Silero, ``pause_ms=200``).  At every pause of
 200 ms the semantic detectors judge the turn from the audio so far and its transcript so far
@@ -22,6 +23,11 @@ first pause of ``silence_duration_ms``.  Outcomes, per detector:
 Detectors: ``server_vad`` (500 ms, OpenAI's default; and 200 ms), the audio model alone and the
 words alone (both with the ``medium`` silences), and ``semantic_vad`` at each eagerness.  Per
 decision: the words' check, the audio model, and (separately) the transcript's ASR.
+
+False interruptions: short backchannels ("uh-huh", "okay", …) and a cough-like noise burst should
+let the assistant resume; real interruptions ("wait, stop", …) should cancel it.  Each is spoken
+by every voice, transcribed (Whisper, ``quick``) and classified by
+:class:`omnitrio.serve.backchannel.InterruptionPolicy` with its default list.
 
 Run: ``.venv/bin/python bench/turn_taking.py [--quick]``; figures go to ``bench/results/turn_taking.json``.
 """
@@ -44,6 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from omnitrio.serve.backchannel import InterruptionPolicy  # noqa: E402
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, resample  # noqa: E402
 from schedulers.speech.turn_end import EagernessPolicy, judge, policy_for  # noqa: E402
 from schedulers.speech.turn_words import unfinished_because  # noqa: E402
@@ -81,8 +88,11 @@ SENTENCES: list[tuple[str, str]] = [
     ("Send a message to Anna saying I will be late.", "Send a message to Anna saying"),
     ("How do I get from the hotel to the museum?", "How do I get from the hotel to the, uh"),
 ]
-PIPER_SPEEDS = (0.85, 1.0, 1.2)
-ESPEAK_VOICES = ("en-us", "en-gb", "en-us+f3")
+BACKCHANNELS = ["Uh-huh.", "Yeah.", "Okay.", "Mm-hmm.", "Right.", "I see.", "Oh, okay."]
+INTERRUPTIONS = ["Wait, stop.", "No, I meant Tuesday.", "Can you repeat that?", "Sorry, what was the address?"]
+PIPER_SPEEDS = (0.9, 1.15)
+HOW = ("complete", "cut, final", "cut, continuing")
+ESPEAK_VOICES = ("en-us", "en-gb+f3")
 
 
 @attrs.frozen
@@ -110,6 +120,7 @@ class Pause:
 class Utterance:
     text: str
     complete: bool
+    how: str  # one of HOW
     voice: str
     end_of_speech: int  # sample
     pauses: list[Pause]
@@ -120,7 +131,7 @@ def voices(quick: bool) -> list[Voice]:
 
     found: list[Voice] = []
     piper = PiperSynthesizer(threads=1)
-    for speed in (1.0,) if quick else PIPER_SPEEDS:
+    for speed in PIPER_SPEEDS[:1] if quick else PIPER_SPEEDS:
         found.append(Voice(f"piper@{speed}", _at_16k(lambda text, s=speed: piper.synthesize(text, s), piper)))
     try:
         espeak_voices = ESPEAK_VOICES[:1] if quick else ESPEAK_VOICES
@@ -143,11 +154,27 @@ def end_of_speech(speech: FloatAudio) -> int:
     return int((loud[-1] + 1) * 10 * MS) if loud.size else 0
 
 
-def measure(text: str, complete: bool, voice: Voice, recognizer: Any, model: Any) -> Utterance:
+def spoken(voice: Voice, complete: str, cut: str) -> list[tuple[str, bool, str, FloatAudio]]:
+    """(text, complete, how, 16 kHz speech): the sentence, and its cut said two ways.
+
+    "cut, final": the fragment synthesized as it is, which voices end with a sentence's falling
+    pitch (the hardest case for the audio model); "cut, continuing": the fragment synthesized
+    with a trailing comma, which both voices say with the rising, unfinished pitch of a speaker
+    who stops to think.
+    """
+    return [
+        (complete, True, "complete", voice.synthesize(complete)),
+        (cut, False, "cut, final", voice.synthesize(cut)),
+        (cut, False, "cut, continuing", voice.synthesize(cut + ",")),
+    ]
+
+
+def measure(
+    text: str, complete: bool, how: str, speech: FloatAudio, voice: str, recognizer: Any, model: Any
+) -> Utterance:
     """Stream one utterance through the VAD and judge every pause of 200 ms."""
     from schedulers.speech.vad import VoiceActivityDetector
 
-    speech = voice.synthesize(text)
     end = end_of_speech(speech)
     tail_ms = 2 * PROMPT_MS if complete else HESITATION_MS
     lead = np.zeros(int(LEAD_S * ASR_SAMPLE_RATE), dtype=np.float32)
@@ -188,7 +215,7 @@ def measure(text: str, complete: bool, voice: Voice, recognizer: Any, model: Any
                 (model_done - words_done) * 1000,
             )
         )
-    return Utterance(text, complete, voice.name, lead.size + end, pauses)
+    return Utterance(text, complete, how, voice, lead.size + end, pauses)
 
 
 # A detector: the silence (ms) it waits at a pause, and the compute (ms) its decision costs.
@@ -210,18 +237,33 @@ def semantic(policy: EagernessPolicy, *, audio: bool = True, words: bool = True)
     return wait
 
 
-def outcome(utterance: Utterance, detector: Detector) -> tuple[str, float | None]:
-    """``("true" | "missed" | "false" | "held", latency_ms)`` of one utterance under one detector."""
+@attrs.frozen
+class Outcome:
+    kind: str  # "true" | "missed" | "false" | "held"
+    latency_ms: float | None = None  # end of speech to the decision, compute included
+    silence_ms: float | None = None  # the same without the decision's compute
+
+
+def outcome(utterance: Utterance, detector: Detector) -> Outcome:
+    """What one detector does with one utterance: where it ends the turn, and how late."""
     for pause in utterance.pauses:
         silence, compute = detector(pause)
         if silence > pause.length_ms:
             continue
         if not (pause.final and utterance.complete):
-            return "false", None
-        decided = max(silence, PAUSE_MS + compute)
-        latency = (pause.speech_end - utterance.end_of_speech) / MS + decided
-        return ("true" if latency <= PROMPT_MS else "missed"), latency
-    return ("missed", None) if utterance.complete else ("held", None)
+            return Outcome("false")
+        lag = (pause.speech_end - utterance.end_of_speech) / MS
+        latency = lag + max(silence, PAUSE_MS + compute)
+        return Outcome("true" if latency <= PROMPT_MS else "missed", latency, lag + silence)
+    return Outcome("missed" if utterance.complete else "held")
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {
+        "p50": percentile(values, 0.5),
+        "p90": percentile(values, 0.9),
+        "mean": round(statistics.fmean(values), 1) if values else None,
+    }
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -233,20 +275,17 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def score(utterances: list[Utterance], detector: Detector) -> dict[str, Any]:
     results = [outcome(u, detector) for u in utterances]
-    true = sum(kind == "true" for kind, _ in results)
-    false = sum(kind == "false" for kind, _ in results)
+    true = sum(r.kind == "true" for r in results)
+    false = sum(r.kind == "false" for r in results)
     complete = sum(u.complete for u in utterances)
-    latencies = [latency for (_kind, latency), u in zip(results, utterances, strict=True) if u.complete and latency]
+    ended = [r for r in results if r.latency_ms is not None]
     return {
         "precision": round(true / (true + false), 3) if true + false else None,
         "recall": round(true / complete, 3) if complete else None,
         "false_ends": false,
-        "complete_turn_latency_ms": {
-            "p50": percentile(latencies, 0.5),
-            "p90": percentile(latencies, 0.9),
-            "mean": round(statistics.fmean(latencies), 1) if latencies else None,
-            "ended": len(latencies),
-        },
+        "complete_turns_ended": len(ended),
+        "complete_turn_latency_ms": spread([r.latency_ms for r in ended if r.latency_ms is not None]),
+        "complete_turn_silence_ms": spread([r.silence_ms for r in ended if r.silence_ms is not None]),
     }
 
 
@@ -269,6 +308,37 @@ def per_decision(utterances: list[Utterance]) -> dict[str, Any]:
     return figures
 
 
+def cough(seconds: float = 0.25, seed: int = 0) -> FloatAudio:
+    """A cough-like burst: band-limited noise under a fast attack, slow decay envelope."""
+    rng = np.random.default_rng(seed)
+    samples = int(seconds * ASR_SAMPLE_RATE)
+    noise = np.convolve(rng.standard_normal(samples), np.ones(8) / 8, mode="same")
+    envelope = np.minimum(np.linspace(0, 8, samples), 1) * np.exp(-np.linspace(0, 5, samples))
+    return (0.4 * noise * envelope / np.abs(noise).max()).astype(np.float32)
+
+
+def interruptions(all_voices: list[Voice], recognizer: Any) -> dict[str, Any]:
+    """Resume / cancel outcomes for backchannels, a cough, and real interruptions."""
+    policy = InterruptionPolicy()
+    heard: list[dict[str, Any]] = []
+    spoken = [(text, "resume") for text in BACKCHANNELS] + [(text, "cancel") for text in INTERRUPTIONS]
+    for voice in all_voices:
+        for text, expected in spoken:
+            transcript = recognizer.transcribe(voice.synthesize(text), quick=True)
+            heard.append({"voice": voice.name, "said": text, "transcript": transcript, "expected": expected})
+    for seed in range(3):
+        transcript = recognizer.transcribe(cough(seed=seed), quick=True)
+        heard.append({"voice": "noise", "said": "(cough)", "transcript": transcript, "expected": "resume"})
+    for row in heard:
+        row["outcome"] = policy.decide(row["transcript"])
+    right = {kind: [r for r in heard if r["expected"] == kind] for kind in ("resume", "cancel")}
+    return {
+        "backchannels_resumed": f"{sum(r['outcome'] == 'resume' for r in right['resume'])}/{len(right['resume'])}",
+        "interruptions_cancelled": f"{sum(r['outcome'] == 'cancel' for r in right['cancel'])}/{len(right['cancel'])}",
+        "wrong": [r for r in heard if r["outcome"] != r["expected"]],
+    }
+
+
 def main(quick: bool) -> dict[str, Any]:
     from schedulers.speech.asr import shared_recognizer
     from schedulers.speech.turn_model import TurnModel
@@ -276,29 +346,37 @@ def main(quick: bool) -> dict[str, Any]:
     recognizer = shared_recognizer("faster-whisper")
     model = TurnModel(threads=1)
     load_before = os.getloadavg()[0]
+    all_voices = voices(quick)
     utterances = [
-        measure(text, complete, voice, recognizer, model)
-        for voice in voices(quick)
-        for pair in (SENTENCES[:8] if quick else SENTENCES)
-        for text, complete in ((pair[0], True), (pair[1], False))
+        measure(text, complete, how, speech, voice.name, recognizer, model)
+        for voice in all_voices
+        for whole, cut in (SENTENCES[:8] if quick else SENTENCES)
+        for text, complete, how, speech in spoken(voice, whole, cut)
     ]
-    scores = {name: score(utterances, detector) for name, detector in detectors().items()}
+    # Precision against each kind of cut on its own: every set holds as many cuts as complete turns.
+    against = {cut: [u for u in utterances if u.how in ("complete", cut)] for cut in HOW[1:]}
+    scores = {
+        cut: {name: score(subset, detector) for name, detector in detectors().items()}
+        for cut, subset in against.items()
+    }
     by_voice = {
-        voice: score([u for u in utterances if u.voice == voice], semantic(policy_for("medium")))
+        voice: score([u for u in against["cut, continuing"] if u.voice == voice], semantic(policy_for("medium")))
         for voice in sorted({u.voice for u in utterances})
     }
     return {
         "cpus": os.cpu_count(),
         "load_avg_before": load_before,
-        "utterances": {"complete": sum(u.complete for u in utterances), "cut": sum(not u.complete for u in utterances)},
+        "utterances": {how: sum(u.how == how for u in utterances) for how in HOW},
         "voices": sorted({u.voice for u in utterances}),
         "per_decision_ms": per_decision(utterances),
         "detectors": scores,
-        "semantic_vad_medium_by_voice": by_voice,
+        "semantic_vad_medium_by_voice_cut_continuing": by_voice,
+        "false_interruptions": interruptions(all_voices, recognizer),
         "judged_pauses": [
             {
                 "voice": u.voice,
                 "text": u.text,
+                "how": u.how,
                 "complete": u.complete,
                 "final": p.final,
                 "transcript": p.transcript,
@@ -320,13 +398,25 @@ def report(figures: dict[str, Any]) -> None:
         f" audio model p50 {decision['model_ms']['p50']} ms (p90 {decision['model_ms']['p90']}),"
         f" transcript ASR p50 {decision['asr_ms']['p50']} ms"
     )
-    print(f"{'detector':<22} {'precision':>9} {'recall':>7} {'false':>6} {'p50 ms':>8} {'p90 ms':>8}")
-    for name, row in figures["detectors"].items():
-        latency = row["complete_turn_latency_ms"]
+    print("complete-turn latency: end of speech -> decision (with compute; silence waited alone)")
+    for cut, rows in figures["detectors"].items():
+        print(f"\ncomplete turns against {cut!r} ones")
         print(
-            f"{name:<22} {row['precision']!s:>9} {row['recall']!s:>7} {row['false_ends']:>6}"
-            f" {latency['p50']!s:>8} {latency['p90']!s:>8}"
+            f"{'detector':<22} {'precision':>9} {'recall':>7} {'false':>6} {'p50 ms':>8} {'p90 ms':>8} {'silence':>8}"
         )
+        for name, row in rows.items():
+            latency, silence = row["complete_turn_latency_ms"], row["complete_turn_silence_ms"]
+            print(
+                f"{name:<22} {row['precision']!s:>9} {row['recall']!s:>7} {row['false_ends']:>6}"
+                f" {latency['p50']!s:>8} {latency['p90']!s:>8} {silence['p50']!s:>8}"
+            )
+    outcomes = figures["false_interruptions"]
+    print(
+        f"false interruptions: backchannels resumed {outcomes['backchannels_resumed']},"
+        f" real interruptions cancelled {outcomes['interruptions_cancelled']}"
+    )
+    for row in outcomes["wrong"]:
+        print(f"  wrong: {row['voice']} said {row['said']!r}, heard {row['transcript']!r} -> {row['outcome']}")
 
 
 if __name__ == "__main__":
