@@ -12,13 +12,15 @@ Each one is streamed through the server's VAD (Silero, ``pause_ms=200``).  At ev
 judgement asks for (:mod:`schedulers.speech.turn_end`).  Silence-only VAD ends a turn at the
 first pause of ``silence_duration_ms``.  Outcomes, per detector:
 
-* true end: a complete utterance whose turn ends at its final pause within 1 s of the end of speech;
+* true end: a complete utterance whose turn ends at its final pause after a silence that ends
+  within 1 s of the end of speech (the judgement, not this machine's load, decides it);
 * false end: a turn ended during a pause inside the speech (a comma) or during a cut utterance's
   hesitation (the speaker was cut off);
 * precision = true / (true + false), recall = true / complete utterances;
 * turn latency on complete utterances: end of speech (the last sample above -40 dBFS) to the
-  decision, the decision's compute included (a complete utterance judged incomplete waits the
-  eagerness's timeout: that wait is the latency).
+  decision, the decision's compute included, serially as the streaming ASR stage runs it (the
+  transcript's ASR for the words, then the audio model); a complete utterance judged incomplete
+  waits the eagerness's timeout, and that wait is its latency.  ``wait`` is the silence alone.
 
 Detectors: ``server_vad`` (500 ms, OpenAI's default; and 200 ms), the audio model alone and the
 words alone (both with the ``medium`` silences), and ``semantic_vad`` at each eagerness.  Per
@@ -231,7 +233,7 @@ def semantic(policy: EagernessPolicy, *, audio: bool = True, words: bool = True)
         unfinished = pause.unfinished if words else None
         runs_model = audio and unfinished is None
         judgement = judge(policy, pause.probability if runs_model else None, unfinished)
-        compute = (pause.words_ms if words else 0.0) + (pause.model_ms if runs_model else 0.0)
+        compute = (pause.asr_ms + pause.words_ms if words else 0.0) + (pause.model_ms if runs_model else 0.0)
         return judgement.end_after_ms, compute
 
     return wait
@@ -254,7 +256,7 @@ def outcome(utterance: Utterance, detector: Detector) -> Outcome:
             return Outcome("false")
         lag = (pause.speech_end - utterance.end_of_speech) / MS
         latency = lag + max(silence, PAUSE_MS + compute)
-        return Outcome("true" if latency <= PROMPT_MS else "missed", latency, lag + silence)
+        return Outcome("true" if lag + silence <= PROMPT_MS else "missed", latency, lag + silence)
     return Outcome("missed" if utterance.complete else "held")
 
 

@@ -26,7 +26,7 @@ InterruptionOutcome = Literal["resume", "cancel"]
 DEFAULT_BACKCHANNELS: tuple[str, ...] = (
     "uh-huh", "uh huh", "mhm", "mm-hmm", "mm", "hmm", "mmm", "um", "uh", "ah", "oh", "aha",
     "yeah", "yes", "yep", "yup", "ok", "okay", "right", "sure", "alright", "all right",
-    "i see", "got it", "cool", "nice", "wow", "great", "true", "exactly", "indeed",
+    "i see", "got it", "cool", "nice", "wow", "great", "true", "exactly", "indeed", "thanks", "thank you",
 )  # fmt: skip
 DEFAULT_MAX_WORDS = 4
 _TOKEN = re.compile(r"[a-z0-9']+")

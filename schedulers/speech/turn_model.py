@@ -10,10 +10,9 @@ It was trained on Whisper-style log-mel features of the last 8 s of a turn, so
 * the waveform is normalised to zero mean and unit variance (Whisper's ``do_normalize``);
 * 80 log-mel bins every 10 ms (faster-whisper's feature extractor, ``chunk_length=8``): 800 frames.
 
-The answer is in [0, 1]; above 0.5 the model judges the turn complete.  One decision takes tens
-of milliseconds of one CPU core: the session runs on one intra-op thread, so parallel callers
-(several realtime sessions) share cores instead of oversubscribing them.  A :class:`TurnModel` is
-safe to call from several threads at once.
+The answer is in [0, 1]; above 0.5 the model judges the turn complete.  The ONNX session runs
+on one intra-op thread by default, so parallel callers (several realtime sessions) share cores
+instead of oversubscribing them.  A :class:`TurnModel` is safe to call from several threads at once.
 """
 
 from __future__ import annotations
