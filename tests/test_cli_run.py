@@ -11,8 +11,8 @@ import pytest
 
 from omnitrio.cli import main
 from tests.cli_stages import RATE
+from tests.test_cli import ROOT, write
 
-ROOT = Path(__file__).resolve().parent.parent
 WORDS = """
 name = "words"
 [[stages]]
@@ -54,12 +54,6 @@ name = "tag"
 factory_path = "tests.toy_stages.create_raises_on_build"
 terminal = true
 """
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "pipeline.toml"
-    path.write_text(text)
-    return path
 
 
 def test_run_prints_each_streamed_text_chunk_on_its_own_line(

@@ -16,20 +16,12 @@ import trio_websocket
 
 from omnitrio.serve.openai_types import MAX_MESSAGE_CHARS, OPENAI_VOICES
 from tests.fake_pipeline import FakePipeline, Served, start_server
-from tests.test_serve_http import wav_bytes
+from tests.test_serve_http import call, wav_bytes
 
 
 @pytest.fixture
 async def served(nursery: trio.Nursery) -> Served:
     return await start_server(nursery)
-
-
-async def call(served: Served, fn: Callable[[Any], Any]) -> Any:
-    def run() -> Any:
-        with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0) as client:
-            return fn(client)
-
-    return await trio.to_thread.run_sync(run)
 
 
 async def refused(served: Served, fn: Callable[[Any], Any]) -> openai.APIStatusError:
