@@ -190,6 +190,8 @@ def describe(config: PipelineConfig) -> str:
     lines = [f"pipeline {config.name!r}: {len(config.stages)} stages, entry {config.entry_stage!r}"]
     if config.terminal_stages_fn:
         lines.append(f"  terminal stages per request: {config.terminal_stages_fn}")
+    if config.serves is not None:
+        lines.append(f"  serves: {', '.join(config.serves)}")
     width = max(len(stage.name) for stage in config.stages)
     for stage in config.stages:
         where = f"[{stage.process}]" if stage.process else "[main]"

@@ -102,3 +102,8 @@ def test_a_factory_that_raises_at_startup_prints_one_line_then_its_traceback_onc
     assert "create_raises_on_build" in done.stderr and "Exception Group" not in done.stderr
     assert lines[-1] == "RuntimeError: cannot load weights on purpose"
     assert len(lines) <= 10
+
+
+def test_check_says_what_a_pipeline_serves(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", str(ROOT / "configs" / "omni-tiny.toml")]) == 0
+    assert "\n  serves: chat\n" in capsys.readouterr().out
