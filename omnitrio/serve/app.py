@@ -20,19 +20,25 @@ from starlette.routing import Route, WebSocketRoute
 
 from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServeContext, ServedPipeline
+from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline
 from omnitrio.serve.realtime import realtime_endpoint
 from omnitrio.serve.speech import create_speech
 from omnitrio.serve.transcription import create_transcription
 
 
 def create_app(
-    pipeline: ServedPipeline, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout: float | None = None
+    pipeline: ServedPipeline,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
     ``max_body_bytes`` caps request bodies and uploads (413 beyond); ``request_timeout`` is the
-    per-request deadline handed to the pipeline (504 when it passes; None: no deadline).
+    deadline of each pipeline request, in seconds (a realtime session's each response and each
+    turn-detection command, not the socket): past it the client gets a 504 ``timeout`` error
+    (an ``error`` event on a stream or socket).  None leaves the pipeline's own
+    ``default_timeout``, which may be no deadline at all.
     """
     ctx = ServeContext(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout)
     routes = [

@@ -21,7 +21,7 @@ import trio
 from hypercorn.config import Config
 
 from omnitrio.serve.app import create_app
-from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServedPipeline
+from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
 
 log = logging.getLogger("omnitrio.serve")
 
@@ -59,7 +59,7 @@ async def serve(
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    request_timeout: float | None = None,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``pipeline`` over HTTP and WebSocket until a signal or ``shutdown``, then drain and return.
@@ -67,6 +67,7 @@ async def serve(
     Call it inside the pipeline's context (``async with open_pipeline(...) as p: await serve(p)``);
     the pipeline outlives the server, so every request is aborted before the pipeline closes.
     ``handle_signals`` needs the main thread; pass False (and a ``shutdown`` event) elsewhere.
+    ``request_timeout`` is every pipeline request's deadline (see :func:`create_app`).
     """
     sock = bind_socket(host, port)
     bound_port: int = sock.getsockname()[1]
