@@ -24,8 +24,9 @@ woken).  What a caller may rely on:
 * **Abort** (:meth:`abort`, from any thread, never blocks): see :mod:`schedulers._idsets`
   for the exact rules.  An aborted request produces no output, even if its compute was
   already running (the result is dropped); ``abort_callback(rid)`` runs once for every
-  abort that took effect, on the thread that aborted (keep it short).  ``abort``
-  messages in the inbox are applied in order.
+  abort that took effect, on the thread that aborted (keep it short).  An ``abort``
+  message in the inbox is applied in order and ends the id's life here: what follows it
+  belongs to a new life of the id.
 * **Shutdown**: :meth:`stop` (any thread) puts a sentinel in the inbox; :meth:`start`
   finishes the batch in hand, waits for running workers, calls ``shutdown_callback``
   and returns.  Requests still queued get no output.
