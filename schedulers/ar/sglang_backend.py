@@ -49,7 +49,6 @@ import torch
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload
 from schedulers.ar.scheduler import STOP, _Stop, prompt_and_params
 
-
 # SGLang's shutdown waits up to 60 s for its killed children; then /dev/shm is cleaned.
 SHUTDOWN_TIMEOUT = 90.0
 

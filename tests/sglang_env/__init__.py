@@ -13,6 +13,7 @@ lets the CUDA build of torchvision import, and a ``sgl_kernel`` whose functions 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,8 @@ PROBE = "import sglang, sglang.srt.entrypoints.engine; print(sglang.__version__)
 
 def engine_env() -> dict[str, str]:
     """Environment for the venv's processes: shims and this checkout on the path, CPU engine, offline."""
-    env = clean_env([SHIMS, ROOT])
+    env = clean_env()
+    env.update(PYTHONPATH=os.pathsep.join([str(SHIMS), str(ROOT)]))
     env.update(SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return env
 
