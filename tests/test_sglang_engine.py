@@ -153,27 +153,6 @@ def cpu_engine_greedy(inputs: dict[str, Any], max_new_tokens: int) -> tuple[list
     raise AssertionError("the CPU engine finished without a last event")
 
 
-# First: SGLang's Engine.shutdown() kills every child of its process, here pytest's, and a process
-# pipeline started in this process after an inline engine's shutdown was seen to hang.
-async def test_in_stage_processes_the_answer_streams_and_nothing_is_left_behind(
-    model_dir: Path, shm_is_clean: None
-) -> None:
-    inputs = chat("Say hello to the quick brown fox.", max_tokens=24, audio=True)
-    deltas: list[str] = []
-    results: dict[str, Any] = {}
-    async with open_pipeline(load(CONFIG, overrides(model_dir))) as pipeline:
-        async with pipeline.stream("voice", inputs) as messages:
-            async for message in messages:
-                match message:
-                    case StreamMessage(modality="text", chunk=chunk):
-                        deltas.append(chunk)
-                    case CompleteMessage(from_stage=stage, result=result):
-                        results[stage] = result
-    ids, _ = cpu_engine_greedy(inputs, 24)
-    assert "".join(deltas) == results["detokenize"]["text"] == load_tokenizer().decode(ids)
-    assert results["code2wav"]["num_samples"] > 0
-
-
 async def test_thinker_streams_text_and_the_talker_gets_tokens_and_hidden_states(pipeline: Pipeline) -> None:
     inputs = chat("Say hello to the quick brown fox.", max_tokens=24, audio=True)
     deltas: list[str] = []
