@@ -3,7 +3,7 @@
 The HTTP layer puts the request in ``payload.data["raw_inputs"]`` at the entry stage::
 
     {"task": "speech", "input": str, "voice": str, "speed": float}
-    {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None}
+    {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None, "quick": bool}
     {"task": "chat", "messages": [...], "modalities": [...]}
     {"task": "realtime", "audio": float32 16 kHz, "session": {...}}
 
@@ -77,7 +77,8 @@ def transcription_request(payload: StagePayload) -> TranscriptionRequest:
     language = inputs.get("language")
     if language is not None and not isinstance(language, str):
         raise ValueError(f"language must be a string or null, got {language!r}")
-    return TranscriptionRequest(audio=audio, language=language or None, quick=inputs.get("task") == "realtime")
+    quick = inputs.get("task") == "realtime" or inputs.get("quick") is True  # someone waits on it (a realtime turn)
+    return TranscriptionRequest(audio=audio, language=language or None, quick=quick)
 
 
 def user_text(payload: StagePayload) -> str:
