@@ -189,7 +189,12 @@ async def test_a_beta_client_gets_beta_names_only(served: Served) -> None:
     types = [e["type"] for e in events]
     assert created["session"]["modalities"] == ["text", "audio"]
     assert created["session"]["input_audio_format"] == "pcm16"
-    for name in ("response.audio.delta", "response.audio.done", "response.audio_transcript.done", "conversation.item.created"):
+    for name in (
+        "response.audio.delta",
+        "response.audio.done",
+        "response.audio_transcript.done",
+        "conversation.item.created",
+    ):
         assert types.count(name) == (types.count(name) if name.endswith("delta") else 1), name
         assert name in types
     assert not [t for t in types if t.startswith("response.output_audio") or t.startswith("conversation.item.added")]
@@ -374,11 +379,31 @@ async def test_failed_response_reports_failed_and_keeps_the_session(served: Serv
     [
         ({"type": "response.dance"}, "unknown_event", "type"),
         ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_base64", "audio"),
-        ({"type": "conversation.item.create", "item": {"type": "message", "role": "robot"}}, "invalid_value", "item.role"),
-        ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": []}}, "invalid_value", "item.content"),
+        (
+            {"type": "conversation.item.create", "item": {"type": "message", "role": "robot"}},
+            "invalid_value",
+            "item.role",
+        ),
+        (
+            {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": []}},
+            "invalid_value",
+            "item.content",
+        ),
         ({"type": "conversation.item.delete", "item_id": "item-nope"}, "item_not_found", "item_id"),
-        ({"type": "conversation.item.truncate", "item_id": "item-nope", "content_index": 0, "audio_end_ms": 5}, "item_not_found", "item_id"),
-        ({"type": "conversation.item.create", "previous_item_id": "item-nope", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}}, "item_not_found", "previous_item_id"),
+        (
+            {"type": "conversation.item.truncate", "item_id": "item-nope", "content_index": 0, "audio_end_ms": 5},
+            "item_not_found",
+            "item_id",
+        ),
+        (
+            {
+                "type": "conversation.item.create",
+                "previous_item_id": "item-nope",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+            },
+            "item_not_found",
+            "previous_item_id",
+        ),
         ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty", None),
         ({"type": "response.cancel"}, "response_cancel_not_active", None),
     ],
