@@ -22,19 +22,30 @@ from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.chat import chat_completions
 from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServeContext, ServedPipeline
 from omnitrio.serve.realtime import realtime_endpoint
+from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 from omnitrio.serve.speech import create_speech
 from omnitrio.serve.transcription import create_transcription
 
 
 def create_app(
-    pipeline: ServedPipeline, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout: float | None = None
+    pipeline: ServedPipeline,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_timeout: float | None = None,
+    realtime_audio_lead: float = DEFAULT_LEAD,
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
     ``max_body_bytes`` caps request bodies and uploads (413 beyond); ``request_timeout`` is the
-    per-request deadline handed to the pipeline (504 when it passes; None: no deadline).
+    per-request deadline handed to the pipeline (504 when it passes; None: no deadline);
+    ``realtime_audio_lead`` is how far (seconds) realtime audio may be sent ahead of real time.
     """
-    ctx = ServeContext(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout)
+    ctx = ServeContext(
+        pipeline,
+        max_body_bytes=max_body_bytes,
+        request_timeout=request_timeout,
+        realtime_audio_lead=realtime_audio_lead,
+    )
     routes = [
         Route("/health", partial(_health, ctx), methods=["GET"]),
         Route("/metrics", partial(_metrics, ctx), methods=["GET"]),

@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.api_errors import ApiError
+from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 
 DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit for audio files
 
@@ -44,6 +45,7 @@ class ServeContext:
     pipeline: ServedPipeline
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     request_timeout: float | None = None
+    realtime_audio_lead: float = DEFAULT_LEAD  # seconds of audio a realtime client may hold ahead of playback
     created: int = attrs.field(factory=lambda: int(time.time()))
 
 

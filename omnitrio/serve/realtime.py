@@ -44,7 +44,6 @@ from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.realtime_conversation import Conversation, Item, client_item, user_audio_item
 from omnitrio.serve.realtime_listen import TurnListener
 from omnitrio.serve.realtime_metrics import realtime_metrics
-from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 from omnitrio.serve.realtime_protocol import render, wants_beta
 from omnitrio.serve.realtime_response import Response, respond
 from omnitrio.serve.realtime_session import (
@@ -91,7 +90,7 @@ class RealtimeConnection:
         self.ctx = ctx
         self.websocket = websocket
         self.beta = wants_beta(websocket)
-        self.lead = getattr(ctx, "realtime_audio_lead", DEFAULT_LEAD)
+        self.lead = ctx.realtime_audio_lead
         self.metrics = realtime_metrics(ctx.pipeline.metrics_registry)
         self.session = default_session(new_id("sess"), ctx.pipeline.name)
         self.conversation = Conversation()

@@ -22,6 +22,7 @@ from hypercorn.config import Config
 
 from omnitrio.serve.app import create_app
 from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServedPipeline
+from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 
 log = logging.getLogger("omnitrio.serve")
 
@@ -60,6 +61,7 @@ async def serve(
     handle_signals: bool = True,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     request_timeout: float | None = None,
+    realtime_audio_lead: float = DEFAULT_LEAD,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``pipeline`` over HTTP and WebSocket until a signal or ``shutdown``, then drain and return.
@@ -67,6 +69,7 @@ async def serve(
     Call it inside the pipeline's context (``async with open_pipeline(...) as p: await serve(p)``);
     the pipeline outlives the server, so every request is aborted before the pipeline closes.
     ``handle_signals`` needs the main thread; pass False (and a ``shutdown`` event) elsewhere.
+    ``realtime_audio_lead``: seconds of audio a realtime client is sent ahead of real time.
     """
     sock = bind_socket(host, port)
     bound_port: int = sock.getsockname()[1]
@@ -74,7 +77,12 @@ async def serve(
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes ownership of the descriptor
     config.graceful_timeout = graceful_timeout
     stop = shutdown if shutdown is not None else trio.Event()
-    app = create_app(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout)
+    app = create_app(
+        pipeline,
+        max_body_bytes=max_body_bytes,
+        request_timeout=request_timeout,
+        realtime_audio_lead=realtime_audio_lead,
+    )
     async with trio.open_nursery() as nursery:
         if handle_signals:
             await nursery.start(_drain_on_signals, stop, nursery.cancel_scope, graceful_timeout)
