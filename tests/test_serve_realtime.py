@@ -21,6 +21,7 @@ import trio_websocket
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve import realtime
 from omnitrio.serve.audio import float_to_pcm16
+from omnitrio.serve.realtime_conversation import Spoken, heard_text
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
 from tests.fake_pipeline import FakeRequest, Served, start_server, tone
 
@@ -429,3 +430,31 @@ async def test_an_append_past_the_input_limit_is_refused(served: Served, monkeyp
         empty = (await receive_until(rt, "error"))[-1]["error"]
     assert (error["code"], error["param"]) == ("input_audio_buffer_full", "audio")
     assert empty["code"] == "input_audio_buffer_commit_empty"  # the refused audio was not kept
+
+
+async def test_the_audio_lead_is_a_server_option(nursery: trio.Nursery) -> None:
+    served = await start_server(nursery, realtime_audio_lead=0.4)
+    async with open_realtime(served.ws_url) as rt:
+        await long_reply(rt)
+        await rt.send({"type": "response.cancel"})
+        events = await receive_until(rt, "response.done")
+    audio = sum(len(base64.b64decode(e["delta"])) for e in events if e["type"] == "response.output_audio.delta")
+    assert audio / 2 / 24_000 <= 0.4 + 2 * PIECE_SECONDS
+
+
+async def test_the_session_speed_reaches_the_pipeline(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt, audio={"output": {"speed": 1.25}})
+        await say(rt, "hi")
+        await rt.send({"type": "response.create"})
+        await receive_until(rt, "response.done")
+    assert chats(served)[0].inputs["speed"] == 1.25
+
+
+def test_heard_text_is_whole_sentences_then_a_proportional_cut_at_a_word() -> None:
+    spoken = [Spoken("One two three.", 0, 1000), Spoken(" Four five six seven.", 1000, 2000)]
+    assert heard_text(spoken, 1000) == "One two three."
+    assert heard_text(spoken, 1000 + 2000 * 11 // 20) == "One two three. Four five"
+    assert heard_text(spoken, 500) == "One two"  # 7 of 14 characters end at a word boundary
+    assert heard_text(spoken, 400) == "One"
+    assert heard_text(spoken, 3000) == "One two three. Four five six seven."

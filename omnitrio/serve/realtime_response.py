@@ -137,6 +137,7 @@ async def _produce(host: Host, response: Response, output: Output, deltas: trio.
                 "session_id": session["id"],
                 "max_tokens": max_tokens(session),
                 "modalities": ["text", "audio"] if response.audio else ["text"],
+                "speed": session["audio"]["output"].get("speed", 1.0),
             }
             response.request_id = new_id("rtresp")
             started = trio.current_time()

@@ -33,14 +33,7 @@ async def transcribe(host: Host, item: Item, *, report: bool) -> None:
     ids = {"item_id": item.id, "content_index": 0}
     with item.transcription:
         try:
-            samples = resample(pcm16_to_float(bytes(item.audio)), REALTIME_RATE, TRANSCRIBE_RATE)
-            inputs = {"task": "transcription", "audio": samples, "quick": True}
-            output = Output(audio_rate=None, want_audio=False)
-            ctx = host.ctx
-            async with ctx.pipeline.stream(new_id("rttr"), inputs, timeout=ctx.request_timeout) as messages:
-                async for message in messages:
-                    output.add(message)
-            output.finish()
+            text = item.body["content"][0]["transcript"] = await _text_of(host.ctx, item)
         except Exception as exc:
             item.transcribed.set()
             if report:
@@ -49,12 +42,22 @@ async def transcribe(host: Host, item: Item, *, report: bool) -> None:
                 await item.announced.wait()
                 await host.emit({"type": "conversation.item.input_audio_transcription.failed", **ids, "error": failure})
             return
-        text = output.text.strip()
-        item.body["content"][0]["transcript"] = text
-        item.transcribed.set()
+        finally:
+            item.transcribed.set()  # also when cancelled: nothing waits for a transcript that will not come
         if report:
             await item.announced.wait()
             await host.emit({"type": "conversation.item.input_audio_transcription.delta", **ids, "delta": text})
             usage = {"type": "duration", "seconds": round(len(item.audio) / 2 / REALTIME_RATE, 3)}
             completed = {"type": "conversation.item.input_audio_transcription.completed", **ids, "transcript": text}
             await host.emit({**completed, "usage": usage})
+
+
+async def _text_of(ctx: ServeContext, item: Item) -> str:
+    samples = resample(pcm16_to_float(bytes(item.audio)), REALTIME_RATE, TRANSCRIBE_RATE)
+    inputs = {"task": "transcription", "audio": samples, "quick": True}
+    output = Output(audio_rate=None, want_audio=False)
+    async with ctx.pipeline.stream(new_id("rttr"), inputs, timeout=ctx.request_timeout) as messages:
+        async for message in messages:
+            output.add(message)
+    output.finish()
+    return output.text.strip()

@@ -7,7 +7,8 @@ The HTTP layer puts the request in ``payload.data["raw_inputs"]`` at the entry s
     {"task": "chat", "messages": [...], "modalities": [...]}
     {"task": "realtime", "audio": float32 16 kHz, "session": {...}}
 
-Downstream of another stage the text arrives as ``payload.data["text"]`` instead.
+Downstream of another stage the text arrives as ``payload.data["text"]`` instead; it is spoken at
+the request's ``speed`` (a chat or realtime request may carry one) unless the data names its own.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ def speech_request(payload: StagePayload) -> SpeechRequest:
         case {"task": "speech", **fields}:
             text, speed, voice = fields.get("input"), fields.get("speed", 1.0), fields.get("voice")
         case {"text": text_value, **fields}:
-            text, speed, voice = text_value, fields.get("speed", 1.0), fields.get("voice")
+            asked = payload.request.inputs if isinstance(payload.request.inputs, dict) else {}
+            speed = fields.get("speed", asked.get("speed", 1.0))  # an upstream answer, spoken as the request asks
+            text, voice = text_value, fields.get("voice")
         case _:
             raise ValueError(f"speech stage needs a 'speech' task or {{'text': ...}}, got {_describe(inputs)}")
     if not isinstance(text, str) or not text.strip():
