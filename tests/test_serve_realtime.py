@@ -458,3 +458,15 @@ def test_heard_text_is_whole_sentences_then_a_proportional_cut_at_a_word() -> No
     assert heard_text(spoken, 500) == "One two"  # 7 of 14 characters end at a word boundary
     assert heard_text(spoken, 400) == "One"
     assert heard_text(spoken, 3000) == "One two three. Four five six seven."
+
+
+async def test_an_input_audio_item_is_transcribed_for_the_responder(served: Served) -> None:
+    item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": one_second_b64()}]}
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt)
+        await rt.send({"type": "conversation.item.create", "item": item})
+        added = (await receive_until(rt, "conversation.item.added"))[-1]
+        await rt.send({"type": "response.create"})
+        await receive_until(rt, "response.done")
+    assert added["item"]["content"] == [{"type": "input_audio", "transcript": None}]
+    assert chats(served)[0].inputs["messages"] == [{"role": "user", "content": "heard 1.00 seconds"}]

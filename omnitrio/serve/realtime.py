@@ -187,6 +187,8 @@ class RealtimeConnection:
             case "conversation.item.create":
                 item = client_item(event.get("item"), new_id("item"))
                 previous = self.conversation.insert(item, event.get("previous_item_id"))
+                if not item.transcribed.is_set():
+                    self._transcribe(item)
                 await self._item_added(item, previous)
             case "conversation.item.retrieve":
                 item = self.conversation.get(event.get("item_id"))
@@ -252,9 +254,12 @@ class RealtimeConnection:
     def _turn_item(self, audio: bytes) -> Item:
         """A user audio item for the next commit, its transcription started."""
         item = user_audio_item(self.item_id, audio)
+        self._transcribe(item)
+        return item
+
+    def _transcribe(self, item: Item) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(partial(transcribe, self, item, report=transcribes_input(self.session)))
-        return item
 
     async def _commit(self, audio: bytes, item: Item | None = None) -> Item:
         """Make ``audio`` a user item (``item``: one prepared for it) and tell the client."""

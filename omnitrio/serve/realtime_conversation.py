@@ -27,12 +27,12 @@ import attrs
 import trio
 
 from omnitrio.serve.audio import REALTIME_RATE, b64
-from omnitrio.serve.realtime_session import EventError
+from omnitrio.serve.realtime_session import EventError, decode_audio_append
 
 _MS = REALTIME_RATE // 1000
 _ROLES = frozenset({"user", "system", "assistant"})
 _PARTS = {
-    "user": frozenset({"input_text", "input_audio"}),
+    "user": frozenset({"input_text", "input_audio"}),  # input_audio: base64 PCM16 24 kHz in "audio"
     "system": frozenset({"input_text"}),
     "assistant": frozenset({"output_text", "output_audio", "text"}),
 }
@@ -54,7 +54,8 @@ class Item:
     body: dict[str, Any]
     audio: bytearray = attrs.field(factory=bytearray)
     spoken: list[Spoken] = attrs.field(factory=list)
-    transcribed: trio.Event = attrs.field(factory=trio.Event)  # set when a user audio item's text is known
+    heard: str | None = None  # a user audio item's transcript, known before the client is told it
+    transcribed: trio.Event = attrs.field(factory=trio.Event)  # set when ``heard`` is final
     transcription: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     announced: trio.Event = attrs.field(factory=trio.Event)  # set once the client has seen it added
 
@@ -109,7 +110,10 @@ def client_item(raw: Any, item_id: str) -> Item:
             role = raw.get("role")
             if role not in _ROLES:
                 raise EventError(f"item.role must be one of {sorted(_ROLES)}, got {role!r}", "item.role")
-            body.update(type="message", role=role, content=_content(raw.get("content"), role))
+            content, audio = _content(raw.get("content"), role)
+            body.update(type="message", role=role, content=content)
+            if audio:
+                return Item(body, bytearray(audio))  # transcribed by the connection, like committed audio
         case "function_call":
             fields = _strings(raw, ("call_id", "name", "arguments"))
             body.update(type="function_call", **fields)
@@ -133,7 +137,8 @@ def _strings(raw: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, str]:
     return {key: raw[key] for key in keys}
 
 
-def _content(content: Any, role: str) -> list[dict[str, Any]]:
+def _content(content: Any, role: str) -> tuple[list[dict[str, Any]], bytes]:
+    """The checked content parts, and the PCM16 of an ``input_audio`` part (at most one, alone)."""
     if not isinstance(content, list) or not content:
         raise EventError("item.content must be a non-empty list of content parts", "item.content")
     parts = []
@@ -143,12 +148,15 @@ def _content(content: Any, role: str) -> list[dict[str, Any]]:
         if kind not in _PARTS[role]:
             raise EventError(f"{param}.type must be one of {sorted(_PARTS[role])} for role {role!r}", f"{param}.type")
         if kind == "input_audio":
-            raise EventError("input_audio parts are added with input_audio_buffer.commit", f"{param}.type")
+            if len(content) != 1:
+                raise EventError("an input_audio part must be the item's only part", "item.content")
+            audio = decode_audio_append(part, f"{param}.audio")
+            return [{"type": "input_audio", "transcript": None}], audio
         key = "transcript" if kind == "output_audio" else "text"
         if not isinstance(part.get(key), str):
             raise EventError(f"{param}.{key} must be a string", f"{param}.{key}")
         parts.append({"type": "output_text" if kind == "text" else kind, key: part[key]})
-    return parts
+    return parts, b""
 
 
 @attrs.define
@@ -208,7 +216,7 @@ class Conversation:
         messages = [{"role": "system", "content": instructions}] if instructions else []
         items = self.items if pending is None or pending in self.items else [*self.items, pending]
         for item in items:
-            rendered = _message(item.body)
+            rendered = _message(item.body, item.heard)
             if rendered is not None and rendered["content"]:
                 messages.append(rendered)
         return messages
@@ -230,10 +238,13 @@ def heard_text(spoken: list[Spoken], end: int) -> str:
     return " ".join(word for word in words if word)
 
 
-def _message(body: Mapping[str, Any]) -> dict[str, str] | None:
+def _message(body: Mapping[str, Any], heard: str | None) -> dict[str, str] | None:
     match body:
         case {"type": "message", "role": str(role), "content": list(content)}:
-            texts = [part.get("text") or part.get("transcript") or "" for part in content]
+            texts = [
+                (heard or "") if part["type"] == "input_audio" else (part.get("text") or part.get("transcript") or "")
+                for part in content
+            ]
             return {"role": role, "content": " ".join(text.strip() for text in texts if text.strip())}
         case {"type": "function_call", "name": name, "arguments": arguments, "call_id": call_id}:
             return {"role": "assistant", "content": f"[function call {name}({arguments}), call_id {call_id}]"}

@@ -129,7 +129,7 @@ async def _produce(host: Host, response: Response, output: Output, deltas: trio.
             for item in [*host.conversation.items, *([response.turn] if response.turn else [])]:
                 await item.transcribed.wait()
             turn = response.turn
-            if turn is not None and not turn.body["content"][0].get("transcript"):
+            if turn is not None and not turn.heard:
                 return  # nothing was said (noise, a cough): an empty answer
             inputs = {
                 "task": "chat",

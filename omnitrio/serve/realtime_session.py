@@ -161,19 +161,17 @@ def parse_event(text: str) -> dict[str, Any]:
     return event
 
 
-def decode_audio_append(event: Mapping[str, Any]) -> bytes:
-    """The PCM16 bytes of an ``input_audio_buffer.append`` event."""
+def decode_audio_append(event: Mapping[str, Any], param: str = "audio") -> bytes:
+    """The PCM16 bytes of an ``input_audio_buffer.append`` event (or of an ``input_audio`` part)."""
     audio = event.get("audio")
     if not isinstance(audio, str):
-        raise EventError(
-            "input_audio_buffer.append needs 'audio' (base64 PCM16)", "audio", code="missing_required_parameter"
-        )
+        raise EventError(f"'{param}' is needed: base64 PCM16", param, code="missing_required_parameter")
     try:
         data = base64.b64decode(audio, validate=True)
     except (binascii.Error, ValueError):
-        raise EventError("'audio' is not valid base64", "audio", code="invalid_base64") from None
+        raise EventError(f"'{param}' is not valid base64", param, code="invalid_base64") from None
     if len(data) % 2:
-        raise EventError(f"'audio' decodes to {len(data)} bytes; PCM16 needs an even count", "audio")
+        raise EventError(f"'{param}' decodes to {len(data)} bytes; PCM16 needs an even count", param)
     return data
 
 

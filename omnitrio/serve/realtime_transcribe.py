@@ -6,8 +6,9 @@ When the session has ``audio.input.transcription`` set, the client also gets, af
 ``conversation.item.added``, ``conversation.item.input_audio_transcription.delta`` then
 ``.completed`` with the final transcript, or ``.failed`` with the error.
 
-What a caller may rely on: ``item.transcribed`` is set whatever happens (the transcript is then
-the item's ``content[0].transcript``, None after a failure); cancelling ``item.transcription``
+What a caller may rely on: ``item.transcribed`` is set whatever happens, with the transcript in
+``item.heard`` (None after a failure); the item's public ``content[0].transcript`` is filled in once
+the client has seen the item added, just before ``.completed``; cancelling ``item.transcription``
 (the item was deleted, or a speculative turn dropped) aborts the request and sends nothing.
 """
 
@@ -33,7 +34,7 @@ async def transcribe(host: Host, item: Item, *, report: bool) -> None:
     ids = {"item_id": item.id, "content_index": 0}
     with item.transcription:
         try:
-            text = item.body["content"][0]["transcript"] = await _text_of(host.ctx, item)
+            text = item.heard = await _text_of(host.ctx, item)
         except Exception as exc:
             item.transcribed.set()
             if report:
@@ -44,8 +45,9 @@ async def transcribe(host: Host, item: Item, *, report: bool) -> None:
             return
         finally:
             item.transcribed.set()  # also when cancelled: nothing waits for a transcript that will not come
+        await item.announced.wait()
+        item.body["content"][0]["transcript"] = text
         if report:
-            await item.announced.wait()
             await host.emit({"type": "conversation.item.input_audio_transcription.delta", **ids, "delta": text})
             usage = {"type": "duration", "seconds": round(len(item.audio) / 2 / REALTIME_RATE, 3)}
             completed = {"type": "conversation.item.input_audio_transcription.completed", **ids, "transcript": text}
