@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,20 +25,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pydantic
 import pytest
 import trio
 import trio_websocket
+from openai.types.beta.realtime import RealtimeServerEvent as BetaEvent
+from openai.types.realtime import RealtimeServerEvent as GaEvent
 
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
 from tests.test_speech_roundtrip import heard_as
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
-openai = pytest.importorskip("openai")
-pytest.importorskip("websockets", reason="the openai SDK's realtime client needs websockets")
-from openai.types.beta.realtime import RealtimeServerEvent as BetaEvent  # noqa: E402
-from openai.types.realtime import RealtimeServerEvent as GaEvent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 24_000
@@ -90,7 +90,7 @@ def server() -> Iterator[Server]:
                 port = int(found.group(1)) if found else None
             yield Server(port)
         finally:
-            process.terminate()
+            process.send_signal(signal.SIGINT)  # as a user stops it: the server drains, stages exit
             process.wait(30)
 
 
