@@ -120,7 +120,7 @@ async def test_semantic_vad_is_served_by_server_vad_and_says_so(served: Served) 
         ({"output_modalities": ["video"]}, "session.output_modalities"),
         ({"max_output_tokens": 0}, "session.max_output_tokens"),
         ({"audio": {"output": {"speed": 9}}}, "session.audio.output.speed"),
-        ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format"),
+        ({"audio": {"input": {"format": {"type": "audio/flac"}}}}, "session.audio.input.format"),
     ],
 )
 async def test_an_unsupported_session_value_is_an_error_naming_its_param(

@@ -14,6 +14,7 @@ import errno
 import logging
 import signal
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 import hypercorn.trio
@@ -61,6 +62,7 @@ async def serve(
     handle_signals: bool = True,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     request_timeout: float | None = None,
+    serves: Iterable[str] | None = None,
     realtime_audio_lead: float = DEFAULT_LEAD,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -69,6 +71,7 @@ async def serve(
     Call it inside the pipeline's context (``async with open_pipeline(...) as p: await serve(p)``);
     the pipeline outlives the server, so every request is aborted before the pipeline closes.
     ``handle_signals`` needs the main thread; pass False (and a ``shutdown`` event) elsewhere.
+    ``serves`` names the tasks offered (see :func:`~omnitrio.serve.app.create_app`).
     ``realtime_audio_lead``: seconds of audio a realtime client is sent ahead of real time.
     """
     sock = bind_socket(host, port)
@@ -81,6 +84,7 @@ async def serve(
         pipeline,
         max_body_bytes=max_body_bytes,
         request_timeout=request_timeout,
+        serves=serves,
         realtime_audio_lead=realtime_audio_lead,
     )
     async with trio.open_nursery() as nursery:
