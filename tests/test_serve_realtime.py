@@ -310,21 +310,24 @@ async def test_a_later_response_sees_the_earlier_answer(served: Served) -> None:
     assert said == [("user", "hello"), ("assistant", "echo: hello"), ("user", "again")]
 
 
-async def long_reply(rt: RealtimeClient) -> None:
-    """Ask for a long answer (the toy's ``slow``: 40 s of audio over 2 s) and wait for its first audio."""
+async def long_reply(rt: RealtimeClient) -> float:
+    """Ask for a long answer (the toy's ``slow``: 40 s of audio over 2 s); when its first audio came."""
     await manual_turns(rt)
     await say(rt, "slow")
     await rt.send({"type": "response.create"})
     await receive_until(rt, "response.output_audio.delta")
+    return trio.current_time()
 
 
 async def test_response_cancel_leaves_the_client_at_most_the_lead_of_audio(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
-        await long_reply(rt)
+        first = await long_reply(rt)
+        await trio.sleep(0.5)  # unpaced, the toy would have sent 10 s of audio by now
         await rt.send({"type": "response.cancel"})
         events = await receive_until(rt, "response.done")
+        played = trio.current_time() - first
     audio = sum(len(base64.b64decode(e["delta"])) for e in events if e["type"] == "response.output_audio.delta")
-    assert audio / 2 / 24_000 <= DEFAULT_LEAD + 2 * PIECE_SECONDS  # of the 40 s the answer has
+    assert audio / 2 / 24_000 <= played + DEFAULT_LEAD + 2 * PIECE_SECONDS  # of the 40 s the answer has
     types = [e["type"] for e in events]
     assert [t for t in types if t not in DELTAS][-6:] == GA_AUDIO_RESPONSE[-6:]
     done = events[-1]["response"]
@@ -435,11 +438,12 @@ async def test_an_append_past_the_input_limit_is_refused(served: Served, monkeyp
 async def test_the_audio_lead_is_a_server_option(nursery: trio.Nursery) -> None:
     served = await start_server(nursery, realtime_audio_lead=0.4)
     async with open_realtime(served.ws_url) as rt:
-        await long_reply(rt)
+        first = await long_reply(rt)
         await rt.send({"type": "response.cancel"})
         events = await receive_until(rt, "response.done")
+        played = trio.current_time() - first
     audio = sum(len(base64.b64decode(e["delta"])) for e in events if e["type"] == "response.output_audio.delta")
-    assert audio / 2 / 24_000 <= 0.4 + 2 * PIECE_SECONDS
+    assert audio / 2 / 24_000 <= played + 0.4 + 2 * PIECE_SECONDS
 
 
 async def test_the_session_speed_reaches_the_pipeline(served: Served) -> None:
