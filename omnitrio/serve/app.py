@@ -4,37 +4,60 @@
 async library is trio (routes use trio directly); :mod:`omnitrio.serve.server` runs it on hypercorn.
 Unknown routes and methods answer 404/405 with the OpenAI error body; an unexpected exception
 answers 500 ``internal server error`` with the traceback in the log, never in the body.
+
+Before a route runs, a request passes, in order: CORS and the WebSocket origin check
+(:mod:`.origins`), the API key check (:mod:`.auth`), and admission (:mod:`.admission`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
+import attrs
 import prometheus_client
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
+from omnitrio.serve.admission import Admission
 from omnitrio.serve.api_errors import ApiError, as_api_error
+from omnitrio.serve.auth import ApiKeys, RequireApiKey
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServeContext, ServedPipeline
+from omnitrio.serve.context import ServeContext, ServedPipeline
+from omnitrio.serve.limits import ServeLimits
+from omnitrio.serve.origins import browser_middleware
 from omnitrio.serve.realtime import realtime_endpoint
 from omnitrio.serve.speech import create_speech
 from omnitrio.serve.transcription import create_transcription
 
 
 def create_app(
-    pipeline: ServedPipeline, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout: float | None = None
+    pipeline: ServedPipeline,
+    *,
+    max_body_bytes: int | None = None,
+    request_timeout: float | None = None,
+    limits: ServeLimits | None = None,
+    api_keys: ApiKeys | Iterable[str] = (),
+    public_metrics: bool = False,
+    allowed_origins: Sequence[str] = (),
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
-    ``max_body_bytes`` caps request bodies and uploads (413 beyond); ``request_timeout`` is the
-    per-request deadline handed to the pipeline (504 when it passes; None: no deadline).
+    ``limits`` bound what the app takes (:mod:`.limits`; ``max_body_bytes``, when given, overrides
+    its field: 413 beyond); ``request_timeout`` is the per-request deadline handed to the pipeline
+    (504 when it passes; None: no deadline). With ``api_keys``, ``/v1/*`` (and ``/metrics`` unless
+    ``public_metrics``) need one of them; ``allowed_origins`` turns CORS on for those origins.
     """
-    ctx = ServeContext(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout)
+    limits = limits or ServeLimits()
+    if max_body_bytes is not None:
+        limits = attrs.evolve(limits, max_body_bytes=max_body_bytes)
+    keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(tuple(api_keys))
+    ctx = ServeContext(pipeline, max_body_bytes=limits.max_body_bytes, request_timeout=request_timeout, limits=limits)
     routes = [
         Route("/health", partial(_health, ctx), methods=["GET"]),
         Route("/metrics", partial(_metrics, ctx), methods=["GET"]),
@@ -46,7 +69,12 @@ def create_app(
         WebSocketRoute("/v1/realtime", partial(realtime_endpoint, ctx)),
     ]
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    middleware = [
+        *browser_middleware(allowed_origins),
+        Middleware(RequireApiKey, keys=keys, public_metrics=public_metrics),
+        Middleware(Admission, limits=limits),
+    ]
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
 
 
 def error_response(error: ApiError) -> JSONResponse:

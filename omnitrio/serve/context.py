@@ -12,8 +12,7 @@ from starlette.requests import Request
 
 from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.api_errors import ApiError
-
-DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit for audio files
+from omnitrio.serve.limits import DEFAULT_MAX_BODY_BYTES, ServeLimits
 
 
 class RequestStream(Protocol):
@@ -45,6 +44,7 @@ class ServeContext:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     request_timeout: float | None = None
     created: int = attrs.field(factory=lambda: int(time.time()))
+    limits: ServeLimits = attrs.field(factory=ServeLimits)
 
 
 def new_id(prefix: str) -> str:
