@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
+
 import trio
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -50,7 +51,7 @@ class Admission:
         self.sessions = trio.CapacityLimiter(limits.max_realtime_sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match scope["type"], scope["path"]:
+        match scope["type"], scope.get("path", ""):
             case "http", path if path.startswith("/v1/"):
                 await self._request(scope, receive, send)
             case "websocket", path if path == REALTIME_PATH:
@@ -112,4 +113,3 @@ def _answering_with(subprotocol: str | None, send: Send) -> Send:
         await send(message)
 
     return wrapped
-

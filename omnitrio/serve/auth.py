@@ -91,7 +91,8 @@ class RequireApiKey:
         self.public_metrics = public_metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.keys and scope["type"] in ("http", "websocket") and guarded(scope["path"], public_metrics=self.public_metrics):
+        kind, path = scope["type"], scope.get("path", "")
+        if self.keys and kind in ("http", "websocket") and guarded(path, public_metrics=self.public_metrics):
             offered = offered_key(scope)
             if not self.keys.admits(offered):
                 await _unauthorized(scope, receive, send, offered is None)

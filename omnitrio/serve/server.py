@@ -87,13 +87,9 @@ async def serve(
     keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(tuple(api_keys))
     sock = bind_socket(host, port)
     bound_port: int = sock.getsockname()[1]
-    if not keys and not _loopback(sock.getsockname()[0]):
-        log.warning(
-            "serving on %s:%d without an API key: anyone who can reach this port can use the server "
-            "(set --api-key or OMNITRIO_API_KEY)",
-            host,
-            bound_port,
-        )
+    warning = unguarded_warning(sock.getsockname()[0], keys)
+    if warning is not None:
+        log.warning("%s:%d: %s", host, bound_port, warning)
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes ownership of the descriptor
     config.graceful_timeout = graceful_timeout
@@ -116,11 +112,18 @@ async def serve(
         task_status.started(bound_port)
 
 
-def _loopback(address: str) -> bool:
+def unguarded_warning(address: str, keys: ApiKeys) -> str | None:
+    """The warning to give when the server listens at ``address`` (an IP) beyond loopback with no key."""
     try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+        loopback = ipaddress.ip_address(address.split("%")[0]).is_loopback
     except ValueError:
-        return False
+        loopback = False
+    if keys or loopback:
+        return None
+    return (
+        "serving beyond loopback without an API key: anyone who can reach this port can use the server "
+        "(set --api-key or OMNITRIO_API_KEY)"
+    )
 
 
 async def _run_hypercorn(
