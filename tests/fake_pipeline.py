@@ -142,6 +142,8 @@ class FakePipeline:
                 return ["echo:", *request_text(inputs).split()]
             case "transcription" | "realtime":
                 return ["heard", f"{inputs['audio'].size / 16_000:.2f}", "seconds"]
+            case "asr_session":
+                return ["listening"]  # a streaming ASR session that never hears speech
         raise ValueError(f"unknown task {inputs['task']!r}")
 
     async def abort(self, request_id: str, *, wait: bool = False) -> bool:
