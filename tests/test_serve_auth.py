@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +21,7 @@ from omnitrio.client import OmnitrioClient, open_realtime
 from omnitrio.serve.auth import ApiKeys, keys_from
 from omnitrio.serve.server import unguarded_warning
 from tests.fake_pipeline import Served, start_server
+from tests.test_cli import TOY, free_port, wait_for_health, write
 
 KEY = "sk-test-0123456789"
 ROUTES = [
@@ -159,3 +165,32 @@ async def test_serving_on_loopback_without_a_key_logs_no_warning(
     with caplog.at_level(logging.WARNING, logger="omnitrio.serve"):
         await start_server(nursery)
     assert not [r for r in caplog.records if "API key" in r.getMessage()]
+
+
+def test_cli_serve_takes_keys_from_flags_and_the_environment(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = write(tmp_path, TOY)
+    environ = {**os.environ, "OMNITRIO_API_KEY": "sk-env-1,sk-env-2"}
+    args = ["serve", "--config", str(config), "--port", str(port), "--api-key", "sk-flag"]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "omnitrio", *args, "--allowed-origin", "https://app.example"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
+    try:
+        wait_for_health(url, server)
+        refused = httpx.get(f"{url}/v1/models")
+        keys = ["sk-flag", "sk-env-1", "sk-env-2"]
+        admitted = [httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}) for key in keys]
+        cors = httpx.get(f"{url}/v1/models", headers={"Origin": "https://app.example"})
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=30)
+    assert refused.status_code == 401
+    assert [response.status_code for response in admitted] == [200, 200, 200]
+    assert cors.headers["access-control-allow-origin"] == "https://app.example"
+    assert server.returncode == 0, err
+    assert "without an API key" not in err
