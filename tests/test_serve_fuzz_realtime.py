@@ -26,7 +26,7 @@ import wsproto.events
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.audio import float_to_pcm16
 from omnitrio.serve.limits import ServeLimits
-from tests.fake_pipeline import FakeRequest, Served, start_server, tone
+from tests.fake_pipeline import FakePipeline, FakeRequest, Served, start_server, tone
 from tests.test_serve_fuzz_http import WRONG
 from tests.test_serve_realtime import manual_turns
 
@@ -76,9 +76,16 @@ def mutations(kind: str, fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield {"type": "input_audio_buffer.append", "audio": audio}
 
 
+class ListeningFake(FakePipeline):
+    """The fake pipeline with a streaming ASR session that never hears speech: server VAD runs, quietly."""
+
+    def _reply(self, inputs: dict[str, Any]) -> list[str]:
+        return ["listening"] if inputs["task"] == "asr_session" else super()._reply(inputs)
+
+
 @pytest.fixture
 async def served(nursery: trio.Nursery) -> Served:
-    return await start_server(nursery, limits=ServeLimits(max_realtime_sessions=2))
+    return await start_server(nursery, ListeningFake(), limits=ServeLimits(max_realtime_sessions=2))
 
 
 @pytest.fixture(autouse=True)
@@ -244,7 +251,7 @@ async def test_a_flood_of_events_sent_without_reading_is_survived(served: Served
 
 async def response_request(served: Served) -> FakeRequest:
     """The next response the fake pipeline is asked for (not the ASR session's commands)."""
-    while (request := await served.fake.arrivals.receive()).inputs["task"] != "realtime":
+    while (request := await served.fake.arrivals.receive()).inputs["task"] == "asr_session":
         continue
     return request
 
