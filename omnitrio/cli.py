@@ -197,11 +197,13 @@ def _inline(config: PipelineConfig) -> bool:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from omnitrio.serve.limits import limits_for
+    from omnitrio.serve.limits import limits_for, session_stages
 
     config = load_config(args.file, args.overrides)
     print(describe(config))
     print(f"server limits (serve --limit NAME=VALUE):\n{limits_for(config).describe()}")
+    stages = ", ".join(f"{name} max_sessions={limit}" for name, limit in session_stages(config).items())
+    print(f"  (max_realtime_sessions follows the session stages: {stages or 'none'})")
     return 0
 
 

@@ -130,6 +130,7 @@ def test_check_prints_the_limits_the_pipeline_would_be_served_with(capsys: pytes
     assert main(["check", str(DEFAULT_CONFIG), "--set", "stream_asr.factory.max_sessions=5"]) == 0
     out = capsys.readouterr().out
     assert "max_realtime_sessions = 5" in out
+    assert "stream_asr max_sessions=5" in out
     assert "max_concurrent_requests = 256" in out
     assert "max_body_bytes = 26214400" in out
 

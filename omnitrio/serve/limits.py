@@ -54,19 +54,24 @@ class ServeLimits:
         return "\n".join(f"  {field.name} = {getattr(self, field.name)}" for field in attrs.fields(ServeLimits))
 
 
-def session_limit(config: PipelineConfig) -> int | None:
-    """The smallest ``max_sessions`` among ``config``'s session stages (configured or the factory's default).
+def session_stages(config: PipelineConfig) -> dict[str, int]:
+    """Each session stage of ``config`` and its ``max_sessions`` (configured, or the factory's default).
 
-    A session stage is one whose factory takes ``max_sessions``; None when the pipeline has none.
+    A session stage is one whose factory takes ``max_sessions``.
     """
-    limits = []
+    limits = {}
     for stage in config.stages:
         configured = stage.factory.to_kwargs().get(SESSION_LIMIT_ARG)
         if configured is None:
             configured = _factory_default(stage.factory_path, SESSION_LIMIT_ARG)
         if isinstance(configured, int):
-            limits.append(configured)
-    return min(limits, default=None)
+            limits[stage.name] = configured
+    return limits
+
+
+def session_limit(config: PipelineConfig) -> int | None:
+    """The smallest ``max_sessions`` among ``config``'s session stages; None when it has none."""
+    return min(session_stages(config).values(), default=None)
 
 
 def _factory_default(factory_path: str, name: str) -> Any:
