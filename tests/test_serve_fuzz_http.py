@@ -57,6 +57,7 @@ SPEECH = {
     "speed": 1.0,
     "instructions": "calm",
 }
+SLOW_STREAM = {"messages": [{"role": "user", "content": "slow"}], "stream": True}
 TRANSCRIBE_FIELDS = [
     "model",
     "language",
@@ -163,7 +164,7 @@ async def assert_nothing_left(served: Served, client: httpx.AsyncClient) -> None
         async with trio.open_nursery() as nursery:
 
             async def hold(task_status: trio.TaskStatus[None]) -> None:
-                async with client.stream("POST", "/v1/audio/speech", json={"input": "slow"}) as response:
+                async with client.stream("POST", "/v1/chat/completions", json=SLOW_STREAM) as response:
                     statuses.append(response.status_code)
                     task_status.started()
                     await response.aread()
@@ -271,8 +272,8 @@ async def test_broken_http_is_answered_4xx_or_closed(served: Served, request_byt
 
 
 async def test_a_slow_trickling_client_is_served(served: Served) -> None:
-    body = json.dumps({"input": "slow trickle"}).encode()
-    head = b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    body = json.dumps({"messages": [{"role": "user", "content": "trickle"}]}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
     stream = await trio.open_tcp_stream("127.0.0.1", served.port)
     async with stream:
         await stream.send_all(head + b"Content-Length: %d\r\n\r\n" % len(body))

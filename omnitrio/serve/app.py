@@ -2,8 +2,12 @@
 
 :func:`create_app` builds a Starlette app around one pipeline. It runs on any ASGI server whose
 async library is trio (routes use trio directly); :mod:`omnitrio.serve.server` runs it on hypercorn.
-Unknown routes and methods answer 404/405 with the OpenAI error body; an unexpected exception
-answers 500 ``internal server error`` with the traceback in the log, never in the body.
+Unknown routes and methods answer 404/405 with the OpenAI error body; a route whose task the
+pipeline does not serve (``PipelineConfig.serves``) answers 404 naming the routes it does serve,
+and ``/v1/models`` lists them per model (``serves``). A plain HTTP request to ``/v1/realtime`` answers
+426 saying to connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
+An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
+in the body.
 
 Before a route runs, a request passes, in order: CORS and the WebSocket origin check
 (:mod:`.origins`), the API key check (:mod:`.auth`), and admission (:mod:`.admission`).
@@ -23,12 +27,13 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from omnitrio.serve.admission import Admission
 from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.auth import ApiKeys, RequireApiKey
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import ServeContext, ServedPipeline
+from omnitrio.serve.context import ServeContext, ServedPipeline, served_tasks
 from omnitrio.serve.limits import ServeLimits
 from omnitrio.serve.origins import browser_middleware
 from omnitrio.serve.realtime import realtime_endpoint
@@ -45,6 +50,7 @@ def create_app(
     api_keys: ApiKeys | Iterable[str] = (),
     public_metrics: bool = False,
     allowed_origins: Sequence[str] = (),
+    serves: Iterable[str] | None = None,
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
@@ -52,12 +58,20 @@ def create_app(
     its field: 413 beyond); ``request_timeout`` is the per-request deadline handed to the pipeline
     (504 when it passes; None: no deadline). With ``api_keys``, ``/v1/*`` (and ``/metrics`` unless
     ``public_metrics``) need one of them; ``allowed_origins`` turns CORS on for those origins.
+    ``serves`` names the tasks offered (``"chat"``, ``"speech"``, ``"transcription"``,
+    ``"realtime"``); None takes ``pipeline.config.serves``, and offers every route when that is unset.
     """
     limits = limits or ServeLimits()
     if max_body_bytes is not None:
         limits = attrs.evolve(limits, max_body_bytes=max_body_bytes)
     keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(tuple(api_keys))
-    ctx = ServeContext(pipeline, max_body_bytes=limits.max_body_bytes, request_timeout=request_timeout, limits=limits)
+    ctx = ServeContext(
+        pipeline,
+        served_tasks(pipeline, serves),
+        max_body_bytes=limits.max_body_bytes,
+        request_timeout=request_timeout,
+        limits=limits,
+    )
     routes = [
         Route("/health", partial(_health, ctx), methods=["GET"]),
         Route("/metrics", partial(_metrics, ctx), methods=["GET"]),
@@ -66,7 +80,8 @@ def create_app(
         Route("/v1/chat/completions", partial(chat_completions, ctx), methods=["POST"]),
         Route("/v1/audio/speech", partial(create_speech, ctx), methods=["POST"]),
         Route("/v1/audio/transcriptions", partial(create_transcription, ctx), methods=["POST"]),
-        WebSocketRoute("/v1/realtime", partial(realtime_endpoint, ctx)),
+        Route("/v1/realtime", partial(_realtime_over_http, ctx), methods=["GET"]),
+        WebSocketRoute("/v1/realtime", partial(_realtime, ctx)),
     ]
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     middleware = [
@@ -119,7 +134,13 @@ async def _metrics(ctx: ServeContext, request: Request) -> Response:
 
 
 def _model_card(ctx: ServeContext) -> dict[str, Any]:
-    return {"id": ctx.pipeline.name, "object": "model", "created": ctx.created, "owned_by": "omnitrio"}
+    return {
+        "id": ctx.pipeline.name,
+        "object": "model",
+        "created": ctx.created,
+        "owned_by": "omnitrio",
+        "serves": ctx.routes(),
+    }
 
 
 async def _models(ctx: ServeContext, request: Request) -> Response:
@@ -136,3 +157,36 @@ async def _model(ctx: ServeContext, request: Request) -> Response:
             code="model_not_found",
         )
     return JSONResponse(_model_card(ctx))
+
+
+async def _realtime(ctx: ServeContext, websocket: WebSocket) -> None:
+    """The realtime session, or a 404 answer to the upgrade when the pipeline does not serve realtime."""
+    try:
+        ctx.require("realtime")
+    except ApiError as error:
+        await websocket.send_denial_response(error_response(error))
+        return
+    await realtime_endpoint(ctx, websocket)
+
+
+async def _realtime_over_http(ctx: ServeContext, request: Request) -> Response:
+    """A request that reached ``/v1/realtime`` without a WebSocket upgrade: say what to do instead."""
+    ctx.require("realtime")
+    upgrade = request.headers.get("upgrade")
+    connection = request.headers.get("connection", "")
+    match upgrade:
+        case None:
+            error = ApiError(
+                426,
+                "/v1/realtime is a WebSocket endpoint: connect with a WebSocket client "
+                f"(ws://{request.url.netloc}/v1/realtime), not a plain HTTP request",
+                code="upgrade_required",
+                headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+            )
+        case str() if upgrade.strip().lower() != "websocket":
+            error = ApiError(400, f"the Upgrade header is {upgrade!r}; /v1/realtime needs 'Upgrade: websocket'")
+        case _:
+            error = ApiError(
+                400, f"a WebSocket upgrade needs the header 'Connection: Upgrade'; the request had {connection!r}"
+            )
+    return error_response(error)

@@ -71,6 +71,7 @@ async def serve(
     api_keys: ApiKeys | Iterable[str] = (),
     public_metrics: bool = False,
     allowed_origins: Sequence[str] = (),
+    serves: Iterable[str] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``pipeline`` over HTTP and WebSocket until a signal or ``shutdown``, then drain and return.
@@ -103,6 +104,7 @@ async def serve(
         api_keys=keys,
         public_metrics=public_metrics,
         allowed_origins=allowed_origins,
+        serves=serves,
     )
     async with trio.open_nursery() as nursery:
         if handle_signals:
