@@ -152,7 +152,7 @@ class ProcessPipeline(Pipeline):
                 self._gauges[stage] = {"active_requests": active, "queue_depth": depth}
                 alive = child.alive and reply is not None
                 stages[stage] = stage_health(alive, pid, child.name, active, child.restarts + stage_restarts)
-        return {"requests": self.coordinator.live_requests, "stages": stages}
+        return {**self.request_health(), "stages": stages}
 
     # -- control messages from children -----------------------------------------------------
 

@@ -33,7 +33,7 @@ from omnitrio.serve.admission import Admission
 from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.auth import ApiKeys, RequireApiKey
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import ServeContext, ServedPipeline, served_tasks
+from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, served_tasks
 from omnitrio.serve.limits import ServeLimits
 from omnitrio.serve.origins import browser_middleware
 from omnitrio.serve.realtime import realtime_endpoint
@@ -45,7 +45,7 @@ def create_app(
     pipeline: ServedPipeline,
     *,
     max_body_bytes: int | None = None,
-    request_timeout: float | None = None,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
     limits: ServeLimits | None = None,
     api_keys: ApiKeys | Iterable[str] = (),
     public_metrics: bool = False,
@@ -55,9 +55,12 @@ def create_app(
     """The OpenAI-compatible app for ``pipeline``.
 
     ``limits`` bound what the app takes (:mod:`.limits`; ``max_body_bytes``, when given, overrides
-    its field: 413 beyond); ``request_timeout`` is the per-request deadline handed to the pipeline
-    (504 when it passes; None: no deadline). With ``api_keys``, ``/v1/*`` (and ``/metrics`` unless
-    ``public_metrics``) need one of them; ``allowed_origins`` turns CORS on for those origins.
+    its field: 413 beyond). ``request_timeout`` is the deadline of each pipeline request, in seconds
+    (a realtime session's each response and each turn-detection command, not the socket): past it
+    the client gets a 504 ``timeout`` error (an ``error`` event on a stream or socket). None leaves
+    the pipeline's own ``default_timeout``, which may be no deadline at all. With ``api_keys``,
+    ``/v1/*`` (and ``/metrics`` unless ``public_metrics``) need one of them; ``allowed_origins``
+    turns CORS on for those origins.
     ``serves`` names the tasks offered (``"chat"``, ``"speech"``, ``"transcription"``,
     ``"realtime"``); None takes ``pipeline.config.serves``, and offers every route when that is unset.
     """

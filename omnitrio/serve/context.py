@@ -15,6 +15,9 @@ from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.api_errors import ApiError
 from omnitrio.serve.limits import DEFAULT_MAX_BODY_BYTES, ServeLimits
 
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+"""The deadline of every pipeline request the server makes, unless told otherwise: a request
+that never finishes fails as a timeout instead of waiting forever."""
 ROUTES = {
     "chat": "POST /v1/chat/completions",
     "speech": "POST /v1/audio/speech",
@@ -51,7 +54,7 @@ class ServeContext:
     pipeline: ServedPipeline
     serves: tuple[str, ...] = tuple(ROUTES)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    request_timeout: float | None = None
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S
     created: int = attrs.field(factory=lambda: int(time.time()))
     limits: ServeLimits = attrs.field(factory=ServeLimits)
 

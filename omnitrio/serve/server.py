@@ -27,7 +27,7 @@ from hypercorn.config import Config
 from omnitrio.config import PipelineConfig
 from omnitrio.serve.app import create_app
 from omnitrio.serve.auth import ApiKeys
-from omnitrio.serve.context import ServedPipeline
+from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
 from omnitrio.serve.limits import ServeLimits, limits_for
 
 log = logging.getLogger("omnitrio.serve")
@@ -66,7 +66,7 @@ async def serve(
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
     max_body_bytes: int | None = None,
-    request_timeout: float | None = None,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
     limits: ServeLimits | None = None,
     api_keys: ApiKeys | Iterable[str] = (),
     public_metrics: bool = False,
@@ -79,8 +79,8 @@ async def serve(
     Call it inside the pipeline's context (``async with open_pipeline(...) as p: await serve(p)``);
     the pipeline outlives the server, so every request is aborted before the pipeline closes.
     ``handle_signals`` needs the main thread; pass False (and a ``shutdown`` event) elsewhere.
-    ``limits`` default to :func:`~.limits.limits_for` the pipeline's config; the other options are
-    :func:`~.app.create_app`'s.
+    ``limits`` default to :func:`~.limits.limits_for` the pipeline's config; ``request_timeout`` is every pipeline
+    request's deadline; the other options are :func:`~.app.create_app`'s.
     """
     if limits is None:
         config_of = getattr(pipeline, "config", None)
