@@ -297,3 +297,12 @@ async def test_a_client_that_stops_reading_and_leaves_aborts_its_request(served:
     assert request.outcome == "aborted"
     async with httpx.AsyncClient(base_url=served.url) as client:
         await assert_nothing_left(served, client)
+
+
+async def test_clients_that_half_close_during_an_early_413_never_stop_the_server(served: Served) -> None:
+    huge = b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        for _ in range(40):  # the race in hypercorn (its issue #203) is lost now and then
+            nursery.start_soon(raw_exchange, served, huge)
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        await assert_nothing_left(served, client)

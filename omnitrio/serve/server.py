@@ -27,6 +27,7 @@ from hypercorn.config import Config
 from omnitrio.config import PipelineConfig
 from omnitrio.serve.app import create_app
 from omnitrio.serve.auth import ApiKeys
+from omnitrio.serve.connections import contain_connection_errors
 from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
 from omnitrio.serve.limits import ServeLimits, limits_for
 
@@ -91,6 +92,7 @@ async def serve(
     warning = unguarded_warning(sock.getsockname()[0], keys)
     if warning is not None:
         log.warning("%s:%d: %s", host, bound_port, warning)
+    contain_connection_errors()
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes ownership of the descriptor
     config.graceful_timeout = graceful_timeout
