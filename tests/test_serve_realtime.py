@@ -19,8 +19,8 @@ import trio
 import trio_websocket
 
 from omnitrio.client import RealtimeClient, open_realtime
-from omnitrio.serve import realtime
 from omnitrio.serve.audio import float_to_pcm16
+from omnitrio.serve.limits import ServeLimits
 from omnitrio.serve.realtime_conversation import Spoken, heard_text
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
 from tests.fake_pipeline import FakeRequest, Served, start_server, tone
@@ -423,8 +423,8 @@ async def test_a_bad_client_event_is_an_error_event_and_the_session_goes_on(
     assert (error["code"], error["param"], error["event_id"]) == (code, param, "evt-1")
 
 
-async def test_an_append_past_the_input_limit_is_refused(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(realtime, "MAX_INPUT_BYTES", 40_000)
+async def test_an_append_past_the_input_limit_is_refused(nursery: trio.Nursery) -> None:
+    served = await start_server(nursery, limits=ServeLimits(max_audio_seconds=0.8))
     async with open_realtime(served.ws_url) as rt:
         await manual_turns(rt)
         await rt.send({"type": "input_audio_buffer.append", "audio": one_second_b64()})

@@ -58,7 +58,6 @@ from omnitrio.serve.realtime_session import (
 )
 from omnitrio.serve.realtime_transcribe import transcribe
 
-MAX_INPUT_BYTES = 32 * 1024 * 1024  # about 11 minutes of 24 kHz PCM16 not yet committed
 IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than this is dropped between turns
 OUTBOX_SIZE = 64
 RELEASE_TIMEOUT = 10.0  # how long an interrupted response's release is watched, for the metric
@@ -215,9 +214,11 @@ class RealtimeConnection:
     # -- input audio -----------------------------------------------------------------------
 
     def _append(self, data: bytes) -> None:
-        if len(self.buffer) + len(data) > MAX_INPUT_BYTES:
+        limit = int(self.ctx.limits.max_audio_seconds * REALTIME_RATE) * 2  # PCM16 not yet committed
+        if len(self.buffer) + len(data) > limit:
             raise EventError(
-                f"the input audio buffer is full ({MAX_INPUT_BYTES} bytes); commit or clear it",
+                f"the input audio buffer is full ({limit} bytes, max_audio_seconds ="
+                f" {self.ctx.limits.max_audio_seconds}); commit or clear it",
                 "audio",
                 code="input_audio_buffer_full",
             )

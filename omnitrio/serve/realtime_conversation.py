@@ -108,7 +108,7 @@ def client_item(raw: Any, item_id: str) -> Item:
     match raw.get("type", "message"):
         case "message":
             role = raw.get("role")
-            if role not in _ROLES:
+            if not isinstance(role, str) or role not in _ROLES:
                 raise EventError(f"item.role must be one of {sorted(_ROLES)}, got {role!r}", "item.role")
             content, audio = _content(raw.get("content"), role)
             body.update(type="message", role=role, content=content)
@@ -145,7 +145,7 @@ def _content(content: Any, role: str) -> tuple[list[dict[str, Any]], bytes]:
     for index, part in enumerate(content):
         param = f"item.content[{index}]"
         kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind not in _PARTS[role]:
+        if not isinstance(kind, str) or kind not in _PARTS[role]:
             raise EventError(f"{param}.type must be one of {sorted(_PARTS[role])} for role {role!r}", f"{param}.type")
         if kind == "input_audio":
             if len(content) != 1:

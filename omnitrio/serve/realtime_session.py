@@ -154,6 +154,8 @@ def parse_event(text: str) -> dict[str, Any]:
         event = json.loads(text)
     except ValueError as exc:
         raise EventError(f"the event is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise EventError("the event is nested too deeply", code="invalid_json") from None
     if not isinstance(event, dict):
         raise EventError("an event must be a JSON object", code="invalid_event")
     if not isinstance(event.get("type"), str):
