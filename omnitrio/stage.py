@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -38,31 +38,18 @@ from omnitrio.envelopes import (
     Payload,
     Released,
     StreamOut,
-    ToCoordinator,
     ToStage,
 )
 from omnitrio.events import EventRecorder
 from omnitrio.fanin import FanIn, FanInError
 from omnitrio.requests import BACKLOG_HIGH, BACKLOG_LOW, CREDIT_BATCH, RequestScope, Tombstones
+from omnitrio.switchboard import Switchboard
 from omnitrio.topology import StageFunctionError, StagePlan
 
 OUTPUT_SLICE = 32
 """Most outputs one request handles per turn: a burst leaves in batches, other requests wait one slice."""
 
 log = logging.getLogger(__name__)
-
-
-class Switchboard(Protocol):
-    """Where a stage sends what it produces; sends never block."""
-
-    def send(self, envelope: ToStage | ToCoordinator) -> None: ...
-
-    def release(self, leases: Sequence[Any]) -> None: ...
-
-    def let_go(self, request_id: str, inc: int, stage: str, leases: Sequence[Any]) -> None:
-        """``stage`` is done with the request: free its ``leases`` once no stage here needs them."""
-
-    def transport_to(self, stage: str) -> str: ...
 
 
 class Stage:

@@ -10,16 +10,9 @@ from typing import Any, Protocol
 import attrs
 from starlette.requests import Request
 
-from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.api_errors import ApiError
 
 DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit for audio files
-
-
-class RequestStream(Protocol):
-    def __aiter__(self) -> Any: ...
-
-    async def __anext__(self) -> StreamMessage | CompleteMessage: ...
 
 
 class ServedPipeline(Protocol):
@@ -35,6 +28,8 @@ class ServedPipeline(Protocol):
     async def abort(self, request_id: str, *, wait: bool = False) -> bool: ...
 
     async def health(self) -> dict[str, Any]: ...
+
+    async def refresh_stage_gauges(self) -> None: ...
 
 
 @attrs.define
