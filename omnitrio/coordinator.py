@@ -44,9 +44,9 @@ from omnitrio.errors import (
     RequestFailed,
     RequestTimeout,
 )
+from omnitrio.flow import CREDIT_BATCH, Consumed
 from omnitrio.mailbox import Mailbox
 from omnitrio.messages import CompleteMessage, StreamMessage
-from omnitrio.requests import CREDIT_BATCH, credit_due
 from omnitrio.topology import StageFunctionError, Topology
 
 State = Literal["live", "releasing"]
@@ -66,7 +66,7 @@ class RequestHandle:
     results: dict[str, Any] = attrs.field(factory=dict)
     unacked: set[str] = attrs.field(factory=set)
     released: trio.Event = attrs.field(factory=trio.Event)
-    consumed: dict[str, int] = attrs.field(factory=dict)
+    consumed: Consumed = attrs.field(factory=Consumed)
 
 
 class Coordinator:
@@ -194,7 +194,7 @@ class Coordinator:
         return handle
 
     def _consumed(self, handle: RequestHandle, stage: str) -> None:
-        if credit_due(handle.consumed, stage) and handle.state == "live" and not handle.finished:
+        if handle.consumed.count(stage) and handle.state == "live" and not handle.finished:
             self._send(Credit(handle.request_id, handle.inc, stage, CREDIT_BATCH, COORDINATOR))
 
     def _abort_everywhere(self, handle: RequestHandle, error: RequestError) -> None:
