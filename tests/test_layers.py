@@ -57,7 +57,7 @@ def test_the_runtime_has_no_import_circle() -> None:
 
     def walk(name: str, stack: list[str]) -> None:
         if name in stack:
-            cycle = stack[stack.index(name) :] + [name]
+            cycle = [*stack[stack.index(name) :], name]
             pytest.fail("import circle: " + " -> ".join(cycle))
         if name in done:
             return
