@@ -1,8 +1,8 @@
 """``python -m bench [--quick] [--no-peer] [--only a,b]``: run the suite, print the table, write results.
 
-Order: the transport floor, omnitrio inline, omnitrio with one process per stage (if the
-runtime supports it yet), then the peer in its own venv as a subprocess — one after the
-other, so no two measurements share the CPUs.  Writes ``bench/results/latest.{json,md,png}``
+Order: the transport floor, omnitrio inline, omnitrio with one process per stage, then the
+peer in its own venv as a subprocess — one after the other, so no two measurements share
+the CPUs.  Writes ``bench/results/latest.{json,md,png}``
 and a timestamped copy of the JSON.  ``--quick`` cuts sample counts and gives the process
 and peer parts a time budget (benchmarks past it are recorded as skipped).
 """
@@ -51,43 +51,16 @@ def warm_imports() -> None:
         importlib.import_module(module)
 
 
-async def processes_available() -> str | None:
-    """None when ``open_pipeline`` with ``process=`` works; otherwise why not (error or hang)."""
-    from bench import pipelines
-    from bench.omni_runtime import OmniRuntime
-    from omnitrio import open_pipeline
-
-    config = pipelines.chain(OmniRuntime.classes, 1, process=True)
-    try:
-        with trio.move_on_after(90) as scope:
-            async with open_pipeline(config, inline=False) as pipeline:
-                await pipeline.submit("probe", "x")
-                health = await pipeline.health()
-                if all(s["pid"] == os.getpid() for s in health["stages"].values()):
-                    return "open_pipeline(process=...) ran the stage in the parent process"
-    except Exception as exc:
-        return f"not available yet: {type(exc).__name__}: {exc}"
-    if scope.cancelled_caught:
-        return "not available yet: open_pipeline with process= did not start within 90 s"
-    return None
-
-
 async def omnitrio_suites(args: argparse.Namespace, progress: Progress, t_start: float) -> dict[str, Any]:
     from bench.omni_runtime import OmniRuntime
     from bench.workloads import run_suite
 
     out: dict[str, Any] = {}
     out["omnitrio-inline"] = await run_suite(OmniRuntime(process=False), args.quick, progress, args.only)
-    t0 = progress.start("probe omnitrio processes")
-    why = await processes_available()
-    progress.done("probe omnitrio processes", t0, why or "available")
-    if why:
-        out["omnitrio-processes"] = {"unavailable": why}
-    else:
-        budget = None
-        if args.quick:
-            budget = progress.elapsed() + max(30.0, (QUICK_TOTAL_S - (time.perf_counter() - t_start)) / 2)
-        out["omnitrio-processes"] = await run_suite(OmniRuntime(process=True), args.quick, progress, args.only, budget)
+    budget = None
+    if args.quick:
+        budget = progress.elapsed() + max(30.0, (QUICK_TOTAL_S - (time.perf_counter() - t_start)) / 2)
+    out["omnitrio-processes"] = await run_suite(OmniRuntime(process=True), args.quick, progress, args.only, budget)
     return out
 
 

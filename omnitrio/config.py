@@ -123,11 +123,8 @@ class PipelineConfig:
     """How much lower than its IO loop a stage process runs its scheduler thread (Linux
     niceness, 0-19; 0, the default, leaves it alone).  When the cores are oversubscribed
     the IO loop, which carries every request's messages, then runs first, so one request's
-    burst of light compute does not hold back another's first output.  Compute pays for
-    it.  Measured on 2 cores with 5: the streaming benchmark's c=16 first-chunk p50 went
-    from ~25 to ~17 ms, but its chunks/s fell 13 % (c=1) and 18 % (c=16) and its c=16
-    first-chunk p99 rose; the speech pipeline's 8-session realtime turn p50 was 412 ms
-    (347-484) against 333 ms (287-508) without it, within this machine's spread."""
+    burst of light compute does not hold back another's first output; compute pays for it
+    (bench/results has the trade measured)."""
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:

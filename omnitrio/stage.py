@@ -5,7 +5,7 @@
     stage nursery
     ├── scheduler supervisor   the scheduler thread (via SchedulerBridge); a fresh
     │                          scheduler if start() raises, failing the requests it held
-    └── request tasks          one per live request: serve_request()
+    └── request tasks          one per live request: StageRequest.serve()
 
 Messages for the stage arrive through :meth:`Stage.deliver`, a synchronous call made by
 whoever routes them (another stage in this process, the coordinator, or the socket
