@@ -37,7 +37,7 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {mem_gib:.0f} GiB, Python {platform.python_version()}, {platform.machine()}"
 
 
-WARM_MODULES = ("bench.toy_stages", "bench.toy_stream", "tests.seed.ch4_batch_stages", "tests.seed.ch4_fanin_stages")
+WARM_MODULES = ("bench.toy_stages", "bench.toy_stream", "toys.seed.ch4_batch_stages", "toys.seed.ch4_fanin_stages")
 
 
 def warm_imports() -> None:
@@ -45,8 +45,8 @@ def warm_imports() -> None:
     for module in (
         "bench.toy_stages",
         "bench.toy_stream",
-        "tests.seed.ch4_batch_stages",
-        "tests.seed.ch4_fanin_stages",
+        "toys.seed.ch4_batch_stages",
+        "toys.seed.ch4_fanin_stages",
     ):
         importlib.import_module(module)
 

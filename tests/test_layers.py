@@ -88,9 +88,7 @@ def test_the_package_root_still_offers_the_whole_api() -> None:
 
 
 def not_a_scheduler(process: str | None) -> PipelineConfig:
-    stage = StageConfig(
-        name="odd", process=process, factory_path="tests.toy_stages.create_not_a_scheduler", terminal=True
-    )
+    stage = StageConfig(name="odd", process=process, factory_path="toys.stages.create_not_a_scheduler", terminal=True)
     return PipelineConfig(name="odd", stages=[stage])
 
 
@@ -101,7 +99,7 @@ async def test_a_factory_that_returns_no_scheduler_is_named_by_its_stage(process
             pytest.fail("the pipeline started")
     message = str(caught.value)
     assert "stage 'odd'" in message
-    assert "tests.toy_stages.create_not_a_scheduler" in message
+    assert "toys.stages.create_not_a_scheduler" in message
     assert "inbox" in message
 
 
@@ -109,7 +107,7 @@ async def test_metrics_show_what_a_stage_process_holds_now() -> None:
     slow = StageConfig(
         name="slow",
         process="p_slow",
-        factory_path="tests.toy_stages.create_slow",
+        factory_path="toys.stages.create_slow",
         factory={"seconds": 30.0},
         terminal=True,
     )
