@@ -32,7 +32,8 @@ from typing import Any
 import attrs
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload
-from schedulers.ar.scheduler import STOP, _Stop, prompt_and_params
+from schedulers.ar.scheduler import prompt_and_params
+from schedulers.ar.step_loop import STOP, _Stop
 
 
 class EngineThread:
