@@ -120,13 +120,16 @@ class Children:
         coordinator: Coordinator,
         endpoints: _Endpoints | None,
         nursery: trio.Nursery | None,
+        watchers: trio.Nursery | None,
     ) -> None:
+        """``nursery`` holds the reapers, ``watchers`` the supervisors (cancelled first on exit)."""
         self._config = config
         self._homes = homes
         self._board = board
         self._coordinator = coordinator
         self._endpoints = endpoints
         self._nursery = nursery
+        self._watchers = watchers
         self._children: dict[str, _Child] = {}
         for stage, home in homes.items():
             if home != MAIN:
@@ -135,7 +138,6 @@ class Children:
         self._gauges: dict[str, dict[str, int]] = {}
         self._health_waiters: dict[int, tuple[trio.Event, dict[str, Any]]] = {}
         self._next_qid = 0
-        self._closing = False
 
     def _address(self, process: str, generation: int) -> str:
         assert self._endpoints is not None
@@ -152,8 +154,8 @@ class Children:
             for child in self._children.values():
                 starting.start_soon(self._wait_ready, child, self._config.startup_timeout)
         for child in self._children.values():
-            assert self._nursery is not None
-            self._nursery.start_soon(self._supervise, child)
+            assert self._watchers is not None
+            self._watchers.start_soon(self._supervise, child)
 
     def gauges(self) -> dict[str, dict[str, int]]:
         """Per child stage ``{"active_requests", "queue_depth"}`` as of the last :meth:`health`."""
@@ -268,8 +270,6 @@ class Children:
         config = self._config
         while True:
             await child.exited.wait()
-            if self._closing:
-                return
             child.alive = False
             self._on_death(child)
             if config.restart != "on-failure" or child.restarts >= config.max_restarts:
@@ -304,7 +304,6 @@ class Children:
                 self._board.send_control(other.name, message)
 
     async def _stop(self) -> None:
-        self._closing = True
         for child in self._children.values():
             if child.alive:
                 self._board.send_control(child.name, wire.Shutdown())
@@ -340,16 +339,17 @@ async def open_children(
     spawned on entry and may still be starting: call :meth:`Children.wait_ready`.
     """
     if all(home == MAIN for home in homes.values()):
-        yield Children(config, homes, board, coordinator, None, None)
+        yield Children(config, homes, board, coordinator, None, None, None)
         return
     endpoints = _Endpoints.create(config)
     try:
-        async with trio.open_nursery() as nursery:
-            children = Children(config, homes, board, coordinator, endpoints, nursery)
+        async with trio.open_nursery() as nursery, trio.open_nursery() as watchers:
+            children = Children(config, homes, board, coordinator, endpoints, nursery, watchers)
             try:
                 await children._start()
                 yield children
             finally:
+                watchers.cancel_scope.cancel()  # children exiting from here on are being stopped
                 with trio.CancelScope(shield=True):
                     await children._stop()
                 nursery.cancel_scope.cancel()
