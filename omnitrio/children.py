@@ -255,9 +255,7 @@ class Children:
                 await child.ready.wait()
                 nursery.cancel_scope.cancel()
         if child.startup_error is not None:
-            raise StartupError(
-                f"process {child.name!r} (stages {child.stages}) failed to start:\n{child.startup_error}"
-            )
+            raise StartupError(f"process {child.name!r} (stages {child.stages}) failed to start: {child.startup_error}")
         if scope.cancelled_caught:
             raise StartupError(f"process {child.name!r} did not start within {timeout:g} s (startup_timeout)")
         if not child.alive:
