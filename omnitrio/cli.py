@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--graceful-timeout", type=float, default=5.0, help="seconds in-flight requests get on shutdown (default: 5)"
     )
+    serve.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="deadline of each request; past it the client gets a timeout error (default: the config's "
+        "default_timeout, else the server's 300; 0: none)",
+    )
     overrides(serve)
 
     run = commands.add_parser(
@@ -221,6 +229,7 @@ def _serve(args: argparse.Namespace) -> int:
 async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None:
     from omnitrio.runner import open_pipeline
     from omnitrio.serve import serve
+    from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S
 
     names = ", ".join(stage.name for stage in config.stages)
     print(f"omnitrio: starting {config.name!r} ({names}); the first start loads models...", file=sys.stderr)
@@ -230,10 +239,35 @@ async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None
         print(f"omnitrio: pipeline ready in {elapsed:.1f} s", file=sys.stderr)
 
         async with trio.open_nursery() as nursery:
-            serving = partial(serve, pipeline, host=args.host, port=args.port, graceful_timeout=args.graceful_timeout)
+            serving = partial(
+                serve,
+                pipeline,
+                host=args.host,
+                port=args.port,
+                graceful_timeout=args.graceful_timeout,
+                request_timeout=request_timeout(args.request_timeout, config, DEFAULT_REQUEST_TIMEOUT_S),
+            )
             port = await nursery.start(serving)
             print(f"omnitrio: serving {pipeline.name!r} on http://{args.host}:{port} (Ctrl-C stops)", file=sys.stderr)
     print("omnitrio: stopped", file=sys.stderr)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def request_timeout(flag: float | None, config: PipelineConfig, server_default: float) -> float | None:
+    """The server's deadline: ``--request-timeout`` (0: none), else the config's ``default_timeout``,
+    else ``server_default``."""
+    if flag is not None:
+        return flag or None
+    return server_default if config.default_timeout is None else config.default_timeout
 
 
 def _log_to_stderr() -> None:

@@ -36,7 +36,7 @@ class Pipeline:
         self.recorder = recorder
         self._stages = stages
         self._children = children
-        self.metrics = PipelineMetrics(stage_health=self._stage_gauges)
+        self.metrics = PipelineMetrics(stage_health=self._stage_gauges, request_ages=coordinator.request_ages)
         self.metrics_registry = self.metrics.registry
         coordinator.on_event = combine_hooks(self.metrics.on_event, recorder.coordinator_event if recorder else None)
 
@@ -72,8 +72,11 @@ class Pipeline:
         return await self.coordinator.abort(request_id, wait=wait)
 
     async def health(self) -> dict[str, Any]:
-        """``{"requests": n, "stages": {name: {alive, pid, process, active_requests, restarts}}}``.
+        """``{"requests": n, "overdue_requests": k, "oldest_request_age_s": s | None,
+        "stages": {name: {alive, pid, process, active_requests, restarts}}}``.
 
+        ``overdue_requests`` counts requests still held past their deadline (see
+        ``Coordinator.request_ages``); ``oldest_request_age_s`` is the age of the oldest live one.
         Stage processes are asked (each has a few seconds to answer, or counts as not alive).
         """
         pid = os.getpid()
@@ -82,7 +85,13 @@ class Pipeline:
             for name, stage in self._stages.items()
         }
         stages.update(await self._children.health())
-        return {"requests": self.coordinator.live_requests, "stages": stages}
+        return {**self.request_health(), "stages": stages}
+
+    def request_health(self) -> dict[str, Any]:
+        """The request part of :meth:`health` (synchronous, from the trio thread)."""
+        ages = self.coordinator.request_ages()
+        oldest = None if ages.oldest_s is None else round(ages.oldest_s, 3)
+        return {"requests": ages.live, "overdue_requests": ages.overdue, "oldest_request_age_s": oldest}
 
     async def refresh_stage_gauges(self) -> None:
         """Ask the stage processes for their gauges, so the next metrics scrape reads current figures."""

@@ -26,7 +26,13 @@ from starlette.websockets import WebSocket
 
 from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServeContext, ServedPipeline, served_tasks
+from omnitrio.serve.context import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    ServeContext,
+    ServedPipeline,
+    served_tasks,
+)
 from omnitrio.serve.realtime import realtime_endpoint
 from omnitrio.serve.speech import create_speech
 from omnitrio.serve.transcription import create_transcription
@@ -36,13 +42,16 @@ def create_app(
     pipeline: ServedPipeline,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    request_timeout: float | None = None,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
     serves: Iterable[str] | None = None,
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
     ``max_body_bytes`` caps request bodies and uploads (413 beyond); ``request_timeout`` is the
-    per-request deadline handed to the pipeline (504 when it passes; None: no deadline).
+    deadline of each pipeline request, in seconds (a realtime session's each response and each
+    turn-detection command, not the socket): past it the client gets a 504 ``timeout`` error
+    (an ``error`` event on a stream or socket).  None leaves the pipeline's own
+    ``default_timeout``, which may be no deadline at all.
     ``serves`` names the tasks offered (``"chat"``, ``"speech"``, ``"transcription"``,
     ``"realtime"``); None takes ``pipeline.config.serves``, and offers every route when that is unset.
     """

@@ -14,6 +14,9 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError
 
 DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit for audio files
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+"""The deadline of every pipeline request the server makes, unless told otherwise: a request
+that never finishes fails as a timeout instead of waiting forever."""
 ROUTES = {
     "chat": "POST /v1/chat/completions",
     "speech": "POST /v1/audio/speech",
@@ -46,7 +49,7 @@ class ServeContext:
     pipeline: ServedPipeline
     serves: tuple[str, ...] = tuple(ROUTES)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    request_timeout: float | None = None
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S
     created: int = attrs.field(factory=lambda: int(time.time()))
 
     def routes(self) -> list[str]:

@@ -22,7 +22,7 @@ import trio
 from hypercorn.config import Config
 
 from omnitrio.serve.app import create_app
-from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServedPipeline
+from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
 
 log = logging.getLogger("omnitrio.serve")
 
@@ -60,7 +60,7 @@ async def serve(
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    request_timeout: float | None = None,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
     serves: Iterable[str] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -69,7 +69,8 @@ async def serve(
     Call it inside the pipeline's context (``async with open_pipeline(...) as p: await serve(p)``);
     the pipeline outlives the server, so every request is aborted before the pipeline closes.
     ``handle_signals`` needs the main thread; pass False (and a ``shutdown`` event) elsewhere.
-    ``serves`` names the tasks offered (see :func:`~omnitrio.serve.app.create_app`).
+    ``request_timeout`` is every pipeline request's deadline and ``serves`` names the tasks
+    offered (see :func:`~omnitrio.serve.app.create_app`).
     """
     sock = bind_socket(host, port)
     bound_port: int = sock.getsockname()[1]
