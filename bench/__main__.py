@@ -1,10 +1,10 @@
 """``python -m bench [--quick] [--no-peer] [--only a,b]``: run the suite, print the table, write results.
 
-Order: the transport floor, omnitrio inline, omnitrio with one process per stage (if the
-runtime supports it yet), then the peer in its own venv as a subprocess — one after the
-other, so no two measurements share the CPUs.  Writes ``bench/results/latest.{json,md}`` and a
-timestamped copy of the JSON, then the chart ``latest.png`` when matplotlib (the ``bench`` extra)
-is installed; without it the chart is skipped with one line.  ``--quick`` cuts sample counts and gives the process
+Order: the transport floor, omnitrio inline, omnitrio with one process per stage, then the
+peer in its own venv as a subprocess — one after the other, so no two measurements share
+the CPUs.  Writes ``bench/results/latest.{json,md}`` and a timestamped copy of the JSON,
+then the chart ``latest.png`` when matplotlib (the ``bench`` extra) is installed; without it
+the chart is skipped with one line.  ``--quick`` cuts sample counts and gives the process
 and peer parts a time budget (benchmarks past it are recorded as skipped).
 """
 
@@ -38,7 +38,7 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {mem_gib:.0f} GiB, Python {platform.python_version()}, {platform.machine()}"
 
 
-WARM_MODULES = ("bench.toy_stages", "bench.toy_stream", "tests.seed.ch4_batch_stages", "tests.seed.ch4_fanin_stages")
+WARM_MODULES = ("bench.toy_stages", "bench.toy_stream", "toys.seed.ch4_batch_stages", "toys.seed.ch4_fanin_stages")
 
 
 def warm_imports() -> None:
@@ -46,31 +46,10 @@ def warm_imports() -> None:
     for module in (
         "bench.toy_stages",
         "bench.toy_stream",
-        "tests.seed.ch4_batch_stages",
-        "tests.seed.ch4_fanin_stages",
+        "toys.seed.ch4_batch_stages",
+        "toys.seed.ch4_fanin_stages",
     ):
         importlib.import_module(module)
-
-
-async def processes_available() -> str | None:
-    """None when ``open_pipeline`` with ``process=`` works; otherwise why not (error or hang)."""
-    from bench import pipelines
-    from bench.omni_runtime import OmniRuntime
-    from omnitrio import open_pipeline
-
-    config = pipelines.chain(OmniRuntime.classes, 1, process=True)
-    try:
-        with trio.move_on_after(90) as scope:
-            async with open_pipeline(config, inline=False) as pipeline:
-                await pipeline.submit("probe", "x")
-                health = await pipeline.health()
-                if all(s["pid"] == os.getpid() for s in health["stages"].values()):
-                    return "open_pipeline(process=...) ran the stage in the parent process"
-    except Exception as exc:
-        return f"not available yet: {type(exc).__name__}: {exc}"
-    if scope.cancelled_caught:
-        return "not available yet: open_pipeline with process= did not start within 90 s"
-    return None
 
 
 async def omnitrio_suites(args: argparse.Namespace, progress: Progress, t_start: float) -> dict[str, Any]:
@@ -79,16 +58,10 @@ async def omnitrio_suites(args: argparse.Namespace, progress: Progress, t_start:
 
     out: dict[str, Any] = {}
     out["omnitrio-inline"] = await run_suite(OmniRuntime(process=False), args.quick, progress, args.only)
-    t0 = progress.start("probe omnitrio processes")
-    why = await processes_available()
-    progress.done("probe omnitrio processes", t0, why or "available")
-    if why:
-        out["omnitrio-processes"] = {"unavailable": why}
-    else:
-        budget = None
-        if args.quick:
-            budget = progress.elapsed() + max(30.0, (QUICK_TOTAL_S - (time.perf_counter() - t_start)) / 2)
-        out["omnitrio-processes"] = await run_suite(OmniRuntime(process=True), args.quick, progress, args.only, budget)
+    budget = None
+    if args.quick:
+        budget = progress.elapsed() + max(30.0, (QUICK_TOTAL_S - (time.perf_counter() - t_start)) / 2)
+    out["omnitrio-processes"] = await run_suite(OmniRuntime(process=True), args.quick, progress, args.only, budget)
     return out
 
 

@@ -12,7 +12,7 @@ which keep the GIL.
 
 "Contended" means a second thread runs a pure-Python loop the whole time (the worst case:
 a scheduler thread busy in Python).  The switch interval is the one stage processes use
-(1 ms, ``omnitrio.processes``).  Figures are the mean µs per call over ``--calls`` calls,
+(1 ms, ``omnitrio.child``).  Figures are the mean µs per call over ``--calls`` calls,
 median of 3 runs.
 
 Run: ``python bench/gil_probe.py [--calls 2000]``.  Writes ``bench/results/gil_probe.json``.

@@ -57,8 +57,8 @@ class OmniRuntime:
     """omnitrio inline (every stage in this trio run) or with one OS process per stage."""
 
     classes = omnitrio
-    fanin_module = "tests.seed.ch4_fanin_stages"
-    batch_module = "tests.seed.ch4_batch_stages"
+    fanin_module = "toys.seed.ch4_fanin_stages"
+    batch_module = "toys.seed.ch4_batch_stages"
 
     def __init__(self, process: bool) -> None:
         self.process = process

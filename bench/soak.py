@@ -38,8 +38,8 @@ from omnitrio import (
 )
 
 RESULTS = Path(__file__).parent / "results"
-T = "tests.toy_stages"
-S = "tests.stream_stages"
+T = "toys.stages"
+S = "toys.stream_stages"
 
 
 def fan_pipeline() -> PipelineConfig:

@@ -1,7 +1,7 @@
 """The seed's talker → vocoder stages for the streaming and abort benchmarks, on either runtime.
 
 The talker and vocoder are the seed's ``ToyTalkerScheduler``/``ToyVocoderScheduler``
-unchanged (omnitrio's port in ``tests/seed``, the peer's original in ``bench/peer/seed``);
+unchanged (omnitrio's port in ``toys/seed``, the peer's original in ``bench/peer/seed``);
 this module adds the ``steps`` argument and a slow talker that stops once aborted.
 """
 
@@ -19,7 +19,7 @@ try:  # the peer (SGLang-Omni): the seed's module as the seed wrote it
     from sglang_omni.scheduling.message import OutgoingMessage  # type: ignore[import-not-found]
 except ImportError:
     from omnitrio.contract import OutgoingMessage
-    from tests.seed.ch4_stream_stages import ToyTalkerScheduler, ToyVocoderScheduler
+    from toys.seed.ch4_stream_stages import ToyTalkerScheduler, ToyVocoderScheduler
 
 
 def create_talker(steps: int = 100) -> Any:

@@ -25,12 +25,11 @@
 
 Hand-off (stage processes): when a request's first output is queued while the trio
 loop is idle, the scheduler thread waits (at most :data:`HANDOFF_S`, with the GIL and the
-outbox's lock released) until the loop has handled it and is idle again.  Without that, a scheduler
-that drops the GIL briefly on every step (most torch calls do) keeps the loop from ever
-taking it: a thread waiting for the GIL forces a switch only after a whole switch
-interval without any release, so the loop got a talker's first chunk only after the
-talker's 100-chunk burst ended (2.6 ms later; seen with ``perf sched``).  Later outputs
-of the request do not wait: they leave in batches, as before.
+outbox's lock released) until the loop has handled it and is idle again.  A scheduler that
+drops the GIL briefly on every step (most torch calls do) would otherwise keep the loop
+from taking it: a thread waiting for the GIL forces a switch only after a whole switch
+interval without any release, so a first output could wait for a whole burst behind it.
+Later outputs of the request do not wait: they leave in batches.
 
 Lives of a reused id: outputs the scheduler queued for a request before it took that
 request's in-order ``abort`` message from the inbox belong to the aborted life and are
@@ -70,10 +69,8 @@ from omnitrio.fairqueue import FairQueue
 
 DRAIN_BATCH = 256
 INBOX_DEPTH = 8
-"""Deep enough that the scheduler rarely waits for trio to refill it; shallow enough that it
-hands the GIL back to this process's IO loop often.  Bench A/B on 2 cores, 16 streams of the
-seed's talker → vocoder: a new request's first chunk p50 ~22 ms at 12 deep, ~15 ms at 8;
-8 costs 5-10 % throughput (which rebuilding tiny tensors through numpy had just won back)."""
+"""Deep enough that the scheduler rarely waits for trio to refill it; shallow enough that a
+new request's input is not queued behind a long backlog of other requests' messages."""
 INBOX_LOW = 2
 HANDOFF_S = 0.001
 """Longest a scheduler thread waits for the IO loop to take a request's first output (see above)."""

@@ -210,18 +210,6 @@ def load_config(path: Path | None, overrides: Sequence[str]) -> PipelineConfig:
     return load(path, overrides)
 
 
-def _inline(config: PipelineConfig) -> bool:
-    """Run every stage in this process unless the config asks for processes and they are supported."""
-    if not any(stage.process for stage in config.stages):
-        return True
-    try:
-        import omnitrio.processes  # noqa: F401
-    except ImportError:
-        log.warning("stage processes are not available in this build; running every stage in this process")
-        return True
-    return False
-
-
 # -- check -------------------------------------------------------------------------------------
 
 
@@ -317,7 +305,7 @@ async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None
     names = ", ".join(stage.name for stage in config.stages)
     print(f"omnitrio: starting {config.name!r} ({names}); the first start loads models...", file=sys.stderr)
     started = time.perf_counter()
-    async with open_pipeline(config, inline=_inline(config)) as pipeline:
+    async with open_pipeline(config) as pipeline:
         elapsed = time.perf_counter() - started
         print(f"omnitrio: pipeline ready in {elapsed:.1f} s", file=sys.stderr)
 
@@ -405,7 +393,7 @@ async def _run_async(config: PipelineConfig, inputs: Any, args: argparse.Namespa
     from omnitrio.runner import open_pipeline
 
     audio = _AudioSink(args.audio_out)
-    async with open_pipeline(config, inline=_inline(config)) as pipeline:
+    async with open_pipeline(config) as pipeline:
         async with pipeline.stream("cli-run", inputs, timeout=args.timeout) as messages:
             async for message in messages:
                 match message:

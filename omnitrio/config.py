@@ -125,11 +125,8 @@ class PipelineConfig:
     """How much lower than its IO loop a stage process runs its scheduler thread (Linux
     niceness, 0-19; 0, the default, leaves it alone).  When the cores are oversubscribed
     the IO loop, which carries every request's messages, then runs first, so one request's
-    burst of light compute does not hold back another's first output.  Compute pays for
-    it.  Measured on 2 cores with 5: the streaming benchmark's c=16 first-chunk p50 went
-    from ~25 to ~17 ms, but its chunks/s fell 13 % (c=1) and 18 % (c=16) and its c=16
-    first-chunk p99 rose; the speech pipeline's 8-session realtime turn p50 was 412 ms
-    (347-484) against 333 ms (287-508) without it, within this machine's spread."""
+    burst of light compute does not hold back another's first output; compute pays for it
+    (bench/results has the trade measured)."""
     serves: list[str] | None = None
     """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
     ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
@@ -156,6 +153,23 @@ class PipelineConfig:
 
 _PIPELINE_KEYS = {f.name for f in attrs.fields(PipelineConfig)}
 _STAGE_KEYS = {f.name for f in attrs.fields(StageConfig)}
+
+
+def _plain_data_schema(cls: type, types: Mapping[str, Any], skip: Iterable[str] = ()) -> type[msgspec.Struct]:
+    """A msgspec Struct with the fields and types of the attrs class ``cls``, to check plain
+    data (parsed TOML) with errors that name the field; ``types`` replaces a field's type
+    with the plain form the data holds.  Only fields present in the data are read back."""
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for f in attrs.fields(attrs.resolve_types(cls)):
+        if f.name in skip:
+            continue
+        kind = types.get(f.name, f.type)
+        fields.append((f.name, kind) if f.default is attrs.NOTHING else (f.name, kind, None))
+    return msgspec.defstruct(f"{cls.__name__}Data", fields, forbid_unknown_fields=True)
+
+
+_StageFields = _plain_data_schema(StageConfig, {"factory": dict[str, Any] | None})
+_PipelineFields = _plain_data_schema(PipelineConfig, {"endpoints": Any}, skip=("stages",))
 
 
 def from_dict(raw: Mapping[str, Any]) -> PipelineConfig:
@@ -194,40 +208,6 @@ def _stage_from_dict(index: int, raw: Any) -> StageConfig:
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{label}: {exc}") from None
     return StageConfig(**{k: getattr(typed, k) for k in raw})
-
-
-class _StageFields(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    factory_path: str
-    process: str | None = None
-    factory: dict[str, Any] | None = None
-    next: str | list[str] | None = None
-    terminal: bool = False
-    route_fn: str | None = None
-    project_payload: dict[str, str] = {}
-    wait_for: list[str] = []
-    merge_fn: str | None = None
-    wait_for_fn: str | None = None
-    stream_to: list[str] = []
-    stream_done_to_fn: str | None = None
-    can_accept_stream_before_payload: bool = False
-    max_queue: int | None = None
-
-
-class _PipelineFields(msgspec.Struct):
-    name: str | None = None
-    model_path: str | None = None
-    entry_stage: str | None = None
-    endpoints: Any = None
-    restart: Literal["on-failure", "never"] = "on-failure"
-    max_restarts: int = 3
-    max_in_flight: int | None = None
-    default_timeout: float | None = None
-    startup_timeout: float = 60.0
-    terminal_stages_fn: str | None = None
-    transport: Literal["unix", "zmq"] = "unix"
-    scheduler_nice: int = 0
-    serves: list[str] | None = None
 
 
 def load(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:

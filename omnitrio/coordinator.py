@@ -44,9 +44,17 @@ from omnitrio.errors import (
     RequestFailed,
     RequestTimeout,
 )
+from omnitrio.events import (
+    FIRST_STREAM_CHUNK,
+    REQUEST_ABORTED,
+    REQUEST_FAILED,
+    REQUEST_REJECTED,
+    REQUEST_SUBMITTED,
+    TERMINAL_RESPONSE,
+)
+from omnitrio.flow import CREDIT_BATCH, Consumed
 from omnitrio.mailbox import Mailbox
 from omnitrio.messages import CompleteMessage, StreamMessage
-from omnitrio.requests import CREDIT_BATCH, credit_due
 from omnitrio.topology import StageFunctionError, Topology
 
 State = Literal["live", "releasing"]
@@ -66,7 +74,7 @@ class RequestHandle:
     results: dict[str, Any] = attrs.field(factory=dict)
     unacked: set[str] = attrs.field(factory=set)
     released: trio.Event = attrs.field(factory=trio.Event)
-    consumed: dict[str, int] = attrs.field(factory=dict)
+    consumed: Consumed = attrs.field(factory=Consumed)
     opened: float = attrs.field(factory=trio.current_time)
     deadline: float = math.inf
     """When the caller's deadline passes (``trio.current_time()`` clock); inf without one."""
@@ -121,7 +129,7 @@ class Coordinator:
         self._closed = True
         for handle in list(self._requests.values()):
             if handle.state == "live" and not handle.finished:
-                self._emit(handle.request_id, "request_aborted", {"reason": "shutdown"})
+                self._emit(handle.request_id, REQUEST_ABORTED, {"reason": "shutdown"})
             self._finish_with(handle, RequestAborted(handle.request_id, "aborted: the pipeline shut down"))
             handle.released.set()
         self._requests.clear()
@@ -176,7 +184,7 @@ class Coordinator:
             return False
         aborted = handle.state == "live" and not handle.finished
         if aborted:
-            self._emit(request_id, "request_aborted", {"reason": "abort"})
+            self._emit(request_id, REQUEST_ABORTED, {"reason": "abort"})
             self._abort_everywhere(handle, RequestAborted(request_id))
         if wait:
             await handle.released.wait()
@@ -194,7 +202,7 @@ class Coordinator:
         if request_id in self._requests:
             raise DuplicateRequest(request_id, f"request {request_id!r} is still live; use another id")
         if self.max_in_flight is not None and len(self._requests) >= self.max_in_flight:
-            self._emit(request_id, "request_rejected", {"reason": "max_in_flight"})
+            self._emit(request_id, REQUEST_REJECTED, {"reason": "max_in_flight"})
             raise Overloaded(
                 request_id, f"{len(self._requests)} requests in flight (max_in_flight={self.max_in_flight})"
             )
@@ -207,7 +215,7 @@ class Coordinator:
         self._requests[request_id] = handle
         request = OmniRequest(inputs=inputs, params=dict(params or {}), metadata=dict(metadata or {}))
         payload = StagePayload(request_id, request, {"raw_inputs": inputs})
-        self._emit(request_id, "request_submitted", {})
+        self._emit(request_id, REQUEST_SUBMITTED, {})
         try:
             self._send(Payload(request_id, handle.inc, self.topology.entry, COORDINATOR, payload))
         except StageFunctionError as exc:
@@ -216,7 +224,7 @@ class Coordinator:
         return handle
 
     def _consumed(self, handle: RequestHandle, stage: str) -> None:
-        if credit_due(handle.consumed, stage) and handle.state == "live" and not handle.finished:
+        if handle.consumed.count(stage) and handle.state == "live" and not handle.finished:
             self._send(Credit(handle.request_id, handle.inc, stage, CREDIT_BATCH, COORDINATOR))
 
     def _abort_everywhere(self, handle: RequestHandle, error: RequestError) -> None:
@@ -240,7 +248,7 @@ class Coordinator:
         """The caller stopped waiting; abort the request if it is still running."""
         if handle.state == "live" and not handle.finished:
             reason = "timeout" if isinstance(error, RequestTimeout) else "client"
-            self._emit(handle.request_id, "request_aborted", {"reason": reason})
+            self._emit(handle.request_id, REQUEST_ABORTED, {"reason": reason})
             self._abort_everywhere(handle, error or RequestAborted(handle.request_id, "aborted: the caller left"))
         elif handle.state == "live" and self._requests.get(handle.request_id) is handle:
             del self._requests[handle.request_id]
@@ -254,7 +262,7 @@ class Coordinator:
             if handle.state == "live" and not handle.finished:
                 error = error_for(handle.request_id)
                 fields = {"stage": getattr(error, "stage", ""), "error_type": getattr(error, "error_type", "")}
-                self._emit(handle.request_id, "request_failed", fields)
+                self._emit(handle.request_id, REQUEST_FAILED, fields)
                 self._abort_everywhere(handle, error)
             handle.unacked -= dead
             self._maybe_released(handle)
@@ -277,7 +285,7 @@ class Coordinator:
         match envelope:
             case StreamOut(src=src, chunk_id=chunk_id, body=body, modality=modality):
                 if chunk_id == 0:
-                    self._emit(envelope.rid, "first_stream_chunk", {"from_stage": src, "modality": modality})
+                    self._emit(envelope.rid, FIRST_STREAM_CHUNK, {"from_stage": src, "modality": modality})
                 if not handle.finished:
                     handle.events.put(StreamMessage(envelope.rid, src, chunk_id, body, modality))
             case Complete(src=src, body=body):
@@ -286,7 +294,7 @@ class Coordinator:
                 handle.results[src] = body
                 handle.events.put(CompleteMessage(envelope.rid, src, body))
                 if handle.results.keys() == handle.terminals:
-                    self._emit(envelope.rid, "terminal_response", {"from_stage": src})
+                    self._emit(envelope.rid, TERMINAL_RESPONSE, {"from_stage": src})
                     handle.finished = True
                     handle.events.close()
             case Failed(stage=stage, error_type=error_type, message=message, overloaded=overloaded):
@@ -297,9 +305,7 @@ class Coordinator:
                     error = Overloaded(envelope.rid, f"stage {stage!r}: {message}")
                 else:
                     error = RequestFailed(envelope.rid, stage, error_type, message)
-                self._emit(
-                    envelope.rid, "request_failed", {"stage": stage, "error_type": error_type, "message": message}
-                )
+                self._emit(envelope.rid, REQUEST_FAILED, {"stage": stage, "error_type": error_type, "message": message})
                 self._abort_everywhere(handle, error)
             case Released(stage=stage):
                 handle.unacked.discard(stage)

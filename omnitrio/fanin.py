@@ -51,9 +51,5 @@ class FanIn:
         inputs, self.inputs = self.inputs, {}
         return True, plan.merge_inputs(inputs)
 
-    @property
-    def held(self) -> int:
-        return len(self.inputs)
-
 
 __all__ = ["FanIn", "FanInError", "StageFunctionError"]

@@ -1,35 +1,44 @@
-"""What a caller holds inside ``open_pipeline``: submit, stream, abort, health.
+"""What a caller holds inside ``open_pipeline``: submit, stream, abort, health, metrics.
 
-The same API whether the stages run in the caller's process or in spawned ones; only
-:meth:`Pipeline.health` differs (it must ask other processes).
+The same object whatever the placement: its health and stage gauges are composed from the
+stages in the caller's process and those in stage processes (asked when needed).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from omnitrio.children import Children, stage_health
 from omnitrio.config import PipelineConfig
 from omnitrio.coordinator import Coordinator, RequestStream
-from omnitrio.events import EventRecorder, combine_hooks, recorder_from_env
+from omnitrio.events import EventRecorder, combine_hooks
 from omnitrio.metrics import PipelineMetrics
+from omnitrio.stage import Stage
+from omnitrio.topology import MAIN
 
 
 class Pipeline:
     """A running pipeline; see :func:`omnitrio.open_pipeline`."""
 
-    def __init__(self, config: PipelineConfig, coordinator: Coordinator) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        coordinator: Coordinator,
+        stages: dict[str, Stage],
+        children: Children,
+        recorder: EventRecorder | None,
+    ) -> None:
+        """``stages``: those in this process; ``children``: the stage processes (maybe none)."""
         self.config = config
         self.name: str = config.name or "omnitrio"
         self.coordinator = coordinator
-        self.recorder: EventRecorder | None = recorder_from_env("main")
+        self.recorder = recorder
+        self._stages = stages
+        self._children = children
         self.metrics = PipelineMetrics(stage_health=self._stage_gauges, request_ages=coordinator.request_ages)
         self.metrics_registry = self.metrics.registry
-        rec = self.recorder
-        coordinator.on_event = combine_hooks(self.metrics.on_event, rec.coordinator_event if rec else None)
-
-    def _stage_gauges(self) -> dict[str, dict[str, int]]:
-        """Per stage ``{"active_requests", "queue_depth"}`` for a metrics scrape (synchronous)."""
-        return {}
+        coordinator.on_event = combine_hooks(self.metrics.on_event, recorder.coordinator_event if recorder else None)
 
     async def submit(
         self,
@@ -68,8 +77,15 @@ class Pipeline:
 
         ``overdue_requests`` counts requests still held past their deadline (see
         ``Coordinator.request_ages``); ``oldest_request_age_s`` is the age of the oldest live one.
+        Stage processes are asked (each has a few seconds to answer, or counts as not alive).
         """
-        raise NotImplementedError
+        pid = os.getpid()
+        stages = {
+            name: stage_health(True, pid, stage.plan.config.process or MAIN, stage.active_requests, stage.restarts)
+            for name, stage in self._stages.items()
+        }
+        stages.update(await self._children.health())
+        return {**self.request_health(), "stages": stages}
 
     def request_health(self) -> dict[str, Any]:
         """The request part of :meth:`health` (synchronous, from the trio thread)."""
@@ -77,6 +93,13 @@ class Pipeline:
         oldest = None if ages.oldest_s is None else round(ages.oldest_s, 3)
         return {"requests": ages.live, "overdue_requests": ages.overdue, "oldest_request_age_s": oldest}
 
+    async def refresh_stage_gauges(self) -> None:
+        """Ask the stage processes for their gauges, so the next metrics scrape reads current figures."""
+        await self._children.health()
 
-def stage_health(alive: bool, pid: int, process: str, active: int, restarts: int) -> dict[str, Any]:
-    return {"alive": alive, "pid": pid, "process": process, "active_requests": active, "restarts": restarts}
+    def _stage_gauges(self) -> dict[str, dict[str, int]]:
+        """Per stage ``{"active_requests", "queue_depth"}`` for a metrics scrape (synchronous)."""
+        gauges = self._children.gauges()
+        for name, stage in self._stages.items():
+            gauges[name] = {"active_requests": stage.active_requests, "queue_depth": stage.queue_depth}
+        return gauges

@@ -1,4 +1,4 @@
-"""The compiled pipeline: per-stage routes, projections, fan-in sources, stream targets.
+"""The compiled pipeline: per-stage routes, projections, fan-in sources, stream targets, homes.
 
 A :class:`Topology` is built once per process from a validated config; every user
 function it names is imported here, once.  Calls into user code (``route_fn``,
@@ -10,7 +10,7 @@ never the stage.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -18,6 +18,9 @@ import attrs
 from omnitrio.config import PipelineConfig, StageConfig
 from omnitrio.contract import StagePayload
 from omnitrio.importing import import_object
+
+MAIN = "main"
+"""The caller's process: the coordinator's, and the home of every stage without ``process``."""
 
 
 class StageFunctionError(Exception):
@@ -188,13 +191,6 @@ class Topology:
         value = call_user("terminal_stages_fn", self.terminal_stages_fn, request_id, inputs)
         return frozenset(_target_list("terminal_stages_fn", value, self.terminals, allow_empty=False))
 
-    def process_groups(self, inline: bool) -> dict[str | None, list[str]]:
-        """Stage names per process; ``None`` is the caller's own process."""
-        groups: dict[str | None, list[str]] = {}
-        for s in self.config.stages:
-            groups.setdefault(None if inline else s.process, []).append(s.name)
-        return groups
-
-
-def stage_labels(config: PipelineConfig) -> Mapping[str, str]:
-    return {s.name: f"stages[{i}] ({s.name!r})" for i, s in enumerate(config.stages)}
+    def homes(self, inline: bool) -> dict[str, str]:
+        """The process of every stage: its ``process`` name, or :data:`MAIN` (the caller's)."""
+        return {s.name: MAIN if inline or not s.process else s.process for s in self.config.stages}

@@ -29,7 +29,7 @@ from pathlib import Path
 import attrs
 import msgspec
 
-from omnitrio import events as ev
+import omnitrio.events as ev
 from omnitrio.events import Event
 
 _decoder = msgspec.json.Decoder(Event)

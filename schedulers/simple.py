@@ -140,7 +140,7 @@ class SimpleScheduler:
 
     def __init__(
         self,
-        compute_fn: ComputeFn | None,
+        compute_fn: ComputeFn | None = None,
         *,
         batch_compute_fn: BatchComputeFn | None = None,
         max_batch_size: int = 1,

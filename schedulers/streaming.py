@@ -29,13 +29,14 @@ need no locks of their own.  What a subclass may rely on:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, StreamItem, put_messages
 from schedulers._idsets import Life
-from schedulers.simple import BatchComputeFn, Cleanup, ComputeFn, SimpleScheduler
+from schedulers.simple import Cleanup, SimpleScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -43,30 +44,15 @@ logger = logging.getLogger(__name__)
 class StreamingSimpleScheduler(SimpleScheduler):
     """SimpleScheduler plus per-request stream hooks (see the module docstring)."""
 
-    def __init__(
-        self,
-        compute_fn: ComputeFn | None = None,
-        *,
-        batch_compute_fn: BatchComputeFn | None = None,
-        max_batch_size: int = 1,
-        max_batch_wait_ms: float = 0,
-        batch_wait_when_idle: bool = True,
-        request_cost_fn: Callable[[StagePayload], int] | None = None,
-        max_batch_cost: int | None = None,
-        abort_callback: Callable[[str], None] | None = None,
-    ) -> None:
-        super().__init__(
-            compute_fn,
-            batch_compute_fn=batch_compute_fn,
-            max_batch_size=max_batch_size,
-            max_batch_wait_ms=max_batch_wait_ms,
-            batch_wait_when_idle=batch_wait_when_idle,
-            request_cost_fn=request_cost_fn,
-            max_batch_cost=max_batch_cost,
-            abort_callback=abort_callback,
-        )
-        self.stream_payloads: dict[str, StagePayload] = {}
-        self.pending_done: set[str] = set()
+    @functools.cached_property
+    def stream_payloads(self) -> dict[str, StagePayload]:
+        """Payloads of the streaming requests being served, by request id."""
+        return {}
+
+    @functools.cached_property
+    def pending_done(self) -> set[str]:
+        """Requests whose ``stream_done`` came before their payload."""
+        return set()
 
     # -- hooks for subclasses -------------------------------------------------------
 

@@ -154,6 +154,9 @@ class FakePipeline:
             await request.exited.wait()
         return True
 
+    async def refresh_stage_gauges(self) -> None:
+        return
+
     async def health(self) -> dict[str, Any]:
         stage = {
             "alive": self.alive,

@@ -8,8 +8,8 @@ import trio
 
 from omnitrio import FactoryArgs, PipelineConfig, StageConfig
 
-T = "tests.toy_stages"
-S = "tests.stream_stages"
+T = "toys.stages"
+S = "toys.stream_stages"
 
 
 def fan_config(*, process: bool = False, **join_kw: Any) -> PipelineConfig:

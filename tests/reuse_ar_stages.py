@@ -9,7 +9,7 @@ from schedulers.ar.talker import TalkerScheduler, TinyTalker
 from schedulers.ar.vocoder import GriffinLimVocoder, GriffinLimVocoderScheduler
 from schedulers.simple import SimpleScheduler
 from tests.reuse_stages import inputs_of
-from tests.seed.ch4_stream_stages import ToyTalkerScheduler
+from toys.seed.ch4_stream_stages import ToyTalkerScheduler
 
 
 def create_seed_talker(steps: int = 200) -> ToyTalkerScheduler:

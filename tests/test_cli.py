@@ -16,18 +16,18 @@ import httpx
 import pytest
 
 from omnitrio.cli import DEFAULT_CONFIG, main
-from tests.test_speech_roundtrip import heard_as
+from toys.speech_text import heard_as
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = """
 name = "toy"
 [[stages]]
 name = "words"
-factory_path = "tests.toy_stages.create_words"
+factory_path = "toys.stages.create_words"
 next = "tag"
 [[stages]]
 name = "tag"
-factory_path = "tests.toy_stages.create_tag"
+factory_path = "toys.stages.create_tag"
 factory = { tag = "seen" }
 terminal = true
 """

@@ -46,12 +46,12 @@ BROKEN = """
 name = "broken"
 [[stages]]
 name = "words"
-factory_path = "tests.toy_stages.create_words"
+factory_path = "toys.stages.create_words"
 next = "tag"
 [[stages]]
 name = "tag"
 {process}
-factory_path = "tests.toy_stages.create_raises_on_build"
+factory_path = "toys.stages.create_raises_on_build"
 terminal = true
 """
 

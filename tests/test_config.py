@@ -10,7 +10,7 @@ import pytest
 from omnitrio.config import FactoryArgs, PipelineConfig, StageConfig, apply_override, from_dict, load, validate
 from omnitrio.errors import ConfigError
 
-T = "tests.toy_stages"
+T = "toys.stages"
 
 
 def stage(name: str, **kw: Any) -> StageConfig:
@@ -79,11 +79,11 @@ CASES = {
     ),
     "factory_attribute_missing": (
         chain(stage("a", terminal=True, factory_path=f"{T}.no_such_factory")),
-        r"\('a'\): factory_path: module 'tests.toy_stages' has no attribute 'no_such_factory'",
+        r"\('a'\): factory_path: module 'toys.stages' has no attribute 'no_such_factory'",
     ),
     "factory_argument_not_accepted": (
         chain(stage("a", terminal=True, factory=FactoryArgs(max_batch_wait_ms=5))),
-        r"\('a'\): factory: tests.toy_stages.create_echo does not accept \['max_batch_wait_ms'\]",
+        r"\('a'\): factory: toys.stages.create_echo does not accept \['max_batch_wait_ms'\]",
     ),
     "factory_argument_missing": (
         chain(stage("a", terminal=True, factory_path=f"{T}.create_needs_arg")),
@@ -91,7 +91,7 @@ CASES = {
     ),
     "unimportable_route_fn": (
         chain(stage("a", next="b", route_fn=f"{T}.nope"), stage("b", terminal=True)),
-        r"\('a'\): route_fn: module 'tests.toy_stages' has no attribute 'nope'",
+        r"\('a'\): route_fn: module 'toys.stages' has no attribute 'nope'",
     ),
     "projection_for_a_stage_not_in_next": (
         chain(stage("a", next="b", project_payload={"c": f"{T}.project_text"}), stage("b", terminal=True)),
@@ -142,7 +142,7 @@ TOML = """
 name = "demo"
 [[stages]]
 name = "encoder"
-factory_path = "tests.toy_stages.create_slow"
+factory_path = "toys.stages.create_slow"
 terminal = true
 [stages.factory]
 seconds = 0.5

@@ -18,7 +18,7 @@ from omnitrio import (
 )
 from tests.pipelines import T, chain_config, fan_config, settled, talk_config
 
-S = "tests.stream_stages"
+S = "toys.stream_stages"
 
 
 @pytest.mark.parametrize("process", [False, True])

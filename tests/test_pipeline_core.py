@@ -221,7 +221,7 @@ async def test_several_terminals_return_a_dict() -> None:
 async def test_factory_that_raises_fails_open_pipeline_with_the_stage_name() -> None:
     config = chain_config(2)
     config.stages[1].factory_path = f"{T}.create_raises_on_build"
-    with pytest.raises(StartupError, match=r"stage 's1': factory tests\.toy_stages\.create_raises_on_build raised"):
+    with pytest.raises(StartupError, match=r"stage 's1': factory toys\.stages\.create_raises_on_build raised"):
         async with open_pipeline(config, inline=True):
             pass
 

@@ -15,8 +15,8 @@ import trio
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, StageConfig, open_pipeline
 from omnitrio.errors import StartupError
 from tests.pipelines import T, chain_config, fan_config, settled
-from tests.seed import ch4_batch, ch4_fanin, ch4_stream
 from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPUT
+from toys.seed import ch4_batch, ch4_fanin, ch4_stream
 
 
 def our_shm() -> list[str]:
@@ -257,7 +257,7 @@ from tests.pipelines import chain_config
 
 async def main():
     config = chain_config(2, process=True, factory="create_tensor_maker")
-    config.stages[1].factory_path = "tests.toy_stages.create_tensor_summary"
+    config.stages[1].factory_path = "toys.stages.create_tensor_summary"
     config.endpoints.base_path = sys.argv[1]
     async with open_pipeline(config) as pipeline:
         await pipeline.submit("r", 1 << 20)  # leases shared memory across the boundary

@@ -18,7 +18,7 @@ from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.config import load
 from omnitrio.serve import serve
-from tests.test_speech_roundtrip import heard_as
+from toys.speech_text import heard_as
 
 pytestmark = pytest.mark.slow
 SENTENCE = "Turn left at the second traffic light."

@@ -20,7 +20,7 @@ from tests.pipelines import settled
 
 R = "tests.reuse_stages"
 AR = "tests.reuse_ar_stages"
-SEED = "tests.seed.ch4_stream_stages"
+SEED = "toys.seed.ch4_stream_stages"
 DEADLINE = 60  # a hang fails the test instead of the suite
 CHUNKS_BEFORE_ABORT = 20
 

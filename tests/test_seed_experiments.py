@@ -1,6 +1,6 @@
 """The seed chapter's three experiments print exactly the seed's output.
 
-The stage modules in tests/seed/ are the seed's, with only their imports changed; the
+The stage modules in toys/seed/ are the seed's, with only their imports changed; the
 drivers are rewritten for trio.  Each runs inline here; one process per stage in
 test_processes.py.
 """
@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from omnitrio import open_pipeline
-from tests.seed import ch4_batch, ch4_fanin, ch4_stream
+from toys.seed import ch4_batch, ch4_fanin, ch4_stream
 
 FANIN_OUTPUT = """\
 {'sources': ['count', 'upper'], 'count': 3, 'count_saw': ['words'], 'upper': 'HELLO OMNI WORLD', 'upper_saw': ['text']}

@@ -241,7 +241,7 @@ def test_a_config_that_serves_an_unknown_task_is_refused_naming_the_field() -> N
     config = from_dict(
         {
             "serves": ["chat", "video"],
-            "stages": [{"name": "a", "factory_path": "tests.toy_stages.create_echo", "terminal": True}],
+            "stages": [{"name": "a", "factory_path": "toys.stages.create_echo", "terminal": True}],
         }
     )
     with pytest.raises(

@@ -18,7 +18,7 @@ pytest.importorskip("faster_whisper", reason="the speech extra (faster-whisper) 
 from schedulers.speech.audio import resample
 from schedulers.speech.stages import create_asr_stage, create_streaming_asr_stage
 from schedulers.speech.tts import shared_synthesizer
-from tests.test_speech_roundtrip import heard_as
+from toys.speech_text import heard_as
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 

@@ -13,7 +13,7 @@ from omnitrio import CompleteMessage, Pipeline, RequestFailed, StreamMessage, op
 from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.config import load
 from schedulers.speech.vad import EnergyScorer, VoiceActivityDetector
-from tests.test_speech_roundtrip import heard_as
+from toys.speech_text import heard_as
 
 SENTENCE = "Turn left at the second traffic light."
 

@@ -48,7 +48,7 @@ def test_a_transcript_longer_than_its_budget_is_not_trusted_and_the_full_window_
     from schedulers.speech.asr import shared_recognizer
     from schedulers.speech.audio import resample
     from schedulers.speech.tts import shared_synthesizer
-    from tests.test_speech_roundtrip import heard_as
+    from toys.speech_text import heard_as
 
     sentence = "Turn left at the second traffic light."
     tts, asr = shared_synthesizer(), shared_recognizer()

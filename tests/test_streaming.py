@@ -18,7 +18,7 @@ from omnitrio import (
     open_pipeline,
 )
 from omnitrio.bridge import INBOX_DEPTH
-from omnitrio.requests import BACKLOG_HIGH, STREAM_WINDOW
+from omnitrio.flow import BACKLOG_HIGH, STREAM_WINDOW
 from tests.pipelines import S, endless_config, settled, talk_config
 
 

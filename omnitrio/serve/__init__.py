@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP/SSE and realtime WebSocket serving of one pipeline (hypercorn, trio worker).
 
 The server uses only the pipeline API a Python user has: ``name``, ``stream``, ``abort``,
-``health`` and ``metrics_registry``. Every request, streamed or not, is served through
+``health``, ``refresh_stage_gauges`` and ``metrics_registry``. Every request, streamed or not, is served through
 ``async with pipeline.stream(request_id, inputs, timeout=...) as messages``; leaving that block
 (the client went away, ``response.cancel``, the socket closed, shutdown) aborts the request at
 every stage. The request id is the response id the client sees (``chatcmpl-…``, ``resp-…``).

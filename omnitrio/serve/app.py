@@ -136,6 +136,7 @@ async def _health(ctx: ServeContext, request: Request) -> Response:
 
 
 async def _metrics(ctx: ServeContext, request: Request) -> Response:
+    await ctx.pipeline.refresh_stage_gauges()
     registry = ctx.pipeline.metrics_registry or prometheus_client.CollectorRegistry()
     return Response(prometheus_client.generate_latest(registry), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 

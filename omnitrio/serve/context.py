@@ -11,7 +11,6 @@ from typing import Any, Protocol
 import attrs
 from starlette.requests import Request
 
-from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.api_errors import ApiError
 from omnitrio.serve.limits import DEFAULT_MAX_BODY_BYTES, ServeLimits
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
@@ -27,12 +26,6 @@ ROUTES = {
 }  # each task a pipeline can serve, and the route that hands it over
 
 
-class RequestStream(Protocol):
-    def __aiter__(self) -> Any: ...
-
-    async def __anext__(self) -> StreamMessage | CompleteMessage: ...
-
-
 class ServedPipeline(Protocol):
     """The part of the pipeline API the server uses (``omnitrio.open_pipeline`` returns one)."""
 
@@ -46,6 +39,8 @@ class ServedPipeline(Protocol):
     async def abort(self, request_id: str, *, wait: bool = False) -> bool: ...
 
     async def health(self) -> dict[str, Any]: ...
+
+    async def refresh_stage_gauges(self) -> None: ...
 
 
 @attrs.define

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import trio
 
-from omnitrio.transport.zmq import TrioZmqSocket
-
 MAX_FRAMES = 4096
 """Most messages in one batch; a longer queue goes out in several."""
 
@@ -71,18 +69,3 @@ class Link:
     def close(self, linger: int = 0) -> None:
         self._closed = True
         self._queue.clear()
-
-
-class ZmqLink(Link):
-    """A link over a zmq PUSH socket: one multipart message per batch (sender, then messages)."""
-
-    def __init__(self, socket: TrioZmqSocket, sender: bytes) -> None:
-        super().__init__(sender)
-        self.socket = socket
-
-    async def _write(self, sender: bytes, batch: list[bytes]) -> None:
-        await self.socket.send([sender, *batch])
-
-    def close(self, linger: int = 0) -> None:
-        super().close(linger)
-        self.socket.close(linger=linger)

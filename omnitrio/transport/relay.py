@@ -16,7 +16,8 @@ Ownership, which the runtime must follow:
   receiver that wants to keep data longer copies it (into its own pooled buffer).
 * If the receiving process dies, :meth:`ShmPool.release_all_for` frees every lease packed
   for it (``pack(..., peer=...)``).  Releasing twice, or an unknown id, is a no-op.
-* :meth:`ShmPool.close` (or the runner's :func:`remove_segments`) unlinks everything.
+* :meth:`ShmPool.close` (or :func:`remove_segments`, which the parent runs for every
+  process of a pipeline) unlinks everything.
 
 What crosses how:
 
@@ -59,7 +60,7 @@ from omnitrio.transport.shm import ALIGN, Region, Segment, SlotArena, remove_seg
 from omnitrio.transport.tensors import LIST_LIMIT, TensorKinds, cuda_device, inline_tensor, listed_tensor
 
 DEFAULT_SLOT_BYTES = 1 << 20  # allocation granularity; a tensor takes a run of whole slots
-DEFAULT_SLOTS = 64  # 64 MiB pre-faulted pool per sending process
+DEFAULT_SLOTS = 64  # a 64 MiB pool unless the caller asks for another size (a switchboard asks for 256)
 DEFAULT_INLINE_LIMIT = 64 * 1024
 _COUNT = struct.Struct("<I")
 
@@ -118,7 +119,8 @@ class ShmPool:
     """The sending process's shared-memory pool and packer.
 
     ``prefix`` starts every segment name (e.g. ``omnitrio-<pipeline>-<process>-``).
-    ``slots * slot_bytes`` bytes are created and pre-faulted now.  A tensor takes a run
+    ``slots * slot_bytes`` bytes are created and pre-faulted when the first tensor needs
+    them (a process that sends none never holds the pool).  A tensor takes a run
     of whole slots (several small tensors of one pack share a run); one that does not fit
     the pool, or finds no free run, gets a one-off segment of its own — pack never blocks
     and never fails for lack of room.  Thread-safe.  Also a context manager (closes).
@@ -372,13 +374,6 @@ class ShmReader:
             ) from error
         except Exception as error:
             raise RelayError(f"cannot unpack relay header: {type(error).__name__}: {error}", leases) from error
-
-    def forget(self, prefix: str) -> int:
-        """Drop cached mappings whose names start with ``prefix`` (a sender that exited)."""
-        names = [name for name in self._segments if name.startswith(prefix)]
-        for name in names:
-            del self._segments[name]
-        return len(names)
 
     def close(self) -> None:
         """Drop every cached mapping; views already handed out stay valid until they are freed."""

@@ -1,13 +1,13 @@
 """Shared-memory segments on ``/dev/shm`` and the sending process's slot arena.
 
-A :class:`SlotArena` belongs to one sending process.  At start it creates one pooled
-segment of ``slots * slot_bytes`` bytes, reserved with ``posix_fallocate`` (so a full
-``/dev/shm`` is a clear ``OSError`` now, never a ``SIGBUS`` later) and pre-faulted, so no
-transfer ever pays for page allocation.  :meth:`SlotArena.allocate` hands out a *lease*:
-a run of contiguous free slots (first fit), or — when the bytes exceed the pool or no run
-is free — a dedicated one-off segment.  Creating and faulting a fresh one-off segment
-costs several times the copy itself (a 128 MB one here: ~90 ms against ~15 ms), so a
-released one-off segment is kept as a *spare* and reused by a later lease it can hold,
+A :class:`SlotArena` belongs to one sending process.  On the first lease that needs it, it
+creates one pooled segment of ``slots * slot_bytes`` bytes, reserved with
+``posix_fallocate`` (so a full ``/dev/shm`` is a clear ``OSError`` then, never a ``SIGBUS``
+later) and pre-faulted, so no transfer after it pays for page allocation.
+:meth:`SlotArena.allocate` hands out a *lease*: a run of contiguous free slots (first
+fit), or — when the bytes exceed the pool or no run is free — a dedicated one-off
+segment.  Creating and faulting a fresh one-off segment costs several times the copy
+itself, so a released one-off segment is kept as a *spare* and reused by a later lease it can hold,
 up to :data:`SPARE_BYTES` in all (oldest unlinked first).  Allocation therefore never
 blocks and never fails for lack of slots; a pool that is too small only costs speed.
 

@@ -1,7 +1,8 @@
 """How messages cross a process boundary: frames, codec, and the process-level messages.
 
-A zmq message carries the sending process's name, then one frame per message, each a
-msgpack-encoded msgspec Struct (about 1 µs to encode and decode).  User data — a payload, a chunk, a
+A batch — one length-prefixed record on a Unix socket (the default transport), or one zmq
+multipart message — carries the sending process's name, then one frame per message, each
+a msgpack-encoded msgspec Struct (about 1 µs to encode and decode).  User data — a payload, a chunk, a
 result — is packed by the sender's :class:`~omnitrio.transport.relay.ShmPool`: pickled,
 with every large tensor or array copied once into shared memory and referenced by a
 lease.  The receiver unpacks zero-copy views and reports the leases it holds; the stage
@@ -31,7 +32,7 @@ from omnitrio.envelopes import (
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True):
-    """Child → parent: every stage of ``process`` has started; it listens on ``address``."""
+    """Child → parent: every stage of ``process`` (pid ``pid``) has started."""
 
     process: str
     pid: int
@@ -45,11 +46,13 @@ class StartupFailed(msgspec.Struct, tag="startfail", array_like=True):
 
 
 class HealthQuery(msgspec.Struct, tag="hq", array_like=True):
+    """Parent → child: report your stages' figures, answering with ``qid``."""
+
     qid: int
 
 
 class HealthReply(msgspec.Struct, tag="hr", array_like=True):
-    """Per stage: ``[active_requests, restarts of its scheduler]``."""
+    """Per stage: ``[active_requests, restarts of its scheduler, queue_depth]``."""
 
     qid: int
     process: str
@@ -57,7 +60,7 @@ class HealthReply(msgspec.Struct, tag="hr", array_like=True):
 
 
 class Shutdown(msgspec.Struct, tag="bye", array_like=True):
-    pass
+    """Parent → child: stop every stage and exit."""
 
 
 class PeerDown(msgspec.Struct, tag="down", array_like=True):

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar, cast
 
 import trio
 import zmq
+
+from omnitrio.transport.link import Link
 
 Frame = bytes | bytearray | memoryview
 Message = Frame | Sequence[Frame]
@@ -254,3 +256,55 @@ def _open(
             sock.close(linger=0)
             raise ValueError(f"zmq socket option {option} = {value!r} rejected: {e.strerror}") from e
     return sock
+
+
+class ZmqLink(Link):
+    """A link over a zmq PUSH socket: one multipart message per batch (sender, then messages)."""
+
+    def __init__(self, socket: TrioZmqSocket, sender: bytes) -> None:
+        super().__init__(sender)
+        self.socket = socket
+
+    async def _write(self, sender: bytes, batch: list[bytes]) -> None:
+        await self.socket.send([sender, *batch])
+
+    def close(self, linger: int = 0) -> None:
+        super().close(linger)
+        self.socket.close(linger=linger)
+
+
+HWM = 100_000
+RECV_BATCH = 4096
+Dispatch = Callable[[str, list[bytes]], Awaitable[None]]
+
+
+class ZmqPeers:
+    """One process's zmq side: a PULL socket it receives on and a PUSH link per peer.
+
+    Same shape as the Unix transport (:class:`~omnitrio.transport.unix.UnixInbound` and
+    :class:`~omnitrio.transport.unix.UnixLink`); the context lives until :meth:`close`.
+    """
+
+    def __init__(self) -> None:
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._inbound: TrioZmqSocket | None = None
+
+    async def serve(
+        self, address: str, dispatch: Dispatch, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Bind ``address`` and hand each received batch to ``dispatch`` until cancelled."""
+        self._inbound, _ = bind(self._ctx, zmq.PULL, address, options={zmq.RCVHWM: HWM})
+        task_status.started()
+        while True:
+            for frames in await self._inbound.recv_multipart_batch(RECV_BATCH):
+                await dispatch(frames[0].decode(), frames[1:])
+
+    def link(self, address: str, sender: bytes) -> ZmqLink:
+        socket = connect(self._ctx, zmq.PUSH, address, options={zmq.SNDHWM: HWM}, linger=2000)
+        return ZmqLink(socket, sender)
+
+    def close(self) -> None:
+        """Close the receiving socket and the context (close the links first)."""
+        if self._inbound is not None:
+            self._inbound.close()
+        self._ctx.destroy(linger=0)

@@ -36,24 +36,18 @@ waiting queue when the scheduler thread takes the message.
 from __future__ import annotations
 
 import collections
-import queue
 from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
 import torch
 
-from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload, put_messages
+from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload
 from schedulers.ar.engine import ARBatchEngine, GenerationRequest, StepStats, TokenEvent
 from schedulers.ar.model import ModelConfig, build_model
+from schedulers.ar.step_loop import StepLoop
 from schedulers.ar.tokenizer import Tokenizer, load_tokenizer
 
-
-class _Stop:
-    """Inbox sentinel: ``start()`` returns when it reaches it."""
-
-
-STOP: Final = _Stop()
 _DTYPES: Final = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -117,7 +111,7 @@ class _Live:
     prompt_ids: list[int]
 
 
-class ARScheduler:
+class ARScheduler(StepLoop):
     """Continuous-batching AR scheduler; the formats are in the module docstring."""
 
     def __init__(
@@ -131,6 +125,7 @@ class ARScheduler:
         stats_history: int = 10_000,
         prepare: Callable[[StagePayload], StagePayload] | None = None,
     ) -> None:
+        super().__init__()
         self.engine = engine
         self.prepare = prepare
         self.tokenizer = tokenizer
@@ -138,47 +133,10 @@ class ARScheduler:
         self.stream = stream
         self.on_step = on_step
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=stats_history)
-        self._inbox: queue.Queue[IncomingMessage | _Stop] = queue.Queue()
-        self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self._live: dict[str, _Live] = {}
 
-    @property
-    def inbox(self) -> queue.Queue[IncomingMessage | _Stop]:
-        return self._inbox
-
-    @property
-    def outbox(self) -> queue.Queue[OutgoingMessage]:
-        return self._outbox
-
-    def warm_up_serving_thread(self) -> None:
-        """Keep torch to one intra-op thread per scheduler (oversubscribed cores stall OpenMP)."""
-        torch.set_num_threads(1)
-
-    def start(self) -> None:
-        """Serve until :meth:`stop`: block while idle, otherwise take every queued message, then step."""
-        while True:
-            if not self.engine.has_work:
-                first = self._inbox.get()
-                if isinstance(first, _Stop):
-                    return
-                self._handle(first)
-            while True:
-                try:
-                    message = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(message, _Stop):
-                    return
-                self._handle(message)
-            if self.engine.has_work:
-                put_messages(self._outbox, self._step())
-
-    def stop(self) -> None:
-        self._inbox.put(STOP)
-
-    def abort(self, request_id: str) -> None:
-        """Non-blocking; the engine drops the request before its next step."""
-        self._inbox.put(IncomingMessage(request_id, "abort"))
+    def _has_work(self) -> bool:
+        return self.engine.has_work
 
     def _handle(self, message: IncomingMessage) -> None:
         rid = message.request_id
@@ -203,8 +161,7 @@ class ARScheduler:
             case "stream_chunk" | "stream_done":
                 self.engine.abort(rid)
                 self._live.pop(rid, None)
-                error = ValueError(f"ARScheduler does not accept stream input ({message.type} for {rid!r})")
-                self._outbox.put(OutgoingMessage(rid, "error", error))
+                self._refuse_stream(message)
 
     def _step(self) -> list[OutgoingMessage]:
         batch = list(self.engine.running) + list(self.engine.waiting)[: self._free_slots()]

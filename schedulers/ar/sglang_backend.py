@@ -47,7 +47,8 @@ import attrs
 import torch
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload
-from schedulers.ar.scheduler import STOP, _Stop, prompt_and_params
+from schedulers.ar.scheduler import prompt_and_params
+from schedulers.ar.step_loop import STOP, _Stop
 
 # SGLang's shutdown waits up to 60 s for its killed children; then /dev/shm is cleaned.
 SHUTDOWN_TIMEOUT = 90.0

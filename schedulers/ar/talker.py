@@ -16,7 +16,6 @@ others; ``abort`` stops a request before its next chunk.
 from __future__ import annotations
 
 import collections
-import queue
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
-from schedulers.ar.scheduler import STOP, _Stop
+from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload
+from schedulers.ar.step_loop import StepLoop
 
 
 class TinyTalker(nn.Module):
@@ -71,55 +70,26 @@ class _Voicing:
     count: int = 0
 
 
-class TalkerScheduler:
+class TalkerScheduler(StepLoop):
     """Stage scheduler around :class:`TinyTalker`; formats in the module docstring."""
 
     def __init__(self, talker: TinyTalker | None = None, *, chunk_frames: int = 12) -> None:
         if chunk_frames < 1:
             raise ValueError(f"TalkerScheduler: chunk_frames={chunk_frames} must be >= 1")
+        super().__init__()
         self.talker = talker or TinyTalker()
         self.chunk_frames = chunk_frames
-        self._inbox: queue.Queue[IncomingMessage | _Stop] = queue.Queue()
-        self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self._active: collections.OrderedDict[str, _Voicing] = collections.OrderedDict()
 
-    @property
-    def inbox(self) -> queue.Queue[IncomingMessage | _Stop]:
-        return self._inbox
+    def _has_work(self) -> bool:
+        return bool(self._active)
 
-    @property
-    def outbox(self) -> queue.Queue[OutgoingMessage]:
-        return self._outbox
-
-    def warm_up_serving_thread(self) -> None:
-        torch.set_num_threads(1)
-
-    def start(self) -> None:
-        """Block while idle; otherwise take all queued messages, then one chunk per active request."""
-        while True:
-            if not self._active:
-                first = self._inbox.get()
-                if isinstance(first, _Stop):
-                    return
-                self._handle(first)
-            while True:
-                try:
-                    message = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(message, _Stop):
-                    return
-                self._handle(message)
-            outputs: list[OutgoingMessage] = []
-            for rid in list(self._active):
-                outputs.extend(self._next_chunk(rid))
-            put_messages(self._outbox, outputs)
-
-    def stop(self) -> None:
-        self._inbox.put(STOP)
-
-    def abort(self, request_id: str) -> None:
-        self._inbox.put(IncomingMessage(request_id, "abort"))
+    def _step(self) -> list[OutgoingMessage]:
+        """One chunk per active request, in turn."""
+        outputs: list[OutgoingMessage] = []
+        for rid in list(self._active):
+            outputs.extend(self._next_chunk(rid))
+        return outputs
 
     def _handle(self, message: IncomingMessage) -> None:
         rid = message.request_id
@@ -134,8 +104,7 @@ class TalkerScheduler:
                 self._active.pop(rid, None)
             case "stream_chunk" | "stream_done":
                 self._active.pop(rid, None)
-                error = ValueError(f"TalkerScheduler does not accept stream input ({message.type} for {rid!r})")
-                self._outbox.put(OutgoingMessage(rid, "error", error))
+                self._refuse_stream(message)
 
     def _next_chunk(self, rid: str) -> list[OutgoingMessage]:
         voicing = self._active[rid]

@@ -306,3 +306,8 @@ def create_late_reader(delay: float = 0.3) -> SimpleScheduler:
         return payload
 
     return SimpleScheduler(fn)
+
+
+def create_not_a_scheduler() -> object:
+    """A factory that returns something without inbox, outbox, start, stop or abort."""
+    return object()

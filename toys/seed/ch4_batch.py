@@ -18,7 +18,7 @@ def make_config(wait_when_idle: bool) -> PipelineConfig:
                 name="encoder",
                 process="p_enc",
                 terminal=True,
-                factory_path="tests.seed.ch4_batch_stages.create_encoder",
+                factory_path="toys.seed.ch4_batch_stages.create_encoder",
                 factory=FactoryArgs(max_batch_wait_ms=200, batch_wait_when_idle=wait_when_idle),
             )
         ],

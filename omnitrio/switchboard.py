@@ -1,16 +1,18 @@
-"""One process's share of a pipeline: its stages, its sockets, its shared-memory relay.
+"""The switchboard: where each message of a pipeline goes, from one process's point of view.
 
 Every process of a pipeline — the caller's ("main", which also holds the coordinator)
-and each spawned stage process — runs one :class:`Host` in its trio loop.  The host is
-the stages' switchboard: a message for a stage or the coordinator in this process is
-handed over as the object itself; one for another process is packed (pickle plus
-shared-memory tensors), encoded and written to that process's :class:`Link`.  One
-receiver task drains this process's PULL socket in batches and delivers each message
-synchronously, so per-edge order is the order of the wire.
+and each stage process — routes through one :class:`Switchboard`.  A message for a
+stage or the coordinator in this process is handed over as the object itself, by a
+synchronous call; one for a stage in another process is packed (pickle plus
+shared-memory tensors), encoded and written to that process's link.  A pipeline with no
+stage processes never opens a socket or a shared-memory segment.
 
-Leases on shared memory received here are tagged with the process that lent them and
-travel with the request scope that received them; when the scope ends they go back to
-their owner in one :class:`ReleaseLeases` message.
+Once :meth:`Switchboard.listen` has bound this process's socket, received batches are
+delivered message by message in the order of the wire, so per-edge order holds across
+processes too.  Leases on shared memory received here are tagged with the process that
+lent them and travel with the request scope that received them; when the last stage in
+this process lets go of the request they go back to their owner in one
+:class:`~omnitrio.transport.wire.ReleaseLeases` message.
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import trio
-import zmq
 
-from omnitrio.coordinator import Coordinator
 from omnitrio.envelopes import (
     Abort,
     Chunk,
@@ -38,52 +38,65 @@ from omnitrio.envelopes import (
     ToCoordinator,
     ToStage,
 )
-from omnitrio.stage import Stage
-from omnitrio.topology import StageFunctionError
+from omnitrio.topology import MAIN, StageFunctionError
 from omnitrio.transport import wire
-from omnitrio.transport.link import Link, ZmqLink
+from omnitrio.transport.link import Link
 from omnitrio.transport.relay import RelayError, ShmPool, ShmReader
 from omnitrio.transport.unix import UnixInbound, UnixLink
-from omnitrio.transport.zmq import TrioZmqSocket, bind, connect
+
+if TYPE_CHECKING:
+    from omnitrio.transport.zmq import ZmqPeers
 
 log = logging.getLogger(__name__)
 
-MAIN = "main"
 UNIX = "unix:"
-HWM = 100_000
-RECV_BATCH = 4096
 DISPATCH_SLICE = 8
+"""Messages of a received batch delivered between two checkpoints."""
 RELAY_SLOT_BYTES = 1 << 20
 RELAY_SLOTS = 256
+"""Slots of the relay pool: 256 MiB in all, enough for the tensors in flight at once."""
 
 Lease = tuple[str, int]
 
 
-class Host:
-    """The switchboard and sockets of one process."""
+class LocalStage(Protocol):
+    """What the switchboard needs of a stage in its process (:class:`omnitrio.stage.Stage`)."""
 
-    def __init__(
-        self,
-        name: str,
-        homes: dict[str, str],
-        addresses: dict[str, str],
-        shm_prefix: str,
-        on_control: Callable[[str, Any], None],
-    ) -> None:
+    def deliver(self, envelope: ToStage, leases: Sequence[Lease] = ()) -> None: ...
+
+    def holds(self, request_id: str, inc: int) -> bool: ...
+
+
+class LocalCoordinator(Protocol):
+    """What the switchboard needs of the coordinator (:class:`omnitrio.coordinator.Coordinator`)."""
+
+    def deliver(self, envelope: ToCoordinator) -> None: ...
+
+
+def _drop_control(src: str, message: Any) -> None:
+    log.debug("switchboard: no handler for %s from %r", type(message).__name__, src)
+
+
+class Switchboard:
+    """Routes the messages of one process; see the module docstring."""
+
+    def __init__(self, name: str, homes: dict[str, str]) -> None:
+        """``name``: this process; ``homes``: the process of every stage of the pipeline."""
         self.name = name
         self._name_frame = name.encode()
         self.homes = homes
-        self.addresses = dict(addresses)
-        self.stages: dict[str, Stage] = {}
-        self.coordinator: Coordinator | None = None
+        self.stages: dict[str, LocalStage] = {}
+        """This process's stages by name (filled in before they run)."""
+        self.coordinator: LocalCoordinator | None = None
+        """The coordinator, in the caller's process only."""
+        self.on_control: Callable[[str, Any], None] = _drop_control
+        """Called with process-level messages the switchboard does not handle itself."""
         self.down: set[str] = set()
-        self._on_control = on_control
         self._links: dict[str, Link] = {}
-        self._pool = ShmPool(shm_prefix, slot_bytes=RELAY_SLOT_BYTES, slots=RELAY_SLOTS)
+        self._pool: ShmPool | None = None
         self._reader = ShmReader()
         self._kept: dict[tuple[str, int], list[Lease]] = {}  # see let_go
-        self._ctx: zmq.Context[Any] | None = None
-        self._inbound: TrioZmqSocket | None = None
+        self._zmq: ZmqPeers | None = None
         self._unix_inbound: UnixInbound | None = None
         self._nursery: trio.Nursery | None = None
 
@@ -112,9 +125,8 @@ class Host:
     def _send_remote(self, dest: str, envelope: ToStage | ToCoordinator) -> None:
         if dest in self.down:
             if isinstance(envelope, Payload | Chunk | Done):
-                stage = getattr(envelope, "to", dest)
                 raise StageFunctionError(
-                    f"sending to stage {stage!r}", "ProcessDown", f"process {dest!r} is down (restarting)"
+                    f"sending to stage {envelope.to!r}", "ProcessDown", f"process {dest!r} is down (restarting)"
                 )
             return
         if wire.carries_body(envelope):
@@ -122,6 +134,7 @@ class Host:
         self.send_control(dest, envelope)
 
     def _pack(self, dest: str, envelope: Any) -> Any:
+        assert self._pool is not None, "listen() before sending to another process"
         body = (envelope.body, envelope.metadata) if isinstance(envelope, Chunk) else envelope.body
         try:
             packed = self._pool.pack(body, peer=dest)
@@ -137,12 +150,14 @@ class Host:
         return msgspec.structs.replace(envelope, body=packed.header)
 
     def transport_to(self, stage: str) -> str:
+        """``"local"`` for a stage in this process, ``"ipc"`` for one in another."""
         return "local" if self.homes.get(stage) == self.name else "ipc"
 
     def send_control(self, dest: str, message: Any) -> None:
+        """Send an encoded message to process ``dest``; dropped when no link to it is open."""
         link = self._links.get(dest)
         if link is None:
-            log.debug("host %r: dropping %s for unknown process %r", self.name, type(message).__name__, dest)
+            log.debug("switchboard %r: dropping %s for unknown process %r", self.name, type(message).__name__, dest)
             return
         link.send(wire.encode(message))
 
@@ -183,13 +198,14 @@ class Host:
             case Complete() | StreamOut() | Failed() | Released():
                 self._to_coordinator(src, message)
             case wire.ReleaseLeases(leases=ids):
-                self._pool.release(ids)
+                if self._pool is not None:
+                    self._pool.release(ids)
             case wire.PeerDown(process=process):
                 self.peer_down(process)
             case wire.PeerUp(process=process, address=address):
                 self.peer_up(process, address)
             case _:
-                self._on_control(src, message)
+                self.on_control(src, message)
 
     def _unpack(self, src: str, message: Any) -> tuple[Any, list[Lease]] | None:
         """User data of ``message`` and the leases it holds; None (leases returned) if unreadable."""
@@ -197,7 +213,7 @@ class Host:
             body, ids = self._reader.unpack(message.body)
         except RelayError as exc:
             self.release([(src, i) for i in exc.leases])
-            log.error("host %r: unreadable data from %r: %s", self.name, src, exc)
+            log.error("switchboard %r: unreadable data from %r: %s", self.name, src, exc)
             return None
         return body, [(src, i) for i in ids]
 
@@ -234,63 +250,6 @@ class Host:
             message.body = body  # type: ignore[union-attr]
         self.coordinator.deliver(message)
 
-    # -- peers ----------------------------------------------------------------------
-
-    def peer_down(self, process: str) -> None:
-        """``process`` died: refuse sends to it and free every lease lent to it."""
-        self.down.add(process)
-        self._pool.release_all_for(process)
-
-    def peer_up(self, process: str, address: str) -> None:
-        """``process`` restarted at ``address``: reconnect (dropping what was queued for the dead one)."""
-        old = self._links.pop(process, None)
-        if old is not None:
-            old.close()
-        self.addresses[process] = address
-        self._connect(process)
-        self.down.discard(process)
-
-    def _connect(self, process: str) -> None:
-        assert self._nursery is not None
-        address = self.addresses[process]
-        link: Link
-        if address.startswith(UNIX):
-            link = UnixLink(address.removeprefix(UNIX), self._name_frame)
-        else:
-            assert self._ctx is not None
-            socket = connect(self._ctx, zmq.PUSH, address, options={zmq.SNDHWM: HWM}, linger=2000)
-            link = ZmqLink(socket, self._name_frame)
-        self._links[process] = link
-        self._nursery.start_soon(link.pump)
-
-    # -- lifetime -------------------------------------------------------------------
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Bind this process's socket, connect to the others, deliver until cancelled."""
-        self._ctx = zmq.Context()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                own = self.addresses[self.name]
-                if own.startswith(UNIX):
-                    self._unix_inbound = UnixInbound(own.removeprefix(UNIX))
-                    await nursery.start(self._unix_inbound.serve, self._dispatch_batch)
-                else:
-                    self._inbound, _ = bind(self._ctx, zmq.PULL, own, options={zmq.RCVHWM: HWM})
-                    nursery.start_soon(self._receive)
-                for process in self.addresses:
-                    if process != self.name:
-                        self._connect(process)
-                task_status.started()
-        finally:
-            self.close()
-
-    async def _receive(self) -> None:
-        assert self._inbound is not None
-        while True:
-            for frames in await self._inbound.recv_multipart_batch(RECV_BATCH):
-                await self._dispatch_batch(frames[0].decode(), frames[1:])
-
     async def _dispatch_batch(self, src: str, frames: list[bytes]) -> None:
         """Deliver a received batch in order, letting other tasks run every few messages.
 
@@ -303,10 +262,64 @@ class Host:
             try:
                 self._dispatch(src, frame)
             except Exception:
-                log.exception("host %r: failed to handle a message from %r", self.name, src)
+                log.exception("switchboard %r: failed to handle a message from %r", self.name, src)
+
+    # -- peers ----------------------------------------------------------------------
+
+    def peer_down(self, process: str) -> None:
+        """``process`` died: refuse sends to it and free every lease lent to it."""
+        self.down.add(process)
+        if self._pool is not None:
+            self._pool.release_all_for(process)
+
+    def peer_up(self, process: str, address: str) -> None:
+        """Connect to ``process`` at ``address`` (again, after a restart: what was queued for
+        the dead one is dropped) and accept sends to it."""
+        assert self._nursery is not None, "peer_up() while the switchboard runs"
+        old = self._links.pop(process, None)
+        if old is not None:
+            old.close()
+        link: Link
+        if address.startswith(UNIX):
+            link = UnixLink(address.removeprefix(UNIX), self._name_frame)
+        else:
+            link = self._zmq_peers().link(address, self._name_frame)
+        self._links[process] = link
+        self._nursery.start_soon(link.pump)
+        self.down.discard(process)
+
+    def _zmq_peers(self) -> ZmqPeers:
+        if self._zmq is None:
+            from omnitrio.transport.zmq import ZmqPeers
+
+            self._zmq = ZmqPeers()
+        return self._zmq
+
+    # -- lifetime -------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold this process's sockets and links until cancelled; close them on the way out."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self.close()
+
+    async def listen(self, address: str, shm_prefix: str) -> None:
+        """Receive on ``address`` from now on; tensors sent from here go through shared
+        memory named ``shm_prefix…``.  Call while :meth:`run` runs."""
+        assert self._nursery is not None, "listen() while the switchboard runs"
+        self._pool = ShmPool(shm_prefix, slot_bytes=RELAY_SLOT_BYTES, slots=RELAY_SLOTS)
+        if address.startswith(UNIX):
+            self._unix_inbound = UnixInbound(address.removeprefix(UNIX))
+            await self._nursery.start(self._unix_inbound.serve, self._dispatch_batch)
+        else:
+            await self._nursery.start(self._zmq_peers().serve, address, self._dispatch_batch)
 
     async def flush(self) -> None:
-        """Wait until every queued outbound message has been handed to zmq."""
+        """Wait until every queued outbound message has been handed to its transport."""
         for link in list(self._links.values()):
             await link.flush()
 
@@ -315,12 +328,11 @@ class Host:
         for link in self._links.values():
             link.close(linger=200)
         self._links.clear()
-        if self._inbound is not None:
-            self._inbound.close()
         if self._unix_inbound is not None:
             self._unix_inbound.close()
-        if self._ctx is not None:
-            self._ctx.destroy(linger=0)
-            self._ctx = None
-        self._pool.close()
+        if self._zmq is not None:
+            self._zmq.close()
+            self._zmq = None
+        if self._pool is not None:
+            self._pool.close()
         self._reader.close()

@@ -7,7 +7,7 @@ import trio
 
 from omnitrio import CompleteMessage, EndpointsConfig, PipelineConfig, StageConfig, StreamMessage, open_pipeline
 
-M = "tests.seed.ch4_stream_stages"
+M = "toys.seed.ch4_stream_stages"
 
 
 def make_config() -> PipelineConfig:

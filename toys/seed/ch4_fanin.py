@@ -7,7 +7,7 @@ import trio
 
 from omnitrio import EndpointsConfig, PipelineConfig, StageConfig, open_pipeline
 
-M = "tests.seed.ch4_fanin_stages"
+M = "toys.seed.ch4_fanin_stages"
 
 
 def make_config() -> PipelineConfig:

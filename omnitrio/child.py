@@ -1,0 +1,155 @@
+"""A stage process: what runs inside one spawned interpreter of a pipeline.
+
+The parent (:mod:`omnitrio.children`) starts ``python -c "from omnitrio.child import entry;
+entry()"`` and writes its ``sys.path`` and a pickled :class:`ChildSpec` to the child's
+stdin, so the caller's ``__main__`` is never re-imported.  The child builds its stages,
+then sends ``Ready`` — or ``StartupFailed`` with its traceback, and exits non-zero.  It
+serves until the parent sends ``Shutdown``, or until the parent process is gone (its
+pidfd becomes readable): an orphan removes the pipeline's shared memory and socket
+directory on its way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import sys
+import traceback
+from typing import Any
+
+import attrs
+import trio
+
+from omnitrio.bridge import LoopIdle
+from omnitrio.config import PipelineConfig
+from omnitrio.errors import StartupError, collapse
+from omnitrio.events import flush_periodically, recorder_from_env
+from omnitrio.factory import build_stages, start_stages
+from omnitrio.stage import Stage
+from omnitrio.switchboard import Switchboard
+from omnitrio.topology import MAIN, Topology
+from omnitrio.transport import wire
+from omnitrio.transport.relay import remove_segments
+
+ENTRY = "from omnitrio.child import entry; entry()"
+"""The ``python -c`` program the parent starts."""
+
+
+@attrs.frozen
+class ChildSpec:
+    """Everything a stage process needs (pickled to the child)."""
+
+    process: str
+    config: PipelineConfig
+    homes: dict[str, str]
+    addresses: dict[str, str]
+    shm_prefix: str
+    parent_pid: int
+
+
+def entry() -> None:
+    """``python -c`` entry: read the parent's sys.path and the spec from stdin, then serve."""
+    raw = sys.stdin.buffer.read()
+    path, _, blob = raw.partition(b"\n")
+    sys.path[:0] = [p for p in json.loads(path) if p not in sys.path]
+    main(pickle.loads(blob))
+
+
+def main(spec: ChildSpec) -> None:
+    """Serve ``spec.process``'s stages until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    sys.setswitchinterval(0.001)  # a Python-heavy scheduler thread must not stall the IO loop for 5 ms
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        trio.run(_serve, spec)
+    except BaseExceptionGroup as group:
+        if isinstance(collapse(group), SystemExit):
+            sys.exit(1)  # a start-up failure, already reported to the parent
+        raise
+
+
+async def _serve(spec: ChildSpec) -> None:
+    board = Switchboard(spec.process, spec.homes)
+    stages: dict[str, Stage] = {}
+    shutdown = trio.Event()
+
+    def on_control(src: str, message: Any) -> None:
+        match message:
+            case wire.Shutdown():
+                shutdown.set()
+            case wire.HealthQuery(qid=qid):
+                figures = {name: [s.active_requests, s.restarts, s.queue_depth] for name, s in stages.items()}
+                board.send_control(MAIN, wire.HealthReply(qid, spec.process, figures))
+            case _:
+                return
+
+    board.on_control = on_control
+    recorder = recorder_from_env(spec.process)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(board.run)
+            await board.listen(spec.addresses[spec.process], f"{spec.shm_prefix}{spec.process}-")
+            for process, address in spec.addresses.items():
+                if process != spec.process:
+                    board.peer_up(process, address)
+            if recorder is not None:
+                nursery.start_soon(flush_periodically, recorder)
+            try:
+                mine = [name for name, home in spec.homes.items() if home == spec.process]
+                loop_idle = LoopIdle()
+                trio.lowlevel.add_instrument(loop_idle)
+                plans = Topology.compile(spec.config, mine).plans
+                options = {"scheduler_nice": spec.config.scheduler_nice, "loop_idle": loop_idle}
+                stages.update(build_stages(plans, spec.config, board, recorder, **options))
+                await start_stages(nursery, stages.values())
+            except BaseException as exc:  # report why, then exit non-zero
+                if isinstance(exc, trio.Cancelled):
+                    raise
+                board.send_control(MAIN, wire.StartupFailed(spec.process, startup_report(exc)))
+                with trio.move_on_after(2.0):
+                    await board.flush()
+                nursery.cancel_scope.cancel()
+                raise SystemExit(1) from None
+            board.send_control(MAIN, wire.Ready(spec.process, os.getpid()))
+            nursery.start_soon(_exit_with_parent, spec, shutdown)
+            await shutdown.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+def startup_report(exc: BaseException) -> str:
+    """One line naming what failed to start, then the traceback of what raised it (a factory's, not ours)."""
+    error = collapse(exc) if isinstance(exc, BaseExceptionGroup) else exc
+    match error:
+        case StartupError(__cause__=BaseException() as cause):
+            return f"{error}\n" + "".join(traceback.format_exception(cause))
+        case _:
+            return f"{type(error).__name__}: {error}\n" + "".join(traceback.format_exception(error))
+
+
+async def _exit_with_parent(spec: ChildSpec, shutdown: trio.Event) -> None:
+    """Stop when the parent process is gone (its pidfd becomes readable).
+
+    A parent killed without cleaning up (SIGKILL, an unhandled SIGTERM) leaves its shared
+    memory and socket directory behind: the orphaned children remove them on their way out.
+    """
+    try:
+        fd = os.pidfd_open(spec.parent_pid)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        try:
+            await trio.lowlevel.wait_readable(fd)
+        finally:
+            os.close(fd)
+    remove_segments(spec.shm_prefix)
+    own = spec.addresses.get(spec.process, "")
+    base = os.path.dirname(own.split(":", 1)[-1].removeprefix("//"))
+    if base and os.path.basename(base).startswith("omnitrio-"):
+        shutil.rmtree(base, ignore_errors=True)
+    shutdown.set()

@@ -1,0 +1,355 @@
+"""The stage processes of a pipeline, from the caller's side: spawn, ready, watch, restart, stop.
+
+``async with open_children(...) as children`` starts one process per distinct ``process``
+name of the config — a fresh interpreter (spawn, never a fork of a process that may have
+touched CUDA) running :mod:`omnitrio.child` — and :meth:`Children.wait_ready` waits until
+each reports every stage ready.  A child that cannot import or build its scheduler makes
+that wait raise :class:`StartupError` with the child's traceback.
+
+A child's death is seen at once — trio waits on its pidfd, nothing polls — and every live
+request fails within milliseconds with ``RequestFailed`` naming the process and its
+stages.  The process is restarted under ``restart="on-failure"`` (at most
+``max_restarts`` times) on a fresh socket address, so nothing queued for the dead one
+reaches the new one; later requests succeed.
+
+Leaving the block — also on SIGINT/SIGTERM of the parent — stops every child within
+:data:`STOP_GRACE` seconds (then kills it) and removes the endpoint directory and every
+shared-memory segment of the pipeline.  With no ``process`` names there are no children,
+no sockets and no shared memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from omnitrio.child import ENTRY, ChildSpec
+from omnitrio.config import PipelineConfig
+from omnitrio.coordinator import Coordinator
+from omnitrio.errors import RequestFailed, StartupError
+from omnitrio.switchboard import UNIX, Switchboard
+from omnitrio.topology import MAIN
+from omnitrio.transport import wire
+from omnitrio.transport.relay import remove_segments
+
+STOP_GRACE = 5.0
+HEALTH_TIMEOUT = 2.0
+
+
+def stage_health(alive: bool, pid: int, process: str, active: int, restarts: int) -> dict[str, Any]:
+    """One stage's entry in ``Pipeline.health()``."""
+    return {"alive": alive, "pid": pid, "process": process, "active_requests": active, "restarts": restarts}
+
+
+@attrs.define(eq=False)
+class _Child:
+    """One stage process and its current generation."""
+
+    name: str
+    stages: list[str]
+    process: trio.Process | None = None
+    generation: int = 0
+    restarts: int = 0
+    alive: bool = False
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    exited: trio.Event = attrs.field(factory=trio.Event)
+    """Set by the reaper task when this generation's process has exited."""
+    startup_error: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else 0
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.process.returncode if self.process is not None else None
+
+
+@attrs.frozen
+class _Endpoints:
+    """Where a pipeline's processes listen and name their shared memory."""
+
+    base: str
+    created: bool
+    prefix: str
+    transport: str
+
+    @classmethod
+    def create(cls, config: PipelineConfig) -> _Endpoints:
+        created = config.endpoints.base_path is None
+        base = tempfile.mkdtemp(prefix="omnitrio-") if created else str(config.endpoints.base_path)
+        os.makedirs(base, exist_ok=True)
+        return cls(base, created, f"omnitrio-{os.getpid()}-{secrets.token_hex(4)}-", config.transport)
+
+    def address(self, process: str, generation: int) -> str:
+        if self.transport == "zmq":
+            return f"ipc://{self.base}/{process}-{generation}.sock"
+        return f"{UNIX}{self.base}/{process}-{generation}.sock"
+
+    def remove(self) -> None:
+        """Unlink every shared-memory segment and socket of the pipeline."""
+        remove_segments(self.prefix)
+        if self.created:
+            shutil.rmtree(self.base, ignore_errors=True)
+            return
+        for name in os.listdir(self.base):
+            if name.endswith(".sock"):
+                os.unlink(os.path.join(self.base, name))
+
+
+class Children:
+    """The parent's side of every stage process; made by :func:`open_children`."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        homes: dict[str, str],
+        board: Switchboard,
+        coordinator: Coordinator,
+        endpoints: _Endpoints | None,
+        nursery: trio.Nursery | None,
+        watchers: trio.Nursery | None,
+    ) -> None:
+        """``nursery`` holds the reapers, ``watchers`` the supervisors (cancelled first on exit)."""
+        self._config = config
+        self._homes = homes
+        self._board = board
+        self._coordinator = coordinator
+        self._endpoints = endpoints
+        self._nursery = nursery
+        self._watchers = watchers
+        self._children: dict[str, _Child] = {}
+        for stage, home in homes.items():
+            if home != MAIN:
+                self._children.setdefault(home, _Child(home, [])).stages.append(stage)
+        self._addresses = {name: self._address(name, 0) for name in (MAIN, *self._children)} if endpoints else {}
+        self._gauges: dict[str, dict[str, int]] = {}
+        self._health_waiters: dict[int, tuple[trio.Event, dict[str, Any]]] = {}
+        self._next_qid = 0
+
+    def _address(self, process: str, generation: int) -> str:
+        assert self._endpoints is not None
+        return self._endpoints.address(process, generation)
+
+    # -- what the pipeline asks ----------------------------------------------------------
+
+    async def wait_ready(self) -> None:
+        """Wait until every child has started all its stages, then watch each one.
+
+        Raises :class:`StartupError` naming the child (with its traceback) when one fails.
+        """
+        async with trio.open_nursery() as starting:
+            for child in self._children.values():
+                starting.start_soon(self._wait_ready, child, self._config.startup_timeout)
+        for child in self._children.values():
+            assert self._watchers is not None
+            self._watchers.start_soon(self._supervise, child)
+
+    def gauges(self) -> dict[str, dict[str, int]]:
+        """Per child stage ``{"active_requests", "queue_depth"}`` as of the last :meth:`health`."""
+        return dict(self._gauges)
+
+    async def health(self) -> dict[str, dict[str, Any]]:
+        """Ask every live child (at most :data:`HEALTH_TIMEOUT`); per child stage its health entry.
+
+        A child that does not answer in time is reported not alive.  Also refreshes :meth:`gauges`.
+        """
+        if not self._children:
+            return {}
+        self._next_qid += 1
+        qid = self._next_qid
+        replies: dict[str, Any] = {}
+        done = trio.Event()
+        waiting = {c.name for c in self._children.values() if c.alive}
+        self._health_waiters[qid] = (done, replies)
+        for name in waiting:
+            self._board.send_control(name, wire.HealthQuery(qid))
+        with trio.move_on_after(HEALTH_TIMEOUT):
+            while not waiting <= replies.keys():
+                await done.wait()
+                done = trio.Event()
+                self._health_waiters[qid] = (done, replies)
+        self._health_waiters.pop(qid, None)
+        stages: dict[str, dict[str, Any]] = {}
+        for child in self._children.values():
+            reply = replies.get(child.name)
+            for stage in child.stages:
+                active, stage_restarts, depth = reply.get(stage, (0, 0, 0)) if reply is not None else (0, 0, 0)
+                self._gauges[stage] = {"active_requests": active, "queue_depth": depth}
+                alive = child.alive and reply is not None
+                stages[stage] = stage_health(alive, child.pid, child.name, active, child.restarts + stage_restarts)
+        return stages
+
+    # -- control messages from children -----------------------------------------------------
+
+    def _on_control(self, src: str, message: Any) -> None:
+        child = self._children.get(src)
+        match message:
+            case wire.Ready() if child is not None:
+                child.alive = True
+                child.ready.set()
+            case wire.StartupFailed(error=error) if child is not None:
+                child.startup_error = error
+                child.ready.set()
+            case wire.HealthReply(qid=qid, process=process, stages=stages):
+                waiter = self._health_waiters.get(qid)
+                if waiter is not None:
+                    waiter[1][process] = {name: tuple(v) for name, v in stages.items()}
+                    waiter[0].set()
+            case _:
+                return
+
+    # -- one child's life -------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        """Listen, connect to every child's address and spawn the children."""
+        assert self._endpoints is not None
+        self._board.on_control = self._on_control
+        await self._board.listen(self._addresses[MAIN], f"{self._endpoints.prefix}{MAIN}-")
+        for name, address in self._addresses.items():
+            if name != MAIN:
+                self._board.peer_up(name, address)
+        for child in self._children.values():
+            await self._spawn(child)
+
+    async def _spawn(self, child: _Child) -> None:
+        """Start a fresh interpreter for ``child`` and hand it its spec through stdin."""
+        assert self._nursery is not None and self._endpoints is not None
+        child.ready = trio.Event()
+        child.exited = trio.Event()
+        child.startup_error = None
+        prefix = self._endpoints.prefix
+        spec = ChildSpec(child.name, self._config, self._homes, dict(self._addresses), prefix, os.getpid())
+        env = dict(os.environ)
+        env["OMNITRIO_PARENT_PID"] = str(os.getpid())  # which pipeline owns this process
+        env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; the cores are shared by every process
+        process = await trio.lowlevel.open_process([sys.executable, "-c", ENTRY], stdin=subprocess.PIPE, env=env)
+        assert process.stdin is not None
+        await process.stdin.send_all(json.dumps(sys.path).encode() + b"\n" + pickle.dumps(spec))
+        await process.stdin.aclose()
+        child.process = process
+        self._nursery.start_soon(_reap, process, child.exited)
+
+    async def _wait_ready(self, child: _Child, timeout: float) -> None:
+        with trio.move_on_after(timeout) as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def died() -> None:
+                    await child.exited.wait()
+                    await trio.sleep(0.05)  # its StartupFailed message may still be in flight
+                    child.ready.set()
+
+                nursery.start_soon(died)
+                await child.ready.wait()
+                nursery.cancel_scope.cancel()
+        if child.startup_error is not None:
+            raise StartupError(f"process {child.name!r} (stages {child.stages}) failed to start: {child.startup_error}")
+        if scope.cancelled_caught:
+            raise StartupError(f"process {child.name!r} did not start within {timeout:g} s (startup_timeout)")
+        if not child.alive:
+            raise StartupError(
+                f"process {child.name!r} (stages {child.stages}) exited with code {child.exit_code} during start-up"
+            )
+
+    async def _supervise(self, child: _Child) -> None:
+        """Watch one child; on death fail its requests and restart it per policy."""
+        config = self._config
+        while True:
+            await child.exited.wait()
+            child.alive = False
+            self._on_death(child)
+            if config.restart != "on-failure" or child.restarts >= config.max_restarts:
+                return
+            child.restarts += 1
+            child.generation += 1
+            address = self._addresses[child.name] = self._address(child.name, child.generation)
+            await self._spawn(child)
+            try:
+                await self._wait_ready(child, config.startup_timeout)
+            except StartupError:
+                return
+            self._board.peer_up(child.name, address)
+            self._coordinator.stages_up(child.stages)
+            self._tell_others(child, wire.PeerUp(child.name, address))
+
+    def _on_death(self, child: _Child) -> None:
+        detail = f"process {child.name!r} (stages {', '.join(child.stages)}) died with exit code {child.exit_code}"
+
+        def error_for(request_id: str) -> RequestFailed:
+            return RequestFailed(request_id, child.stages[0], "ProcessDied", detail)
+
+        assert self._endpoints is not None
+        self._board.peer_down(child.name)
+        remove_segments(f"{self._endpoints.prefix}{child.name}-")
+        self._tell_others(child, wire.PeerDown(child.name))
+        self._coordinator.stage_gone(child.stages, error_for)
+
+    def _tell_others(self, child: _Child, message: wire.PeerUp | wire.PeerDown) -> None:
+        for other in self._children.values():
+            if other is not child and other.alive:
+                self._board.send_control(other.name, message)
+
+    async def _stop(self) -> None:
+        for child in self._children.values():
+            if child.alive:
+                self._board.send_control(child.name, wire.Shutdown())
+        with trio.move_on_after(1.0):
+            await self._board.flush()
+        for child in self._children.values():
+            process = child.process
+            if process is None:
+                continue
+            with trio.move_on_after(STOP_GRACE):
+                await child.exited.wait()
+            if process.returncode is None:
+                process.kill()
+                with trio.move_on_after(2.0):
+                    await child.exited.wait()
+
+
+async def _reap(process: trio.Process, exited: trio.Event) -> None:
+    """The one task that waits for a process (trio watches its pidfd)."""
+    try:
+        await process.wait()
+    finally:
+        exited.set()
+
+
+@asynccontextmanager
+async def open_children(
+    config: PipelineConfig, homes: dict[str, str], board: Switchboard, coordinator: Coordinator
+) -> AsyncIterator[Children]:
+    """Spawn a process for every ``process`` name in ``homes``; stop them all on exit.
+
+    ``board`` (running) is made to listen and connect to every child; the children are
+    spawned on entry and may still be starting: call :meth:`Children.wait_ready`.
+    """
+    if all(home == MAIN for home in homes.values()):
+        yield Children(config, homes, board, coordinator, None, None, None)
+        return
+    endpoints = _Endpoints.create(config)
+    try:
+        async with trio.open_nursery() as nursery, trio.open_nursery() as watchers:
+            children = Children(config, homes, board, coordinator, endpoints, nursery, watchers)
+            try:
+                await children._start()
+                yield children
+            finally:
+                watchers.cancel_scope.cancel()  # children exiting from here on are being stopped
+                with trio.CancelScope(shield=True):
+                    await children._stop()
+                nursery.cancel_scope.cancel()
+    finally:
+        endpoints.remove()

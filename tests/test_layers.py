@@ -1,0 +1,124 @@
+"""The layers hold when the code runs: what imports what, and what a bad factory is told."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from omnitrio import PipelineConfig, StageConfig, open_pipeline
+from omnitrio.errors import StartupError
+from omnitrio.serve import serve
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "omnitrio"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """Every omnitrio module ``path`` imports when it runs, at the top or inside a function."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        match node:
+            case ast.Import(names=names):
+                found.update(a.name for a in names if a.name in modules)
+            case ast.ImportFrom(module=str(base), level=0) if base in modules:
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def test_the_runtime_has_no_import_circle() -> None:
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: imported_modules(path, set(paths)) - {name} for name, path in paths.items()}
+    done: set[str] = set()
+
+    def walk(name: str, stack: list[str]) -> None:
+        if name in stack:
+            cycle = [*stack[stack.index(name) :], name]
+            pytest.fail("import circle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        for other in sorted(graph[name]):
+            walk(other, [*stack, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        walk(name, [])
+
+
+def test_importing_the_contract_loads_no_runtime() -> None:
+    probe = (
+        "import sys, omnitrio.contract\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('omnitrio', 'trio', 'zmq', 'msgspec'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.split() == ["omnitrio", "omnitrio.contract"]
+
+
+def test_the_package_root_still_offers_the_whole_api() -> None:
+    import omnitrio
+
+    for name in omnitrio.__all__:
+        assert getattr(omnitrio, name) is not None, name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        omnitrio.no_such_name  # noqa: B018
+
+
+def not_a_scheduler(process: str | None) -> PipelineConfig:
+    stage = StageConfig(name="odd", process=process, factory_path="toys.stages.create_not_a_scheduler", terminal=True)
+    return PipelineConfig(name="odd", stages=[stage])
+
+
+@pytest.mark.parametrize("process", [None, "p_odd"])
+async def test_a_factory_that_returns_no_scheduler_is_named_by_its_stage(process: str | None) -> None:
+    with pytest.raises(StartupError) as caught:
+        async with open_pipeline(not_a_scheduler(process)):
+            pytest.fail("the pipeline started")
+    message = str(caught.value)
+    assert "stage 'odd'" in message
+    assert "toys.stages.create_not_a_scheduler" in message
+    assert "inbox" in message
+
+
+async def test_metrics_show_what_a_stage_process_holds_now() -> None:
+    slow = StageConfig(
+        name="slow",
+        process="p_slow",
+        factory_path="toys.stages.create_slow",
+        factory={"seconds": 30.0},
+        terminal=True,
+    )
+    async with open_pipeline(PipelineConfig(name="slow", stages=[slow])) as pipeline, trio.open_nursery() as nursery:
+        port = await nursery.start(
+            lambda task_status: serve(pipeline, port=0, handle_signals=False, task_status=task_status)
+        )
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            for held in (1, 2):
+                nursery.start_soon(pipeline.submit, f"r{held}", "x")
+                await trio.sleep(0.3)
+                text = (await client.get("/metrics")).text
+                assert f'omnitrio_stage_active_requests{{stage="slow"}} {held:.1f}' in text
+        nursery.cancel_scope.cancel()
