@@ -230,8 +230,9 @@ class Children:
         for name, address in self._addresses.items():
             if name != MAIN and self._ray is None:
                 self._board.peer_up(name, address)
-        for child in self._children.values():
-            await self._spawn(child)
+        async with trio.open_nursery() as spawning:  # placing Ray actors takes seconds each
+            for child in self._children.values():
+                spawning.start_soon(self._spawn, child)
 
     async def _spawn(self, child: _Child) -> None:
         """Start a fresh interpreter for ``child`` and hand it its spec through stdin."""

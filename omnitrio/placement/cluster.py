@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,10 +34,16 @@ LOOPBACK_ENV = {
 """Set before ray is imported; the cluster's processes inherit them."""
 
 
+def loopback_env() -> None:
+    """Set :data:`LOOPBACK_ENV` (call before anything imports ray)."""
+    for key, value in LOOPBACK_ENV.items():
+        os.environ[key] = value
+
+
 def import_ray() -> Any:
     """The ``ray`` module, imported with :data:`LOOPBACK_ENV` set; ConfigError when not installed."""
-    for key, value in LOOPBACK_ENV.items():
-        os.environ.setdefault(key, value)
+    if "ray" not in sys.modules:
+        loopback_env()
     try:
         import ray
     except ImportError:
@@ -80,6 +87,11 @@ def ray_cluster(address: str | None = None, *, num_cpus: int | None = None) -> I
         finally:
             ray.shutdown()
         return
+    if any(os.environ.get(key) != value for key, value in LOOPBACK_ENV.items()):
+        raise ConfigError(
+            "ray was imported before omnitrio could keep a local cluster on loopback: call "
+            "omnitrio.placement.cluster.loopback_env() before importing ray, or give a ray_address"
+        )
     temp = tempfile.mkdtemp(prefix="otray-", dir="/tmp")  # short: Ray's socket paths live under it
     try:
         with _bootstrap_home(temp):
