@@ -73,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--graceful-timeout", type=float, default=5.0, help="seconds in-flight requests get on shutdown (default: 5)"
     )
+    serve.add_argument(
+        "--placement",
+        choices=["local", "ray"],
+        help="where process groups run: child processes (local) or Ray actors (default: the config's)",
+    )
+    serve.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --placement ray: the Ray cluster to join (default: start a loopback-only local one)",
+    )
     overrides(serve)
 
     run = commands.add_parser(
@@ -178,7 +188,7 @@ def describe(config: PipelineConfig) -> str:
 def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve import BindError, bind_socket
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, [*args.overrides, *placement_overrides(args)])
     _log_to_stderr()
     try:
         bind_socket(args.host, args.port).close()  # fail on a busy port now, not after loading models
@@ -194,6 +204,18 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"omnitrio: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def placement_overrides(args: argparse.Namespace) -> list[str]:
+    """``--placement``/``--ray-address`` as config overrides (an address implies Ray)."""
+    found = []
+    if args.placement is not None:
+        found.append(f"placement={args.placement}")
+    if args.ray_address is not None:
+        if args.placement == "local":
+            raise UsageError("--ray-address needs --placement ray")
+        found += ["placement=ray", f'ray_address="{args.ray_address}"']
+    return found
 
 
 async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None:
