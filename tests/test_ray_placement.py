@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -141,3 +142,38 @@ async def test_leaving_stops_every_actor(cluster: Any) -> None:
     while pids & descendants(os.getpid()):
         await trio.sleep(0.1)  # ray.kill is asynchronous; the raylet ends the workers
     assert our_shm() == []
+
+
+OWN_CLUSTER = """
+import glob, attrs, trio
+from omnitrio import open_pipeline
+from tests.pipelines import chain_config
+
+async def main():
+    before = set(glob.glob("/tmp/otray-*"))
+    async with open_pipeline(attrs.evolve(chain_config(2, process=True), placement="ray")) as pipeline:
+        print(sorted(set(glob.glob("/tmp/otray-*")) - before)[0])
+        print(await pipeline.submit("r", "x"))
+
+trio.run(main)
+"""
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_without_a_cluster_the_pipeline_starts_one_and_leaves_nothing_behind() -> None:
+    run = await trio.run_process([sys.executable, "-c", OWN_CLUSTER], capture_stdout=True, capture_stderr=True)
+    temp, result = run.stdout.decode().splitlines()[-2:]
+    assert result == "{'raw_inputs': 'x'}"
+    assert not os.path.exists(temp)
+    assert processes_mentioning(temp) == []
