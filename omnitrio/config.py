@@ -131,7 +131,7 @@ class PipelineConfig:
     """With ``placement = "ray"``: the cluster to join; None starts a loopback-only local one."""
     processes: dict[str, dict[str, float]] = attrs.field(factory=dict)
     """Ray resources per process group, e.g. ``{"thinker": {"num_gpus": 1, "num_cpus": 2}}``;
-    any other key is a custom resource.  A group not named asks for one CPU."""
+    any other key is a custom resource.  A group asks for nothing it does not name (0 CPUs)."""
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:
