@@ -16,6 +16,12 @@ Leaving the block — also on SIGINT/SIGTERM of the parent — stops every child
 :data:`STOP_GRACE` seconds (then kills it) and removes the endpoint directory and every
 shared-memory segment of the pipeline.  With no ``process`` names there are no children,
 no sockets and no shared memory.
+
+With ``placement = "ray"`` each process group is a Ray actor instead
+(:mod:`omnitrio.placement`), placed with the resources ``config.processes`` names and
+watched the same way: every process listens on a TCP port of its own choosing on its
+node's address and says which in its ``Ready`` message; the parent then connects the
+groups to each other.  Tensors use shared memory between processes of one node only.
 """
 
 from __future__ import annotations
@@ -235,7 +241,8 @@ class Children:
                 spawning.start_soon(self._spawn, child)
 
     async def _spawn(self, child: _Child) -> None:
-        """Start a fresh interpreter for ``child`` and hand it its spec through stdin."""
+        """Start a fresh interpreter for ``child`` and hand it its spec through stdin (or,
+        with ``placement = "ray"``, place it as a Ray actor that runs the same entry)."""
         assert self._nursery is not None and self._endpoints is not None
         child.ready = trio.Event()
         child.exited = trio.Event()
@@ -300,11 +307,10 @@ class Children:
                 await self._wait_ready(child, config.startup_timeout)
             except StartupError:
                 return
-            if self._ray is not None:
-                continue  # it said where it listens in its Ready message
-            self._board.peer_up(child.name, address)
+            if self._ray is None:  # a Ray-placed group said where it listens in its Ready message
+                self._board.peer_up(child.name, address)
+                self._tell_others(child, wire.PeerUp(child.name, address))
             self._coordinator.stages_up(child.stages)
-            self._tell_others(child, wire.PeerUp(child.name, address))
 
     def _on_death(self, child: _Child) -> None:
         detail = f"process {child.name!r} (stages {', '.join(child.stages)}) died with exit code {child.exit_code}"
@@ -352,7 +358,7 @@ class Children:
 
 
 async def _reap(process: trio.Process | ActorProcess, exited: trio.Event) -> None:
-    """The one task that waits for a process (trio watches its pidfd)."""
+    """The one task that waits for a process (trio watches its pidfd; Ray, an actor)."""
     try:
         await process.wait()
     finally:

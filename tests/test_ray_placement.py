@@ -112,7 +112,7 @@ async def test_groups_run_in_actors_talking_tcp_on_loopback_only(cluster: Any) -
 async def test_a_killed_actor_fails_its_requests_and_is_restarted(cluster: Any) -> None:
     config = attrs.evolve(chain_config(2, process=True), placement="ray")
     config.stages[1].factory_path = f"{T}.create_slow"
-    config.stages[1].factory = FactoryArgs(seconds=60.0)
+    config.stages[1].factory = FactoryArgs(seconds=5.0)
     async with open_pipeline(config) as pipeline:
         victim = (await pipeline.health())["stages"]["s1"]["pid"]
 
@@ -130,6 +130,7 @@ async def test_a_killed_actor_fails_its_requests_and_is_restarted(cluster: Any) 
         health = await pipeline.health()
         assert health["stages"]["s1"]["restarts"] == 1
         assert health["stages"]["s1"]["pid"] != victim
+        assert await pipeline.submit("after", "y", timeout=120) == {"raw_inputs": "y"}
         await settled(pipeline, timeout=60)
     assert our_shm() == []
 
