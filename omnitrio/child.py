@@ -25,6 +25,7 @@ import trio
 
 from omnitrio.bridge import LoopIdle
 from omnitrio.config import PipelineConfig
+from omnitrio.errors import StartupError, collapse
 from omnitrio.events import flush_periodically, recorder_from_env
 from omnitrio.factory import build_stages, start_stages
 from omnitrio.stage import Stage
@@ -63,7 +64,12 @@ def main(spec: ChildSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     sys.setswitchinterval(0.001)  # a Python-heavy scheduler thread must not stall the IO loop for 5 ms
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    trio.run(_serve, spec)
+    try:
+        trio.run(_serve, spec)
+    except BaseExceptionGroup as group:
+        if isinstance(collapse(group), SystemExit):
+            sys.exit(1)  # a start-up failure, already reported to the parent
+        raise
 
 
 async def _serve(spec: ChildSpec) -> None:
@@ -103,8 +109,7 @@ async def _serve(spec: ChildSpec) -> None:
             except BaseException as exc:  # report why, then exit non-zero
                 if isinstance(exc, trio.Cancelled):
                     raise
-                text = "".join(traceback.format_exception(exc))
-                board.send_control(MAIN, wire.StartupFailed(spec.process, text))
+                board.send_control(MAIN, wire.StartupFailed(spec.process, startup_report(exc)))
                 with trio.move_on_after(2.0):
                     await board.flush()
                 nursery.cancel_scope.cancel()
@@ -116,6 +121,16 @@ async def _serve(spec: ChildSpec) -> None:
     finally:
         if recorder is not None:
             recorder.close()
+
+
+def startup_report(exc: BaseException) -> str:
+    """One line naming what failed to start, then the traceback of what raised it (a factory's, not ours)."""
+    error = collapse(exc) if isinstance(exc, BaseExceptionGroup) else exc
+    match error:
+        case StartupError(__cause__=BaseException() as cause):
+            return f"{error}\n" + "".join(traceback.format_exception(cause))
+        case _:
+            return f"{type(error).__name__}: {error}\n" + "".join(traceback.format_exception(error))
 
 
 async def _exit_with_parent(spec: ChildSpec, shutdown: trio.Event) -> None:

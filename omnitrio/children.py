@@ -132,8 +132,10 @@ class Children:
         coordinator: Coordinator,
         endpoints: _Endpoints | None,
         nursery: trio.Nursery | None,
+        watchers: trio.Nursery | None,
         ray: Any = None,
     ) -> None:
+        """``nursery`` holds the reapers, ``watchers`` the supervisors (cancelled first on exit)."""
         self._config = config
         self._ray = ray
         self._homes = homes
@@ -141,6 +143,7 @@ class Children:
         self._coordinator = coordinator
         self._endpoints = endpoints
         self._nursery = nursery
+        self._watchers = watchers
         self._children: dict[str, _Child] = {}
         for stage, home in homes.items():
             if home != MAIN:
@@ -149,7 +152,6 @@ class Children:
         self._gauges: dict[str, dict[str, int]] = {}
         self._health_waiters: dict[int, tuple[trio.Event, dict[str, Any]]] = {}
         self._next_qid = 0
-        self._closing = False
 
     def _address(self, process: str, generation: int) -> str:
         assert self._endpoints is not None
@@ -166,8 +168,8 @@ class Children:
             for child in self._children.values():
                 starting.start_soon(self._wait_ready, child, self._config.startup_timeout)
         for child in self._children.values():
-            assert self._nursery is not None
-            self._nursery.start_soon(self._supervise, child)
+            assert self._watchers is not None
+            self._watchers.start_soon(self._supervise, child)
 
     def gauges(self) -> dict[str, dict[str, int]]:
         """Per child stage ``{"active_requests", "queue_depth"}`` as of the last :meth:`health`."""
@@ -278,9 +280,7 @@ class Children:
                 await child.ready.wait()
                 nursery.cancel_scope.cancel()
         if child.startup_error is not None:
-            raise StartupError(
-                f"process {child.name!r} (stages {child.stages}) failed to start:\n{child.startup_error}"
-            )
+            raise StartupError(f"process {child.name!r} (stages {child.stages}) failed to start: {child.startup_error}")
         if scope.cancelled_caught:
             raise StartupError(f"process {child.name!r} did not start within {timeout:g} s (startup_timeout)")
         if not child.alive:
@@ -293,8 +293,6 @@ class Children:
         config = self._config
         while True:
             await child.exited.wait()
-            if self._closing:
-                return
             child.alive = False
             self._on_death(child)
             if config.restart != "on-failure" or child.restarts >= config.max_restarts:
@@ -339,7 +337,6 @@ class Children:
                 self._board.send_control(other.name, message)
 
     async def _stop(self) -> None:
-        self._closing = True
         for child in self._children.values():
             if child.alive:
                 self._board.send_control(child.name, wire.Shutdown())
@@ -375,7 +372,7 @@ async def open_children(
     spawned on entry and may still be starting: call :meth:`Children.wait_ready`.
     """
     if all(home == MAIN for home in homes.values()):
-        yield Children(config, homes, board, coordinator, None, None)
+        yield Children(config, homes, board, coordinator, None, None, None)
         return
     with ExitStack() as stack:
         ray = host = None
@@ -384,12 +381,13 @@ async def open_children(
             host = ray.util.get_node_ip_address()
         endpoints = _Endpoints.create(config, host or "")
         stack.callback(endpoints.remove)
-        async with trio.open_nursery() as nursery:
-            children = Children(config, homes, board, coordinator, endpoints, nursery, ray)
+        async with trio.open_nursery() as nursery, trio.open_nursery() as watchers:
+            children = Children(config, homes, board, coordinator, endpoints, nursery, watchers, ray)
             try:
                 await children._start()
                 yield children
             finally:
+                watchers.cancel_scope.cancel()  # children exiting from here on are being stopped
                 with trio.CancelScope(shield=True):
                     await children._stop()
                 nursery.cancel_scope.cancel()

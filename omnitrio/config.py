@@ -23,6 +23,8 @@ import msgspec
 from omnitrio.errors import ConfigError
 from omnitrio.importing import ImportPathError, import_object
 
+SERVED_TASKS = ("chat", "speech", "transcription", "realtime")
+
 
 class FactoryArgs:
     """Keyword arguments for a stage factory, spelled ``FactoryArgs(max_batch_wait_ms=200)``.
@@ -132,6 +134,10 @@ class PipelineConfig:
     processes: dict[str, dict[str, float]] = attrs.field(factory=dict)
     """Ray resources per process group, e.g. ``{"thinker": {"num_gpus": 1, "num_cpus": 2}}``;
     any other key is a custom resource.  A group asks for nothing it does not name (0 CPUs)."""
+    serves: list[str] | None = None
+    """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
+    ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
+    naming these.  ``None`` offers every route."""
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:
@@ -294,6 +300,8 @@ def validate(config: PipelineConfig) -> None:
         raise ConfigError(f"max_in_flight: must be >= 1, got {config.max_in_flight}")
     if config.default_timeout is not None and config.default_timeout <= 0:
         raise ConfigError(f"default_timeout: must be > 0, got {config.default_timeout}")
+    if config.serves is not None and not set(config.serves) <= set(SERVED_TASKS):
+        raise ConfigError(f"serves: must name tasks from {list(SERVED_TASKS)}, got {config.serves!r}")
     if not config.terminal_stages:
         raise ConfigError("stages: no stage is terminal; set terminal=true on the stage whose result is returned")
     if config.terminal_stages_fn is not None:

@@ -63,8 +63,12 @@ class Phase(enum.IntEnum):
 
 
 class Outcome(enum.Enum):
+    """How a request's task at a stage ended."""
+
     DONE = "done"
+    """Its result went on (to the next stages or the caller)."""
     FAILED = "failed"
+    """It failed here, and the coordinator was told."""
     STOPPED = "stopped"
     """Aborted, or the stage shut down."""
 

@@ -97,9 +97,11 @@ async def start_actor(ray: Any, spec: ChildSpec, resources: dict[str, float], ti
         return ray.get(actor.node.remote(), timeout=timeout)  # type: ignore[no-any-return]
 
     try:
-        host, pid = await trio.to_thread.run_sync(placed)
-    except Exception as exc:
+        host, pid = await trio.to_thread.run_sync(placed, abandon_on_cancel=True)
+    except BaseException as exc:
         ray.kill(actor, no_restart=True)
+        if not isinstance(exc, Exception):
+            raise
         raise StartupError(
             f"process {spec.process!r}: Ray could not place it with {actor_options(resources)}: {exc}"
         ) from None
