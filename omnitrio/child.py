@@ -48,6 +48,7 @@ class ChildSpec:
     addresses: dict[str, str]
     shm_prefix: str
     parent_pid: int
+    """0 when no parent process is watched (a Ray actor: Ray ends it with its owner)."""
 
 
 def entry() -> None:
@@ -91,7 +92,7 @@ async def _serve(spec: ChildSpec) -> None:
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(board.run)
-            await board.listen(spec.addresses[spec.process], f"{spec.shm_prefix}{spec.process}-")
+            own = await board.listen(spec.addresses[spec.process], f"{spec.shm_prefix}{spec.process}-")
             for process, address in spec.addresses.items():
                 if process != spec.process:
                     board.peer_up(process, address)
@@ -113,7 +114,7 @@ async def _serve(spec: ChildSpec) -> None:
                     await board.flush()
                 nursery.cancel_scope.cancel()
                 raise SystemExit(1) from None
-            board.send_control(MAIN, wire.Ready(spec.process, os.getpid()))
+            board.send_control(MAIN, wire.Ready(spec.process, os.getpid(), own))
             nursery.start_soon(_exit_with_parent, spec, shutdown)
             await shutdown.wait()
             nursery.cancel_scope.cancel()
@@ -138,6 +139,8 @@ async def _exit_with_parent(spec: ChildSpec, shutdown: trio.Event) -> None:
     A parent killed without cleaning up (SIGKILL, an unhandled SIGTERM) leaves its shared
     memory and socket directory behind: the orphaned children remove them on their way out.
     """
+    if spec.parent_pid == 0:
+        return
     try:
         fd = os.pidfd_open(spec.parent_pid)
     except OSError:

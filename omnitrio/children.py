@@ -16,6 +16,12 @@ Leaving the block — also on SIGINT/SIGTERM of the parent — stops every child
 :data:`STOP_GRACE` seconds (then kills it) and removes the endpoint directory and every
 shared-memory segment of the pipeline.  With no ``process`` names there are no children,
 no sockets and no shared memory.
+
+With ``placement = "ray"`` each process group is a Ray actor instead
+(:mod:`omnitrio.placement`), placed with the resources ``config.processes`` names and
+watched the same way: every process listens on a TCP port of its own choosing on its
+node's address and says which in its ``Ready`` message; the parent then connects the
+groups to each other.  Tensors use shared memory between processes of one node only.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -39,6 +45,8 @@ from omnitrio.child import ENTRY, ChildSpec
 from omnitrio.config import PipelineConfig
 from omnitrio.coordinator import Coordinator
 from omnitrio.errors import RequestFailed, StartupError
+from omnitrio.placement.actors import ActorProcess, start_actor
+from omnitrio.placement.cluster import ray_cluster
 from omnitrio.switchboard import UNIX, Switchboard
 from omnitrio.topology import MAIN
 from omnitrio.transport import wire
@@ -59,7 +67,7 @@ class _Child:
 
     name: str
     stages: list[str]
-    process: trio.Process | None = None
+    process: trio.Process | ActorProcess | None = None
     generation: int = 0
     restarts: int = 0
     alive: bool = False
@@ -85,15 +93,19 @@ class _Endpoints:
     created: bool
     prefix: str
     transport: str
+    host: str = ""
+    """With Ray placement: this node's address; every process listens on a TCP port it picks."""
 
     @classmethod
-    def create(cls, config: PipelineConfig) -> _Endpoints:
+    def create(cls, config: PipelineConfig, host: str = "") -> _Endpoints:
         created = config.endpoints.base_path is None
         base = tempfile.mkdtemp(prefix="omnitrio-") if created else str(config.endpoints.base_path)
         os.makedirs(base, exist_ok=True)
-        return cls(base, created, f"omnitrio-{os.getpid()}-{secrets.token_hex(4)}-", config.transport)
+        return cls(base, created, f"omnitrio-{os.getpid()}-{secrets.token_hex(4)}-", config.transport, host)
 
     def address(self, process: str, generation: int) -> str:
+        if self.host:
+            return f"tcp://{self.host}:*"
         if self.transport == "zmq":
             return f"ipc://{self.base}/{process}-{generation}.sock"
         return f"{UNIX}{self.base}/{process}-{generation}.sock"
@@ -121,9 +133,11 @@ class Children:
         endpoints: _Endpoints | None,
         nursery: trio.Nursery | None,
         watchers: trio.Nursery | None,
+        ray: Any = None,
     ) -> None:
         """``nursery`` holds the reapers, ``watchers`` the supervisors (cancelled first on exit)."""
         self._config = config
+        self._ray = ray
         self._homes = homes
         self._board = board
         self._coordinator = coordinator
@@ -197,8 +211,10 @@ class Children:
     def _on_control(self, src: str, message: Any) -> None:
         child = self._children.get(src)
         match message:
-            case wire.Ready() if child is not None:
+            case wire.Ready(address=address) if child is not None:
                 child.alive = True
+                if self._ray is not None:
+                    self._joined(child, address)
                 child.ready.set()
             case wire.StartupFailed(error=error) if child is not None:
                 child.startup_error = error
@@ -217,21 +233,30 @@ class Children:
         """Listen, connect to every child's address and spawn the children."""
         assert self._endpoints is not None
         self._board.on_control = self._on_control
-        await self._board.listen(self._addresses[MAIN], f"{self._endpoints.prefix}{MAIN}-")
+        main = await self._board.listen(self._addresses[MAIN], f"{self._endpoints.prefix}{MAIN}-")
+        self._addresses[MAIN] = main
         for name, address in self._addresses.items():
-            if name != MAIN:
+            if name != MAIN and self._ray is None:
                 self._board.peer_up(name, address)
-        for child in self._children.values():
-            await self._spawn(child)
+        async with trio.open_nursery() as spawning:  # placing Ray actors takes seconds each
+            for child in self._children.values():
+                spawning.start_soon(self._spawn, child)
 
     async def _spawn(self, child: _Child) -> None:
-        """Start a fresh interpreter for ``child`` and hand it its spec through stdin."""
+        """Start a fresh interpreter for ``child`` and hand it its spec through stdin (or,
+        with ``placement = "ray"``, place it as a Ray actor that runs the same entry)."""
         assert self._nursery is not None and self._endpoints is not None
         child.ready = trio.Event()
         child.exited = trio.Event()
         child.startup_error = None
         prefix = self._endpoints.prefix
         spec = ChildSpec(child.name, self._config, self._homes, dict(self._addresses), prefix, os.getpid())
+        if self._ray is not None:
+            spec = attrs.evolve(spec, addresses={MAIN: self._addresses[MAIN]})
+            resources = self._config.processes.get(child.name, {})
+            child.process = await start_actor(self._ray, spec, resources, self._config.startup_timeout)
+            self._nursery.start_soon(_reap, child.process, child.exited)
+            return
         env = dict(os.environ)
         env["OMNITRIO_PARENT_PID"] = str(os.getpid())  # which pipeline owns this process
         env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; the cores are shared by every process
@@ -280,9 +305,10 @@ class Children:
                 await self._wait_ready(child, config.startup_timeout)
             except StartupError:
                 return
-            self._board.peer_up(child.name, address)
+            if self._ray is None:  # a Ray-placed group said where it listens in its Ready message
+                self._board.peer_up(child.name, address)
+                self._tell_others(child, wire.PeerUp(child.name, address))
             self._coordinator.stages_up(child.stages)
-            self._tell_others(child, wire.PeerUp(child.name, address))
 
     def _on_death(self, child: _Child) -> None:
         detail = f"process {child.name!r} (stages {', '.join(child.stages)}) died with exit code {child.exit_code}"
@@ -295,6 +321,15 @@ class Children:
         remove_segments(f"{self._endpoints.prefix}{child.name}-")
         self._tell_others(child, wire.PeerDown(child.name))
         self._coordinator.stage_gone(child.stages, error_for)
+
+    def _joined(self, child: _Child, address: str) -> None:
+        """A Ray-placed group listens on ``address``: connect to it, and it and the live groups to each other."""
+        self._addresses[child.name] = address
+        self._board.peer_up(child.name, address)
+        self._tell_others(child, wire.PeerUp(child.name, address))
+        for other in self._children.values():
+            if other is not child and other.alive:
+                self._board.send_control(child.name, wire.PeerUp(other.name, self._addresses[other.name]))
 
     def _tell_others(self, child: _Child, message: wire.PeerUp | wire.PeerDown) -> None:
         for other in self._children.values():
@@ -319,8 +354,8 @@ class Children:
                     await child.exited.wait()
 
 
-async def _reap(process: trio.Process, exited: trio.Event) -> None:
-    """The one task that waits for a process (trio watches its pidfd)."""
+async def _reap(process: trio.Process | ActorProcess, exited: trio.Event) -> None:
+    """The one task that waits for a process (trio watches its pidfd; Ray, an actor)."""
     try:
         await process.wait()
     finally:
@@ -339,10 +374,15 @@ async def open_children(
     if all(home == MAIN for home in homes.values()):
         yield Children(config, homes, board, coordinator, None, None, None)
         return
-    endpoints = _Endpoints.create(config)
-    try:
+    with ExitStack() as stack:
+        ray = host = None
+        if config.placement == "ray":
+            ray = stack.enter_context(ray_cluster(config.ray_address))
+            host = ray.util.get_node_ip_address()
+        endpoints = _Endpoints.create(config, host or "")
+        stack.callback(endpoints.remove)
         async with trio.open_nursery() as nursery, trio.open_nursery() as watchers:
-            children = Children(config, homes, board, coordinator, endpoints, nursery, watchers)
+            children = Children(config, homes, board, coordinator, endpoints, nursery, watchers, ray)
             try:
                 await children._start()
                 yield children
@@ -351,5 +391,3 @@ async def open_children(
                 with trio.CancelScope(shield=True):
                     await children._stop()
                 nursery.cancel_scope.cancel()
-    finally:
-        endpoints.remove()

@@ -92,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="deadline of each request; past it the client gets a timeout error (default: the config's "
         "default_timeout, else the server's 300; 0: none)",
     )
+    serve.add_argument(
+        "--placement",
+        choices=["local", "ray"],
+        help="where process groups run: child processes (local) or Ray actors (default: the config's)",
+    )
+    serve.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --placement ray: the Ray cluster to join (default: start a loopback-only local one)",
+    )
     overrides(serve)
     serve.add_argument(
         "--api-key",
@@ -274,7 +284,7 @@ def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve.auth import keys_from
     from omnitrio.serve.limits import limits_for
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, [*args.overrides, *placement_overrides(args)])
     try:
         args.api_keys = keys_from(args.api_keys, os.environ)
         args.limits = limits_for(config, args.limits)
@@ -295,6 +305,18 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"omnitrio: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def placement_overrides(args: argparse.Namespace) -> list[str]:
+    """``--placement``/``--ray-address`` as config overrides (an address implies Ray)."""
+    found = []
+    if args.placement is not None:
+        found.append(f"placement={args.placement}")
+    if args.ray_address is not None:
+        if args.placement == "local":
+            raise UsageError("--ray-address needs --placement ray")
+        found += ["placement=ray", f'ray_address="{args.ray_address}"']
+    return found
 
 
 async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None:

@@ -127,6 +127,13 @@ class PipelineConfig:
     the IO loop, which carries every request's messages, then runs first, so one request's
     burst of light compute does not hold back another's first output; compute pays for it
     (bench/results has the trade measured)."""
+    placement: Literal["local", "ray"] = "local"
+    """Where process groups run: child processes of the caller, or Ray actors (TCP between them)."""
+    ray_address: str | None = None
+    """With ``placement = "ray"``: the cluster to join; None starts a loopback-only local one."""
+    processes: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    """Ray resources per process group, e.g. ``{"thinker": {"num_gpus": 1, "num_cpus": 2}}``;
+    any other key is a custom resource.  A group asks for nothing it does not name (0 CPUs)."""
     serves: list[str] | None = None
     """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
     ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
@@ -282,6 +289,9 @@ def validate(config: PipelineConfig) -> None:
         raise ConfigError(f"restart: must be 'on-failure' or 'never', got {config.restart!r}")
     if config.transport not in ("unix", "zmq"):
         raise ConfigError(f"transport: must be 'unix' or 'zmq', got {config.transport!r}")
+    if config.placement not in ("local", "ray"):
+        raise ConfigError(f"placement: must be 'local' or 'ray', got {config.placement!r}")
+    _check_processes(config)
     if config.max_restarts < 0:
         raise ConfigError(f"max_restarts: must be >= 0, got {config.max_restarts}")
     if type(config.scheduler_nice) is not int or not 0 <= config.scheduler_nice <= 19:
@@ -302,6 +312,16 @@ def validate(config: PipelineConfig) -> None:
     _check_reachable(config)
     _check_acyclic(config)
     _check_senders(config)
+
+
+def _check_processes(config: PipelineConfig) -> None:
+    groups = {s.process for s in config.stages if s.process}
+    for name, resources in config.processes.items():
+        if name not in groups:
+            raise ConfigError(f"processes.{name}: no stage has process = {name!r}; groups are {sorted(groups)}")
+        for key, amount in resources.items():
+            if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
+                raise ConfigError(f"processes.{name}.{key}: must be a number >= 0, got {amount!r}")
 
 
 def _validate_stage(i: int, stage: StageConfig, config: PipelineConfig, names: Mapping[str, int]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,6 +94,8 @@ class Switchboard:
         """Called with process-level messages the switchboard does not handle itself."""
         self.down: set[str] = set()
         self._links: dict[str, Link] = {}
+        self._far: set[str] = set()  # peers on another host: tensors go inline over TCP, never shared memory
+        self._host = ""
         self._pool: ShmPool | None = None
         self._reader = ShmReader()
         self._kept: dict[tuple[str, int], list[Lease]] = {}  # see let_go
@@ -137,7 +140,8 @@ class Switchboard:
         assert self._pool is not None, "listen() before sending to another process"
         body = (envelope.body, envelope.metadata) if isinstance(envelope, Chunk) else envelope.body
         try:
-            packed = self._pool.pack(body, peer=dest)
+            inline = {"inline_limit": sys.maxsize} if dest in self._far else {}
+            packed = self._pool.pack(body, peer=dest, **inline)
         except Exception as exc:
             target = getattr(envelope, "to", "the caller")
             raise StageFunctionError(
@@ -285,6 +289,10 @@ class Switchboard:
         else:
             link = self._zmq_peers().link(address, self._name_frame)
         self._links[process] = link
+        if _host(address) != self._host:
+            self._far.add(process)
+        else:
+            self._far.discard(process)
         self._nursery.start_soon(link.pump)
         self.down.discard(process)
 
@@ -307,9 +315,13 @@ class Switchboard:
         finally:
             self.close()
 
-    async def listen(self, address: str, shm_prefix: str) -> None:
+    async def listen(self, address: str, shm_prefix: str) -> str:
         """Receive on ``address`` from now on; tensors sent from here go through shared
-        memory named ``shm_prefix…``.  Call while :meth:`run` runs."""
+        memory named ``shm_prefix…`` to peers on this host, inline to peers on another (a
+        ``tcp://`` address with another host).  Call while :meth:`run` runs.
+
+        Returns the address bound: ``address`` with a ``tcp://host:*`` port resolved.
+        """
         assert self._nursery is not None, "listen() while the switchboard runs"
         self._pool = ShmPool(shm_prefix, slot_bytes=RELAY_SLOT_BYTES, slots=RELAY_SLOTS)
         if address.startswith(UNIX):
@@ -317,6 +329,9 @@ class Switchboard:
             await self._nursery.start(self._unix_inbound.serve, self._dispatch_batch)
         else:
             await self._nursery.start(self._zmq_peers().serve, address, self._dispatch_batch)
+            address = self._zmq_peers().address
+        self._host = _host(address)
+        return address
 
     async def flush(self) -> None:
         """Wait until every queued outbound message has been handed to its transport."""
@@ -336,3 +351,10 @@ class Switchboard:
         if self._pool is not None:
             self._pool.close()
         self._reader.close()
+
+
+def _host(address: str) -> str:
+    """The host of a ``tcp://host:port`` address; "" for local ones (Unix, ``ipc://``)."""
+    if not address.startswith("tcp://"):
+        return ""
+    return address.removeprefix("tcp://").rsplit(":", 1)[0]

@@ -32,10 +32,12 @@ from omnitrio.envelopes import (
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True):
-    """Child → parent: every stage of ``process`` (pid ``pid``) has started."""
+    """Child → parent: every stage of ``process`` (pid ``pid``) has started; it listens on
+    ``address`` when the parent could not know where (a ``tcp://host:*`` port it chose)."""
 
     process: str
     pid: int
+    address: str = ""
 
 
 class StartupFailed(msgspec.Struct, tag="startfail", array_like=True):

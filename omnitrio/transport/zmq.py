@@ -288,12 +288,14 @@ class ZmqPeers:
     def __init__(self) -> None:
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._inbound: TrioZmqSocket | None = None
+        self.address = ""
+        """Where :meth:`serve` listens, with a ``*`` port resolved (``tcp://127.0.0.1:41234``)."""
 
     async def serve(
         self, address: str, dispatch: Dispatch, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Bind ``address`` and hand each received batch to ``dispatch`` until cancelled."""
-        self._inbound, _ = bind(self._ctx, zmq.PULL, address, options={zmq.RCVHWM: HWM})
+        self._inbound, self.address = bind(self._ctx, zmq.PULL, address, options={zmq.RCVHWM: HWM})
         task_status.started()
         while True:
             for frames in await self._inbound.recv_multipart_batch(RECV_BATCH):

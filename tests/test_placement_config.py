@@ -1,0 +1,51 @@
+"""Placement settings: config fields, their errors, the serve flags, Ray actor options (no Ray needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omnitrio.cli import build_parser, load_config, placement_overrides
+from omnitrio.config import from_dict, validate
+from omnitrio.errors import ConfigError
+from omnitrio.placement.actors import actor_options
+
+STAGES = [{"name": "a", "factory_path": "toys.seed.ch4_fanin_stages.create_upper", "process": "p", "terminal": True}]
+
+
+def test_processes_ask_ray_for_cpus_gpus_and_custom_resources() -> None:
+    config = from_dict({"placement": "ray", "processes": {"p": {"num_gpus": 1, "accel": 0.5}}, "stages": STAGES})
+    validate(config)
+    assert actor_options(config.processes["p"]) == {
+        "num_cpus": 0,
+        "num_gpus": 1,
+        "max_restarts": 0,
+        "resources": {"accel": 0.5},
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ({"placement": "cluster"}, "placement"),
+        ({"processes": {"q": {"num_cpus": 1}}}, r"processes\.q: no stage has process = 'q'"),
+        ({"processes": {"p": {"num_cpus": -1}}}, r"processes\.p\.num_cpus: must be a number >= 0"),
+    ],
+)
+def test_bad_placement_settings_name_the_field(extra: dict[str, object], error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        validate(from_dict({"stages": STAGES, **extra}))
+
+
+def test_serve_flags_place_the_pipeline_on_ray(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        '[[stages]]\nname = "a"\nfactory_path = "toys.seed.ch4_fanin_stages.create_upper"\n'
+        'process = "p"\nterminal = true\n'
+    )
+    args = build_parser().parse_args(["serve", "--config", str(path), "--ray-address", "127.0.0.1:6379"])
+    config = load_config(args.config, [*args.overrides, *placement_overrides(args)])
+    assert (config.placement, config.ray_address) == ("ray", "127.0.0.1:6379")
+    args = build_parser().parse_args(["serve", "--config", str(path)])
+    assert load_config(args.config, placement_overrides(args)).placement == "local"
