@@ -39,7 +39,9 @@ class ChatTokenizer:
 
     def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``)."""
-        return str(self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names))
+        return str(
+            self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names)
+        )
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return self.encode(self.render(messages))
@@ -58,7 +60,7 @@ def chat_tokenizer(model: GGUFModel) -> ChatTokenizer:
     types = list(model.field("tokenizer.ggml.token_type", [1] * len(tokens)))
     vocab = {token: index for index, token in enumerate(tokens)}
     try:
-        pairs = [tuple(merge.split(" ", 1)) for merge in merges]
+        pairs = [(left, right) for left, right in (merge.split(" ", 1) for merge in merges)]
         inner = HFTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
     except Exception as exc:
         raise model.fail(f"tokenizer.ggml.tokens/merges do not form a BPE vocabulary: {exc}") from exc
@@ -70,7 +72,11 @@ def chat_tokenizer(model: GGUFModel) -> ChatTokenizer:
         inner.pre_tokenizer = byte_level
     inner.decoder = decoders.ByteLevel()
     inner.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token, kind in zip(tokens, types, strict=True) if kind == _CONTROL]
+        [
+            AddedToken(token, special=True, normalized=False)
+            for token, kind in zip(tokens, types, strict=True)
+            if kind == _CONTROL
+        ]
     )
     eos = int(model.field("tokenizer.ggml.eos_token_id"))
     bos = int(model.field("tokenizer.ggml.bos_token_id", eos))

@@ -14,8 +14,10 @@ step boundaries.
 A request with a ``session_id`` keeps its slot's keys/values when it leaves (finished or aborted):
 that conversation's next request prefills only what it does not share with them, and a request's
 first ``shared_prefix_len`` prompt tokens (a system prompt) are computed once for all requests
-that start with them; :mod:`schedulers.ar.kv_sessions` holds those rules and their memory bound.  :meth:`abort` takes effect at once: the request leaves the waiting queue or its slot
-is free for the next step's admission, and it never produces another token.
+that start with them; :mod:`schedulers.ar.kv_sessions` holds those rules and their memory bound.
+
+:meth:`abort` takes effect at once: the request leaves the waiting queue or its slot is free for
+the next step's admission, and it never produces another token.
 
 The engine is not thread-safe: one thread (the scheduler's) owns it.  Requests beyond the free slots
 wait, at most ``max_waiting_requests`` of them; :meth:`add` raises

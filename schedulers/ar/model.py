@@ -191,9 +191,10 @@ class TinyLlama(nn.Module):
 
         Returns ``(logits [B, T, vocab] float32, hidden [B, T, dim])`` where ``hidden`` is the final
         normed hidden state; with ``logits_at`` (one index into ``T`` per row) logits are
-        ``[B, 1, vocab]``, of those positions only (a prefill needs only its last).  Keys/values of all ``T`` tokens are written into the cache (rows padded on
-        the right write values past their end: harmless, see the module docstring).  The caller keeps
-        the lengths; ``starts[b] + T`` must not exceed ``max_seq_len``.
+        ``[B, 1, vocab]``, of those positions only (a prefill needs only its last).  Keys/values of
+        all ``T`` tokens are written into the cache (rows padded on the right write values past their
+        end: harmless, see the module docstring).  The caller keeps the lengths; ``starts[b] + T``
+        must not exceed ``max_seq_len``.
         """
         b, t = tokens.shape
         offsets = torch.arange(t)
@@ -268,7 +269,9 @@ def build_model(
     else:
         with torch.device("meta"):
             model = TinyLlama(config, random_init=False)
-        names = [name for name, _ in model.named_parameters() if not (config.tie_embeddings and name == "lm_head.weight")]
+        names = [
+            name for name, _ in model.named_parameters() if not (config.tie_embeddings and name == "lm_head.weight")
+        ]
         state = {name: weights(name) for name in names}
         if config.tie_embeddings:
             state["lm_head.weight"] = state["embed.weight"]

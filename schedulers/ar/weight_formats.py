@@ -33,6 +33,9 @@ _GROUP: Final = 32
 class Int8Linear(nn.Module):
     """``x @ W.T`` with ``W`` stored as int8 rows and a scale per row (in the activations' dtype)."""
 
+    qweight: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
         super().__init__()
         weight = weight.float()
@@ -48,6 +51,9 @@ class Int8Linear(nn.Module):
 
 class Int4Linear(nn.Module):
     """``x @ W.T`` with ``W = codes * scale + min`` per group of 32 inputs (the Q4_1 layout)."""
+
+    packed: torch.Tensor
+    scales_and_zeros: torch.Tensor
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, dtype: torch.dtype) -> None:
         super().__init__()
