@@ -56,7 +56,7 @@ def _optional(inputs: dict[str, Any], key: str, kind: type, low: float | None = 
     allowed: tuple[type, ...] = (float, int) if kind is float else (kind,)
     if isinstance(value, bool) or not isinstance(value, allowed):
         raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}")
-    number = float(value)
+    number = float(value) if isinstance(value, int | float) else 0.0
     if (low is not None and number < low) or (high is not None and number > high):
         raise ValueError(f"{key}={value!r} must be between {low} and {high}")
     return value
