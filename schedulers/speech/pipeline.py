@@ -113,7 +113,8 @@ def create_ingress_stage() -> SimpleScheduler:
 def _text_out(payload: StagePayload) -> StagePayload:
     data = raw_inputs(payload)
     text = data.get("text", "") if isinstance(data, dict) else str(data)
-    payload.data = {"text": text}
+    kept = {key: data[key] for key in ("finish_reason", "usage") if isinstance(data, dict) and key in data}
+    payload.data = {"text": text, **kept}
     return payload
 
 
