@@ -2,8 +2,9 @@
 
 Order: the transport floor, omnitrio inline, omnitrio with one process per stage (if the
 runtime supports it yet), then the peer in its own venv as a subprocess — one after the
-other, so no two measurements share the CPUs.  Writes ``bench/results/latest.{json,md,png}``
-and a timestamped copy of the JSON.  ``--quick`` cuts sample counts and gives the process
+other, so no two measurements share the CPUs.  Writes ``bench/results/latest.{json,md}`` and a
+timestamped copy of the JSON, then the chart ``latest.png`` when matplotlib (the ``bench`` extra)
+is installed; without it the chart is skipped with one line.  ``--quick`` cuts sample counts and gives the process
 and peer parts a time budget (benchmarks past it are recorded as skipped).
 """
 
@@ -94,7 +95,7 @@ async def omnitrio_suites(args: argparse.Namespace, progress: Progress, t_start:
 def run_peer(args: argparse.Namespace, progress: Progress, t_start: float) -> dict[str, Any]:
     """The same suite on the peer, in its venv, as a subprocess; its progress lines pass through."""
     if not setup_venv.is_ready():
-        return {"unavailable": "peer venv missing: run `python -m bench.peer setup` first"}
+        return {"unavailable": "peer venv not ready: run `python -m bench.peer setup` (it builds and checks it)"}
     out_file = RESULTS / "tmp" / "peer.json"
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.unlink(missing_ok=True)
@@ -152,15 +153,30 @@ def run_filtered(cmd: list[str], deadline: float | None) -> int | None:
     return code
 
 
-def write(doc: dict[str, Any]) -> Path:
+def write(doc: dict[str, Any]) -> list[Path]:
+    """The results, the Markdown report and (with matplotlib) the chart; the files written, in order."""
     RESULTS.mkdir(exist_ok=True)
     latest = RESULTS / "latest.json"
     latest.write_text(json.dumps(doc, indent=1, default=str))
     stamp = doc["started"].replace(":", "").replace("-", "")
     shutil.copy(latest, RESULTS / f"{stamp}{'-quick' if doc['quick'] else ''}.json")
     (RESULTS / "latest.md").write_text(report.markdown(doc))
-    report.chart(doc, RESULTS / "latest.png")
-    return latest
+    written = [latest, RESULTS / "latest.md"]
+    if draw_chart(doc):
+        written.append(RESULTS / "latest.png")
+    return written
+
+
+def draw_chart(doc: dict[str, Any]) -> bool:
+    """``latest.png`` from ``doc``; without matplotlib, one line saying so (the JSON and Markdown stand)."""
+    try:
+        report.chart(doc, RESULTS / "latest.png")
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != "matplotlib":
+            raise
+        print("chart skipped: matplotlib is not installed (pip install -e '.[bench]' to draw latest.png)", flush=True)
+        return False
+    return True
 
 
 def main() -> None:
@@ -173,7 +189,7 @@ def main() -> None:
     if args.render:
         saved = json.loads((RESULTS / "latest.json").read_text())
         (RESULTS / "latest.md").write_text(report.markdown(saved))
-        report.chart(saved, RESULTS / "latest.png")
+        draw_chart(saved)
         print(report.text_table(saved["results"]))
         return
     args.only = set(filter(None, args.only.split(","))) or None
@@ -202,11 +218,11 @@ def main() -> None:
         doc["results"]["peer"] = run_peer(args, progress, t_start)
     doc["loadavg_end"] = loadavg()
     doc["wall_s"] = round(time.perf_counter() - t_start, 1)
-    latest = write(doc)
+    written = write(doc)
     print()
     print(report.text_table(doc["results"]))
     load = f"load {doc['loadavg_start']} → {doc['loadavg_end']}"
-    print(f"\nwrote {latest}, latest.md, latest.png ({doc['wall_s']} s; {load})")
+    print(f"\nwrote {', '.join(str(path) for path in written)} ({doc['wall_s']} s; {load})")
 
 
 if __name__ == "__main__":

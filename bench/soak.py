@@ -5,9 +5,11 @@ and one kill -9 of a stage process, concurrently.  Afterwards every stage's and 
 coordinator's per-request state must be empty, no shared memory of ours may be left,
 and each process's RSS may grow by less than 5 MB over the second half of the run.
 
-    python -m bench.soak [--requests 20000] [--concurrency 64]
+    python -m bench.soak [--requests 20000] [--concurrency 64] [--samples 10] [--fan-only] [--out soak.json]
 
-Prints the figures and writes ``bench/results/soak.json``.
+``--samples`` RSS readings of every process are taken at even steps over the run (the curve
+shows whether memory levels off); ``--fan-only`` skips the streaming pipeline.  Prints the
+figures and writes ``bench/results/soak.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class SoakReport:
     leftover_shm: list[str]
     rss_growth_kib: dict[str, int]
     kill_to_failure_ms: float | None
+    rss_curve_kib: list[dict[str, int]] = attrs.field(factory=list)
+    """``{"requests": submitted so far, process: VmRSS KiB, ...}`` at even steps."""
 
     @property
     def clean(self) -> bool:
@@ -119,7 +123,9 @@ def _our_shm() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith(f"omnitrio-{os.getpid()}-")}
 
 
-async def soak(config: PipelineConfig, requests: int, concurrency: int, kill_stage: str, seed: int = 1) -> SoakReport:
+async def soak(
+    config: PipelineConfig, requests: int, concurrency: int, kill_stage: str, seed: int = 1, samples: int = 10
+) -> SoakReport:
     rng = random.Random(seed)
     outcomes: Counter[str] = Counter()
     unexpected: list[str] = []
@@ -127,6 +133,8 @@ async def soak(config: PipelineConfig, requests: int, concurrency: int, kill_sta
     kill_at = requests // 4
     rss_mark = requests // 2
     rss_first: dict[str, int] = {}
+    curve: list[dict[str, int]] = []
+    sample_every = max(requests // max(samples, 1), 1)
     kill_seen: list[float] = []
     killed_at: list[float] = []
     streaming = any(s.stream_to for s in config.stages)
@@ -193,6 +201,8 @@ async def soak(config: PipelineConfig, requests: int, concurrency: int, kill_sta
                         while not all(s["alive"] for s in (await pipeline.health())["stages"].values()):
                             await trio.sleep(0.05)
                     rss_first = {name: _rss_kib(pid) for name, pid in (await pids()).items()}
+                if i % sample_every == 0:
+                    curve.append({"requests": i} | {name: _rss_kib(pid) for name, pid in (await pids()).items()})
                 nursery.start_soon(one, i)
         with trio.fail_after(30):
             while True:
@@ -201,6 +211,7 @@ async def soak(config: PipelineConfig, requests: int, concurrency: int, kill_sta
                     break
                 await trio.sleep(0.05)
         rss_last = {name: _rss_kib(pid) for name, pid in (await pids()).items()}
+        curve.append({"requests": requests} | rss_last)
         stage_state = {name: s["active_requests"] for name, s in health["stages"].items()}
     growth = {name: rss_last.get(name, 0) - first for name, first in rss_first.items()}
     return SoakReport(
@@ -214,14 +225,14 @@ async def soak(config: PipelineConfig, requests: int, concurrency: int, kill_sta
         leftover_shm=sorted(_our_shm() - shm_before),
         rss_growth_kib=growth,
         kill_to_failure_ms=round((kill_seen[0] - killed_at[0]) * 1e3, 2) if kill_seen and killed_at else None,
+        rss_curve_kib=curve,
     )
 
 
-async def main(requests: int, concurrency: int) -> list[dict[str, Any]]:
-    reports = [
-        await soak(fan_pipeline(), requests, concurrency, kill_stage="upper"),
-        await soak(stream_pipeline(), requests // 4, concurrency, kill_stage="vocoder"),
-    ]
+async def main(requests: int, concurrency: int, samples: int, fan_only: bool) -> list[dict[str, Any]]:
+    reports = [await soak(fan_pipeline(), requests, concurrency, kill_stage="upper", samples=samples)]
+    if not fan_only:
+        reports.append(await soak(stream_pipeline(), requests // 4, concurrency, kill_stage="vocoder", samples=samples))
     return [attrs.asdict(r) | {"clean": r.clean} for r in reports]
 
 
@@ -229,10 +240,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=10, help="RSS readings per pipeline run")
+    parser.add_argument("--fan-only", action="store_true", help="skip the streaming pipeline")
+    parser.add_argument("--out", default="soak.json", help="file name under bench/results/")
     args = parser.parse_args()
-    results = trio.run(main, args.requests, args.concurrency)
+    results = trio.run(main, args.requests, args.concurrency, args.samples, args.fan_only)
     RESULTS.mkdir(exist_ok=True)
     out = {"load_average": os.getloadavg(), "results": results}
-    (RESULTS / "soak.json").write_text(json.dumps(out, indent=2))
+    (RESULTS / args.out).write_text(json.dumps(out, indent=2))
     for r in results:
         print(json.dumps(r, indent=2))

@@ -32,6 +32,14 @@ interval without any release, so the loop got a talker's first chunk only after 
 talker's 100-chunk burst ended (2.6 ms later; seen with ``perf sched``).  Later outputs
 of the request do not wait: they leave in batches, as before.
 
+Lives of a reused id: outputs the scheduler queued for a request before it took that
+request's in-order ``abort`` message from the inbox belong to the aborted life and are
+dropped here, even when a new request with the same id is already live at the stage (a
+producer blocked on a full outbox finishes its put after the abort).  Taking the message
+is the boundary, as it is for the scheduler's own bookkeeping (:mod:`schedulers._idsets`);
+it is seen on the scheduler thread, which then queues a fence behind those outputs.  This
+needs a ``queue.Queue`` inbox and outbox; with other queues outputs are not fenced.
+
 Priority: with ``nice > 0`` (stage processes, from ``PipelineConfig.scheduler_nice``) the
 scheduler thread runs that much nicer than the IO loop (Linux sets niceness per thread),
 so on oversubscribed cores the loop that carries every request's messages runs first.
@@ -53,6 +61,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import attrs
 import trio
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage
@@ -68,6 +77,13 @@ INBOX_LOW = 2
 HANDOFF_S = 0.001
 """Longest a scheduler thread waits for the IO loop to take a request's first output (see above)."""
 _STOP = object()
+
+
+@attrs.frozen(eq=False)
+class _Fence:
+    """Outbox marker: the scheduler took ``abort`` (an in-order abort message) from its inbox."""
+
+    abort: IncomingMessage
 
 
 def _positive_int(value: object) -> int:
@@ -173,6 +189,10 @@ class SchedulerBridge:
         maxsize = _positive_int(getattr(inbox, "maxsize", None))
         self._inbox_depth = min(depth, maxsize) if maxsize else depth
         self._starving = False  # messages wait for room in the inbox (read under its mutex)
+        # Outputs of an aborted life are dropped until the fence of its abort message (trio thread).
+        self._dropping: dict[str, IncomingMessage] = {}
+        self._fences = self._shallow is not None and isinstance(scheduler.outbox, queue.Queue)
+        self._in_inbox: list[IncomingMessage] = []  # abort messages to fence; under the inbox mutex
         self._flush_wanted = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
         self._trio_thread = threading.get_ident()
@@ -206,7 +226,10 @@ class SchedulerBridge:
         What of the request still waits here is dropped: the scheduler never needs it.
         """
         self._waiting.drop(request_id)
-        self.put(IncomingMessage(request_id, "abort"))
+        message = IncomingMessage(request_id, "abort")
+        if self._fences:
+            self._dropping[request_id] = message
+        self.put(message)
         self.scheduler.abort(request_id)
 
     def _flush_in(self) -> None:
@@ -215,6 +238,8 @@ class SchedulerBridge:
             with inbox.mutex:
                 batch = self._waiting.take(max(self._inbox_depth - len(inbox.queue), 0))
                 self._starving = len(self._waiting) > 0
+                if self._dropping:
+                    self._in_inbox += [m for m in batch if self._dropping.get(m.request_id) is m]
                 inbox.queue.extend(batch)
                 inbox.unfinished_tasks += len(batch)
                 inbox.not_empty.notify(len(batch))
@@ -227,9 +252,22 @@ class SchedulerBridge:
 
     def _on_inbox_get(self) -> None:
         """Called on the scheduler thread, inbox mutex held, after every ``get``."""
+        if self._in_inbox:
+            self._fence_taken_aborts()
         if self._starving and self._shallow is not None and len(self._shallow.queue) <= INBOX_LOW:
             self._starving = False
             self._soon(self._want_flush)
+
+    def _fence_taken_aborts(self) -> None:
+        """Queue a fence behind the outputs for each abort message just taken (inbox mutex held)."""
+        assert self._shallow is not None
+        queued = {id(m) for m in self._shallow.queue}
+        taken = [m for m in self._in_inbox if id(m) not in queued]
+        if taken:
+            self._in_inbox = [m for m in self._in_inbox if id(m) in queued]
+            outbox = self._outbox
+            with outbox.mutex:  # no notify: the fence only orders what the next drain reads
+                outbox.queue.extend(_Fence(m) for m in taken)
 
     def _want_flush(self) -> None:
         self._flush_wanted.set()
@@ -301,7 +339,9 @@ class SchedulerBridge:
         try:
             while len(batch) < DRAIN_BATCH:
                 item = outbox.get_nowait()
-                if item is not _STOP:
+                if isinstance(item, _Fence):
+                    self._fence_passed(item.abort)
+                elif item is not _STOP and not (self._dropping and item.request_id in self._dropping):
                     batch.append(item)
         except queue.Empty:
             pass
@@ -309,6 +349,11 @@ class SchedulerBridge:
             self._request_drain()  # more left: continue on a later pass of the loop
         if batch and not self._closed:
             self._deliver(batch)
+
+    def _fence_passed(self, abort: IncomingMessage) -> None:
+        """Outputs that follow belong to the request's next life (unless it was aborted again)."""
+        if self._dropping.get(abort.request_id) is abort:
+            del self._dropping[abort.request_id]
 
     def _install_waker(self) -> None:
         if self._shallow is not None:

@@ -21,8 +21,10 @@ import importlib
 import importlib.util
 import json
 import logging
+import shlex
 import sys
 import time
+import traceback
 import wave
 from collections.abc import Sequence
 from functools import partial
@@ -32,7 +34,7 @@ from typing import Any
 import trio
 
 from omnitrio.config import PipelineConfig, load
-from omnitrio.errors import ConfigError
+from omnitrio.errors import ConfigError, StartupError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "speech.toml"
 log = logging.getLogger("omnitrio.cli")
@@ -73,17 +75,32 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--graceful-timeout", type=float, default=5.0, help="seconds in-flight requests get on shutdown (default: 5)"
     )
+    serve.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="deadline of each request; past it the client gets a timeout error (default: the config's "
+        "default_timeout, else the server's 300; 0: none)",
+    )
     overrides(serve)
 
     run = commands.add_parser(
         "run",
         help="run one request from the shell and print its streamed output",
-        description="Submit INPUT to the pipeline and print what it streams, then the result as JSON. "
+        description="Submit INPUT to the pipeline and print what it streams, one line per chunk (text as a JSON "
+        "string, so its spaces show), then the result as JSON. "
         'INPUT is JSON when it parses as JSON (e.g. \'{"task": "speech", "input": "Hello."}\'), '
         "otherwise a plain string; '-' reads it from stdin.",
     )
     run.add_argument("--config", type=Path, help="pipeline TOML file (default: the offline speech pipeline)")
-    run.add_argument("--audio-out", type=Path, metavar="FILE.wav", help="also write streamed audio to a WAV file")
+    run.add_argument(
+        "--audio-out",
+        type=Path,
+        metavar="FILE.wav",
+        help="also write the audio (streamed, or the result's 'audio') to a WAV file; exit 1, saying so, "
+        "when the pipeline sent none",
+    )
     run.add_argument("--timeout", type=float, default=None, help="deadline of the request in seconds")
     overrides(run)
     run.add_argument("input", metavar="INPUT", help="the request inputs (JSON or text; '-' for stdin)")
@@ -126,7 +143,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         print(f"omnitrio: error: {exc}", file=sys.stderr)
         return 2
+    except StartupError as exc:
+        print(startup_failure(exc), file=sys.stderr)
+        return 1
     raise AssertionError(args.command)
+
+
+def startup_failure(exc: StartupError) -> str:
+    """One line naming the stage and the error, then the traceback of what raised it, once."""
+    summary, _, details = str(exc).partition("\n")
+    if not details and exc.__cause__ is not None:
+        details = "".join(traceback.format_exception(exc.__cause__))
+    return f"omnitrio: error: {summary}\n{details}".rstrip()
 
 
 # -- config ------------------------------------------------------------------------------------
@@ -170,6 +198,8 @@ def describe(config: PipelineConfig) -> str:
     lines = [f"pipeline {config.name!r}: {len(config.stages)} stages, entry {config.entry_stage!r}"]
     if config.terminal_stages_fn:
         lines.append(f"  terminal stages per request: {config.terminal_stages_fn}")
+    if config.serves is not None:
+        lines.append(f"  serves: {', '.join(config.serves)}")
     width = max(len(stage.name) for stage in config.stages)
     for stage in config.stages:
         where = f"[{stage.process}]" if stage.process else "[main]"
@@ -211,6 +241,7 @@ def _serve(args: argparse.Namespace) -> int:
 async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None:
     from omnitrio.runner import open_pipeline
     from omnitrio.serve import serve
+    from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S
 
     names = ", ".join(stage.name for stage in config.stages)
     print(f"omnitrio: starting {config.name!r} ({names}); the first start loads models...", file=sys.stderr)
@@ -220,10 +251,35 @@ async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None
         print(f"omnitrio: pipeline ready in {elapsed:.1f} s", file=sys.stderr)
 
         async with trio.open_nursery() as nursery:
-            serving = partial(serve, pipeline, host=args.host, port=args.port, graceful_timeout=args.graceful_timeout)
+            serving = partial(
+                serve,
+                pipeline,
+                host=args.host,
+                port=args.port,
+                graceful_timeout=args.graceful_timeout,
+                request_timeout=request_timeout(args.request_timeout, config, DEFAULT_REQUEST_TIMEOUT_S),
+            )
             port = await nursery.start(serving)
             print(f"omnitrio: serving {pipeline.name!r} on http://{args.host}:{port} (Ctrl-C stops)", file=sys.stderr)
     print("omnitrio: stopped", file=sys.stderr)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def request_timeout(flag: float | None, config: PipelineConfig, server_default: float) -> float | None:
+    """The server's deadline: ``--request-timeout`` (0: none), else the config's ``default_timeout``,
+    else ``server_default``."""
+    if flag is not None:
+        return flag or None
+    return server_default if config.default_timeout is None else config.default_timeout
 
 
 def _log_to_stderr() -> None:
@@ -250,15 +306,26 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     inputs = parse_input(args.input)
     try:
-        result = trio.run(_run_async, config, inputs, args)
+        result, wrote_audio = trio.run(_run_async, config, inputs, args)
     except RequestError as exc:
-        print(f"\nomnitrio: request failed: {exc}", file=sys.stderr)
+        print(f"omnitrio: request failed: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(summarize(result), indent=2, default=str))
+    if args.audio_out is not None and not wrote_audio:
+        hint = ""
+        if isinstance(inputs, str):
+            hint = (
+                "; a plain-string INPUT asks for text (a chat turn in the shipped pipelines): ask for audio with "
+                f"{shlex.quote(json.dumps({'task': 'speech', 'input': inputs}))} or a chat with "
+                '"modalities": ["text", "audio"]'
+            )
+        print(f"omnitrio: error: the pipeline sent no audio; {args.audio_out} was not written{hint}", file=sys.stderr)
+        return 1
     return 0
 
 
-async def _run_async(config: PipelineConfig, inputs: Any, args: argparse.Namespace) -> Any:
+async def _run_async(config: PipelineConfig, inputs: Any, args: argparse.Namespace) -> tuple[Any, bool]:
+    """Stream one request, one printed line per chunk; the result, and whether audio was written."""
     from omnitrio.messages import CompleteMessage, StreamMessage
     from omnitrio.runner import open_pipeline
 
@@ -267,16 +334,17 @@ async def _run_async(config: PipelineConfig, inputs: Any, args: argparse.Namespa
         async with pipeline.stream("cli-run", inputs, timeout=args.timeout) as messages:
             async for message in messages:
                 match message:
-                    case StreamMessage(chunk=str(text)):
-                        print(text, end="", flush=True)
+                    case StreamMessage(chunk=str(text), from_stage=stage, modality=modality):
+                        print(f"[{stage} {modality or 'text'}] {json.dumps(text)}", flush=True)
                     case StreamMessage(chunk=chunk, from_stage=stage, modality=modality):
                         audio.add(chunk)
                         print(f"[{stage} {modality or 'stream'}: {json.dumps(summarize(chunk), default=str)}]")
                     case CompleteMessage():
                         continue
-        print()
-        audio.close()
-        return messages.result
+        result = messages.result
+    if not audio.written and isinstance(result, dict):
+        audio.add(result.get("audio"))  # a pipeline that hands its audio over only in the result
+    return result, audio.close()
 
 
 def summarize(value: Any) -> Any:
@@ -301,6 +369,10 @@ class _AudioSink:
         self.path = path
         self._wav: wave.Wave_write | None = None
 
+    @property
+    def written(self) -> bool:
+        return self._wav is not None
+
     def add(self, chunk: Any) -> None:
         if self.path is None or not isinstance(chunk, dict) or "pcm" not in chunk:
             return
@@ -316,10 +388,13 @@ class _AudioSink:
             self._wav.setframerate(int(chunk["sample_rate"]))
         self._wav.writeframes(pcm.astype("<i2").tobytes())
 
-    def close(self) -> None:
-        if self._wav is not None:
-            self._wav.close()
-            print(f"omnitrio: audio written to {self.path}", file=sys.stderr)
+    def close(self) -> bool:
+        """Finish the file; whether there was one."""
+        if self._wav is None:
+            return False
+        self._wav.close()
+        print(f"omnitrio: audio written to {self.path}", file=sys.stderr)
+        return True
 
 
 # -- trace -------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ import msgspec
 from omnitrio.errors import ConfigError
 from omnitrio.importing import ImportPathError, import_object
 
+SERVED_TASKS = ("chat", "speech", "transcription", "realtime")
+
 
 class FactoryArgs:
     """Keyword arguments for a stage factory, spelled ``FactoryArgs(max_batch_wait_ms=200)``.
@@ -128,6 +130,10 @@ class PipelineConfig:
     from ~25 to ~17 ms, but its chunks/s fell 13 % (c=1) and 18 % (c=16) and its c=16
     first-chunk p99 rose; the speech pipeline's 8-session realtime turn p50 was 412 ms
     (347-484) against 333 ms (287-508) without it, within this machine's spread."""
+    serves: list[str] | None = None
+    """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
+    ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
+    naming these.  ``None`` offers every route."""
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:
@@ -221,6 +227,7 @@ class _PipelineFields(msgspec.Struct):
     terminal_stages_fn: str | None = None
     transport: Literal["unix", "zmq"] = "unix"
     scheduler_nice: int = 0
+    serves: list[str] | None = None
 
 
 def load(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
@@ -303,6 +310,8 @@ def validate(config: PipelineConfig) -> None:
         raise ConfigError(f"max_in_flight: must be >= 1, got {config.max_in_flight}")
     if config.default_timeout is not None and config.default_timeout <= 0:
         raise ConfigError(f"default_timeout: must be > 0, got {config.default_timeout}")
+    if config.serves is not None and not set(config.serves) <= set(SERVED_TASKS):
+        raise ConfigError(f"serves: must name tasks from {list(SERVED_TASKS)}, got {config.serves!r}")
     if not config.terminal_stages:
         raise ConfigError("stages: no stage is terminal; set terminal=true on the stage whose result is returned")
     if config.terminal_stages_fn is not None:

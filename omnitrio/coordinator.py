@@ -67,6 +67,20 @@ class RequestHandle:
     unacked: set[str] = attrs.field(factory=set)
     released: trio.Event = attrs.field(factory=trio.Event)
     consumed: dict[str, int] = attrs.field(factory=dict)
+    opened: float = attrs.field(factory=trio.current_time)
+    deadline: float = math.inf
+    """When the caller's deadline passes (``trio.current_time()`` clock); inf without one."""
+
+
+@attrs.frozen
+class RequestAges:
+    """How old the coordinator's requests are: ``overdue`` is how many are still in the table
+    past their deadline (a caller not waiting, or a stage not letting go), ``oldest_s`` the age
+    of the oldest (None when there is none)."""
+
+    live: int
+    overdue: int
+    oldest_s: float | None
 
 
 class Coordinator:
@@ -93,6 +107,14 @@ class Coordinator:
     @property
     def live_requests(self) -> int:
         return len(self._requests)
+
+    def request_ages(self) -> RequestAges:
+        """Synchronous, from the trio thread; O(live requests)."""
+        now = trio.current_time()
+        handles = self._requests.values()
+        overdue = sum(1 for handle in handles if handle.deadline < now)
+        oldest = min((handle.opened for handle in handles), default=None)
+        return RequestAges(len(self._requests), overdue, None if oldest is None else now - oldest)
 
     def close(self) -> None:
         """Refuse new requests; fail the live ones (the pipeline is going away)."""
@@ -335,6 +357,7 @@ class RequestStream:
                 self._deadline = trio.current_time() + self._timeout
             coordinator = self._coordinator
             self._handle = coordinator._open(self._request_id, self._inputs, self._params, self._metadata)
+            self._handle.deadline = self._deadline
             token = trio.lowlevel.current_trio_token()
             self._finalizer = weakref.finalize(self, _leave_later, token, coordinator, self._handle)
             self._finalizer.atexit = False

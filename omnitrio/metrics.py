@@ -8,11 +8,14 @@ the simplest way to feed them is to make :meth:`PipelineMetrics.on_event` (or a
 are read at scrape time from a synchronous ``stage_health()`` function the runtime
 supplies, returning ``{stage: {"active_requests": n, "queue_depth": m}}`` (cached values
 are fine; a key left out is not exported; a function that raises is logged and the scrape
-still answers).
+still answers); the request-age gauges likewise from ``request_ages()`` (the coordinator's
+:meth:`~omnitrio.coordinator.Coordinator.request_ages`).
 
 Metric names and labels::
 
     omnitrio_requests_in_flight                        gauge
+    omnitrio_requests_overdue                          gauge      live past their deadline (from request_ages)
+    omnitrio_oldest_request_age_seconds                gauge      (from request_ages; absent when none is live)
     omnitrio_stage_active_requests{stage}              gauge      (from stage_health)
     omnitrio_stage_queue_depth{stage}                  gauge      (from stage_health)
     omnitrio_stage_aborts_total{stage}                 counter    (from stage_health "aborts", optional)
@@ -43,6 +46,8 @@ from omnitrio import events
 log = logging.getLogger(__name__)
 
 StageHealth = Callable[[], Mapping[str, Mapping[str, Any]]]
+RequestAgesFn = Callable[[], Any]
+"""Returns an object with ``overdue`` (int) and ``oldest_s`` (float or None)."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 FIRST_CHUNK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -62,7 +67,13 @@ class _Live:
 class PipelineMetrics:
     """The pipeline's metrics; expose :attr:`registry` (``Pipeline.metrics_registry``) at ``/metrics``."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, stage_health: StageHealth | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        stage_health: StageHealth | None = None,
+        request_ages: RequestAgesFn | None = None,
+    ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         r = self.registry
         self.in_flight = Gauge("omnitrio_requests_in_flight", "Requests submitted and not yet finished", registry=r)
@@ -93,6 +104,8 @@ class PipelineMetrics:
         self.aborts = Counter("omnitrio_aborts", "Aborted requests by reason", ["reason"], registry=r)
         self._stage_collector = _StageCollector(stage_health)
         r.register(self._stage_collector)
+        if request_ages is not None:
+            r.register(_RequestAgeCollector(request_ages))
         self._live: dict[str, _Live] = {}
 
     def set_stage_health(self, stage_health: StageHealth | None) -> None:
@@ -170,6 +183,36 @@ class PipelineMetrics:
                 self.request_rejected()
             case _:
                 return
+
+
+class _RequestAgeCollector(Collector):
+    """How many requests are past their deadline and how old the oldest is, read at scrape time."""
+
+    def __init__(self, request_ages: RequestAgesFn) -> None:
+        self.request_ages = request_ages
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        overdue, oldest = self._families()
+        try:
+            ages = self.request_ages()
+        except Exception:
+            log.exception("metrics: request_ages() failed; the request-age gauges are empty for this scrape")
+            yield from self._families()
+            return
+        overdue.add_metric([], float(ages.overdue))
+        if ages.oldest_s is not None:
+            oldest.add_metric([], float(ages.oldest_s))
+        yield from (overdue, oldest)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("omnitrio_requests_overdue", "Live requests past their deadline"),
+            GaugeMetricFamily("omnitrio_oldest_request_age_seconds", "Age of the oldest live request"),
+        )
 
 
 class _StageCollector(Collector):

@@ -22,7 +22,7 @@ class Pipeline:
         self.name: str = config.name or "omnitrio"
         self.coordinator = coordinator
         self.recorder: EventRecorder | None = recorder_from_env("main")
-        self.metrics = PipelineMetrics(stage_health=self._stage_gauges)
+        self.metrics = PipelineMetrics(stage_health=self._stage_gauges, request_ages=coordinator.request_ages)
         self.metrics_registry = self.metrics.registry
         rec = self.recorder
         coordinator.on_event = combine_hooks(self.metrics.on_event, rec.coordinator_event if rec else None)
@@ -63,8 +63,19 @@ class Pipeline:
         return await self.coordinator.abort(request_id, wait=wait)
 
     async def health(self) -> dict[str, Any]:
-        """``{"requests": n, "stages": {name: {alive, pid, process, active_requests, restarts}}}``."""
+        """``{"requests": n, "overdue_requests": k, "oldest_request_age_s": s | None,
+        "stages": {name: {alive, pid, process, active_requests, restarts}}}``.
+
+        ``overdue_requests`` counts requests still held past their deadline (see
+        ``Coordinator.request_ages``); ``oldest_request_age_s`` is the age of the oldest live one.
+        """
         raise NotImplementedError
+
+    def request_health(self) -> dict[str, Any]:
+        """The request part of :meth:`health` (synchronous, from the trio thread)."""
+        ages = self.coordinator.request_ages()
+        oldest = None if ages.oldest_s is None else round(ages.oldest_s, 3)
+        return {"requests": ages.live, "overdue_requests": ages.overdue, "oldest_request_age_s": oldest}
 
 
 def stage_health(alive: bool, pid: int, process: str, active: int, restarts: int) -> dict[str, Any]:

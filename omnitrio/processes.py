@@ -152,7 +152,7 @@ class ProcessPipeline(Pipeline):
                 self._gauges[stage] = {"active_requests": active, "queue_depth": depth}
                 alive = child.alive and reply is not None
                 stages[stage] = stage_health(alive, pid, child.name, active, child.restarts + stage_restarts)
-        return {"requests": self.coordinator.live_requests, "stages": stages}
+        return {**self.request_health(), "stages": stages}
 
     # -- control messages from children -----------------------------------------------------
 
@@ -209,9 +209,7 @@ class ProcessPipeline(Pipeline):
                 await child.ready.wait()
                 nursery.cancel_scope.cancel()
         if child.startup_error is not None:
-            raise StartupError(
-                f"process {child.name!r} (stages {child.stages}) failed to start:\n{child.startup_error}"
-            )
+            raise StartupError(f"process {child.name!r} (stages {child.stages}) failed to start: {child.startup_error}")
         if scope.cancelled_caught:
             raise StartupError(f"process {child.name!r} did not start within {timeout:g} s (startup_timeout)")
         if not child.alive:
@@ -349,7 +347,12 @@ def child_main(spec: ChildSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     sys.setswitchinterval(0.001)  # a Python-heavy scheduler thread must not stall the IO loop for 5 ms
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    trio.run(_child_run, spec)
+    try:
+        trio.run(_child_run, spec)
+    except BaseExceptionGroup as group:
+        if isinstance(collapse(group), SystemExit):
+            sys.exit(1)  # a start-up failure, already reported to the parent
+        raise
 
 
 async def _child_run(spec: ChildSpec) -> None:
@@ -400,8 +403,7 @@ async def _serve_child(spec: ChildSpec, host: Host, recorder: Any, shutdown: tri
         except BaseException as exc:  # report why, then exit non-zero
             if isinstance(exc, trio.Cancelled):
                 raise
-            text = "".join(traceback.format_exception(exc))
-            host.send_control(MAIN, wire.StartupFailed(spec.process, text))
+            host.send_control(MAIN, wire.StartupFailed(spec.process, startup_report(exc)))
             with trio.move_on_after(2.0):
                 await host.flush()
             nursery.cancel_scope.cancel()
@@ -410,6 +412,16 @@ async def _serve_child(spec: ChildSpec, host: Host, recorder: Any, shutdown: tri
         nursery.start_soon(_exit_with_parent, spec, shutdown)
         await shutdown.wait()
         nursery.cancel_scope.cancel()
+
+
+def startup_report(exc: BaseException) -> str:
+    """One line naming what failed to start, then the traceback of what raised it (a factory's, not ours)."""
+    error = collapse(exc) if isinstance(exc, BaseExceptionGroup) else exc
+    match error:
+        case StartupError(__cause__=BaseException() as cause):
+            return f"{error}\n" + "".join(traceback.format_exception(cause))
+        case _:
+            return f"{type(error).__name__}: {error}\n" + "".join(traceback.format_exception(error))
 
 
 async def _exit_with_parent(spec: ChildSpec, shutdown: trio.Event) -> None:

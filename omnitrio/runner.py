@@ -84,7 +84,7 @@ class InlinePipeline(Pipeline):
             name: stage_health(True, pid, stage.plan.config.process or "main", stage.active_requests, stage.restarts)
             for name, stage in self._stages.items()
         }
-        return {"requests": self.coordinator.live_requests, "stages": stages}
+        return {**self.request_health(), "stages": stages}
 
 
 @asynccontextmanager

@@ -8,23 +8,27 @@ can have at most one live life here.
 
 :class:`RequestLedger` is the one place that decides, under one short lock, whether an
 output may still be emitted and whether an incoming message belongs to an aborted life.
-The rules (see :meth:`RequestLedger.abort`):
+The rules:
 
-* ``abort(rid)`` of a **live** request marks it aborted: its outputs are dropped, even a
-  result computed after the abort.
+* ``abort(rid)`` (:meth:`RequestLedger.abort`, from any thread, out of order) of a **live**
+  request marks it aborted: its outputs are dropped, even a result computed after the
+  abort, and stream messages that follow it in the inbox belong to it and are dropped.
 * ``abort(rid)`` for an id whose ``new_request`` is still **queued** in the inbox, or that
   this scheduler has **never seen**, is remembered (a *drop mark*): the next ``new_request``
-  with that id is dropped and clears the mark, so the id is usable again afterwards.  This
-  is "abort before arrival".
+  with that id, and stream messages before it, are dropped; that ``new_request`` clears the
+  mark.  This is "abort before arrival".
 * ``abort(rid)`` for an id whose last life **already ended** is ignored: the runtime drops
   outputs of inactive requests anyway, and remembering it would silently swallow the
   id's next legitimate life.
-* An ``abort`` message taken from the inbox is *in order*: whatever of that life reached
-  this scheduler came before it, so it also clears a drop mark instead of leaving one that
-  nothing would ever consume.
 * Streaming schedulers *retire* ids whose life ended by abort or failure: stream messages
-  for a retired id are dropped (late chunks never recreate state) until the next
-  ``new_request`` for it, which starts a fresh life.
+  for a retired id are dropped (late chunks never recreate state).
+* An ``abort`` message taken from the inbox (:meth:`RequestLedger.close_in_order`) is the
+  **boundary** between two lives: whatever of the old life reached this scheduler came
+  before it, and whatever follows it belongs to a new life.  It ends the live life (if
+  any) and clears every mark of the id, so a new life that begins with stream data (a
+  stage that accepts stream data before its payload) is not mistaken for the old one.
+  A runtime that never sends abort messages still gets a fresh life from the next
+  ``new_request``.
 
 All memory of ended ids is bounded (:data:`ID_MEMORY`, oldest forgotten first).
 """
@@ -82,7 +86,7 @@ class Mark(enum.Enum):
     DROP_NEXT = "drop-next"
     """Aborted before its ``new_request`` was consumed: drop that ``new_request``."""
     RETIRED = "retired"
-    """Life ended by abort/failure at a streaming stage: drop stream messages until a new life."""
+    """Life ended by abort/failure at a streaming stage: drop stream messages until the boundary."""
 
 
 @attrs.define(eq=False)
@@ -97,6 +101,15 @@ class Life:
     payload: Any = None
     has_payload: bool = False
     aborted: bool = False
+
+
+@attrs.frozen
+class Boundary:
+    """What an in-order ``abort`` message ended: the live ``life`` (or None), and whether
+    that abort is the one that aborted it (no out-of-order ``abort()`` came first)."""
+
+    life: Life | None
+    newly_aborted: bool
 
 
 class Admission(enum.Enum):
@@ -147,19 +160,18 @@ class RequestLedger:
     def admit_stream(self, request_id: str, *, is_done: bool) -> Life | None:
         """A stream message was consumed: the life it belongs to, or None to drop it.
 
-        Stream messages for aborted or retired ids are dropped.  A ``stream_done`` for an
-        id whose life just ended is late (it raced the result) and dropped too; a chunk
-        for such an id starts a new life (stream-before-payload of a reused id).
+        Stream messages for aborted, retired or drop-marked ids are dropped.  A
+        ``stream_done`` for an id whose life completed is late (it raced the result) and
+        dropped too; a chunk for such an id starts a new life (stream-before-payload of a
+        reused id).
         """
         with self._lock:
             if request_id in self._marks:
                 return None
             life = self._live.get(request_id)
-            if life is not None and not life.aborted:
-                return life
-            if life is not None and is_done:
-                return None
-            if life is None and is_done and request_id in self._ended:
+            if life is not None:
+                return None if life.aborted else life
+            if is_done and request_id in self._ended:
                 return None
             self._ended.pop(request_id)
             life = self._live[request_id] = Life(request_id)
@@ -193,15 +205,13 @@ class RequestLedger:
                 self._ended.put(life.request_id, None)
             return not life.aborted
 
-    def end_aborted(self, request_id: str) -> None:
-        """End the live life of ``request_id`` if it was aborted (its state has been cleared)."""
+    def is_current(self, life: Life) -> bool:
+        """Whether ``life`` is still the live life of its id (not yet ended)."""
         with self._lock:
-            life = self._live.get(request_id)
-        if life is not None and life.aborted:
-            self.end(life)
+            return self._live.get(life.request_id) is life
 
-    def abort(self, request_id: str, *, in_order: bool) -> Life | bool:
-        """Apply an abort; see the module docstring for the rules.
+    def abort(self, request_id: str) -> Life | bool:
+        """Apply an out-of-order abort (any thread); see the module docstring for the rules.
 
         Returns the live life it aborted (the caller cleans up its state), True when it
         left a drop mark, False when there was nothing to do (already aborted or ended).
@@ -214,17 +224,28 @@ class RequestLedger:
                 life.aborted = True
                 return life
             mark = self._marks.get(request_id)
-            if in_order:
-                if mark is Mark.DROP_NEXT:
-                    self._marks.pop(request_id)
-                    self._ended.put(request_id, None)
-                return False
             if mark is Mark.DROP_NEXT:
                 return False
             if self._is_queued(request_id) or (mark is None and request_id not in self._ended):
                 self._marks.put(request_id, Mark.DROP_NEXT)
                 return True
             return False
+
+    def close_in_order(self, request_id: str) -> Boundary:
+        """An ``abort`` message was consumed (scheduler thread): end the id's life here.
+
+        What follows in the inbox starts a new life.  The returned :class:`Boundary` holds
+        the life it ended, if one was live (the caller clears that life's state).
+        """
+        with self._lock:
+            self._marks.pop(request_id)
+            self._ended.pop(request_id)
+            life = self._live.pop(request_id, None)
+            if life is None:
+                return Boundary(None, newly_aborted=False)
+            newly_aborted = not life.aborted
+            life.aborted = True
+            return Boundary(life, newly_aborted=newly_aborted)
 
     def live_count(self) -> int:
         with self._lock:

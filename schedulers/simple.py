@@ -24,8 +24,9 @@ woken).  What a caller may rely on:
 * **Abort** (:meth:`abort`, from any thread, never blocks): see :mod:`schedulers._idsets`
   for the exact rules.  An aborted request produces no output, even if its compute was
   already running (the result is dropped); ``abort_callback(rid)`` runs once for every
-  abort that took effect, on the thread that aborted (keep it short).  ``abort``
-  messages in the inbox are applied in order.
+  abort that took effect, on the thread that aborted (keep it short).  An ``abort``
+  message in the inbox is applied in order and ends the id's life here: what follows it
+  belongs to a new life of the id.
 * **Shutdown**: :meth:`stop` (any thread) puts a sentinel in the inbox; :meth:`start`
   finishes the batch in hand, waits for running workers, calls ``shutdown_callback``
   and returns.  Requests still queued get no output.
@@ -47,6 +48,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
+import attrs
+
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
 from schedulers._idsets import Admission, Life, RequestLedger
 
@@ -64,8 +67,15 @@ class Control(enum.Enum):
     """
 
     STOP = "stop"
-    CLEANUP = "cleanup"  # clear the thread-owned state of an aborted life
-    RELEASE = "release"  # clear the thread-owned state of a life completed off-thread
+
+
+@attrs.frozen(eq=False)
+class Cleanup:
+    """Private inbox message data: clear the thread-owned state of ``life``, which was
+    aborted (``completed=False``) or completed (``True``) on another thread."""
+
+    life: Life
+    completed: bool
 
 
 class AsyncCaller:
@@ -216,7 +226,12 @@ class SimpleScheduler:
 
     def abort(self, request_id: str) -> None:
         """Abort ``request_id`` from any thread; never blocks on a running compute."""
-        self._apply_abort(request_id, in_order=False)
+        outcome = self._ledger.abort(request_id)
+        if outcome is False:
+            return
+        if isinstance(outcome, Life):
+            self._on_life_aborted(outcome)
+        self._notify_abort(request_id)
 
     # -- the scheduler thread -------------------------------------------------------
 
@@ -244,10 +259,10 @@ class SimpleScheduler:
         match msg:
             case IncomingMessage(type="new_request"):
                 return self._admit(msg)
-            case IncomingMessage(type="abort", data=Control()):
-                self._on_control(msg.request_id, msg.data)
+            case IncomingMessage(type="abort", data=Cleanup() as cleanup):
+                self._on_cleanup(cleanup)
             case IncomingMessage(type="abort"):
-                self._apply_abort(msg.request_id, in_order=True)
+                self._close_in_order(msg.request_id)
             case _:
                 self._on_stream_message(msg)
         return None
@@ -267,8 +282,8 @@ class SimpleScheduler:
         """A consumed ``new_request``: the life to compute, or None when handled here."""
         return life
 
-    def _on_control(self, request_id: str, control: Control) -> None:
-        """Private inbox messages other than STOP (used by the streaming subclass)."""
+    def _on_cleanup(self, cleanup: Cleanup) -> None:
+        """A :class:`Cleanup` message (put by the streaming subclass)."""
 
     def _on_stream_message(self, msg: IncomingMessage) -> None:
         """``stream_chunk`` / ``stream_done``: a plain SimpleScheduler has no use for them."""
@@ -395,12 +410,15 @@ class SimpleScheduler:
 
     # -- abort ----------------------------------------------------------------------
 
-    def _apply_abort(self, request_id: str, *, in_order: bool) -> None:
-        outcome = self._ledger.abort(request_id, in_order=in_order)
-        if outcome is False:
-            return
-        if isinstance(outcome, Life):
-            self._on_life_aborted(outcome)
+    def _close_in_order(self, request_id: str) -> None:
+        """An ``abort`` message from the inbox: the boundary between two lives of the id."""
+        boundary = self._ledger.close_in_order(request_id)
+        if boundary.life is not None:
+            self._on_life_closed(boundary.life)
+        if boundary.newly_aborted:
+            self._notify_abort(request_id)
+
+    def _notify_abort(self, request_id: str) -> None:
         if self.abort_callback is not None:
             try:
                 self.abort_callback(request_id)
@@ -409,6 +427,9 @@ class SimpleScheduler:
 
     def _on_life_aborted(self, life: Life) -> None:
         """A live life was just aborted (any thread).  Its compute, queued or running, ends it."""
+
+    def _on_life_closed(self, life: Life) -> None:
+        """An in-order abort ended ``life`` (scheduler thread); a compute still holding it drops its output."""
 
     def _on_scheduler_thread(self) -> bool:
         return self._thread_id == threading.get_ident()
@@ -419,7 +440,7 @@ class SimpleScheduler:
             return any(msg.type == "new_request" and msg.request_id == request_id for msg in self.inbox.queue)
 
 
-__all__ = ["AsyncCaller", "SimpleScheduler"]
+__all__ = ["AsyncCaller", "Cleanup", "SimpleScheduler"]
 
 
 def _duplicate_error(request_id: str) -> ValueError:

@@ -20,7 +20,8 @@ need no locks of their own.  What a subclass may rely on:
   for that request and clears its state; other requests carry on.
 * Abort (and failure) clears all state of the request, ``clear_stream_state`` included;
   chunks or ``stream_done`` of that request arriving later are dropped and never
-  recreate state, until a ``new_request`` with that id starts a new life
+  recreate state, until the in-order ``abort`` message (or a ``new_request`` with that
+  id) marks the start of a new life, which may begin with its chunks
   (:mod:`schedulers._idsets`).
 * ``clear_stream_state(rid)`` runs whenever a request's life here ends (completed,
   failed, aborted; also non-streaming ones), so it must tolerate ids it holds nothing for.
@@ -34,7 +35,7 @@ from typing import Any, Literal
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, StreamItem, put_messages
 from schedulers._idsets import Life
-from schedulers.simple import BatchComputeFn, ComputeFn, Control, SimpleScheduler
+from schedulers.simple import BatchComputeFn, Cleanup, ComputeFn, SimpleScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -135,20 +136,23 @@ class StreamingSimpleScheduler(SimpleScheduler):
                 if life is not None:
                     self._guarded(life, self._done, life)
 
-    def _on_control(self, request_id: str, control: Control) -> None:
-        match control:
-            case Control.CLEANUP:
-                self._clear_state(request_id)
-                self._ledger.end_aborted(request_id)
-            case Control.RELEASE:
-                self._clear_state(request_id)
+    def _on_cleanup(self, cleanup: Cleanup) -> None:
+        life = cleanup.life
+        if cleanup.completed:
+            self._clear_state(life.request_id)
+        elif self._ledger.is_current(life):  # not yet ended by its in-order abort
+            self._clear_state(life.request_id)
+            self._ledger.end(life)
 
     def _on_life_aborted(self, life: Life) -> None:
         if self._on_scheduler_thread():
             self._clear_state(life.request_id)
             self._ledger.end(life)
         else:
-            self.inbox.put(IncomingMessage(life.request_id, "abort", data=Control.CLEANUP))
+            self.inbox.put(IncomingMessage(life.request_id, "abort", data=Cleanup(life, completed=False)))
+
+    def _on_life_closed(self, life: Life) -> None:
+        self._clear_state(life.request_id)
 
     def _final(self, life: Life, kind: Literal["result", "error"], data: Any) -> OutgoingMessage | None:
         self._clear_state(life.request_id)
@@ -189,7 +193,7 @@ class StreamingSimpleScheduler(SimpleScheduler):
         if self._on_scheduler_thread():
             self._clear_state(life.request_id)
         else:
-            self.inbox.put(IncomingMessage(life.request_id, "abort", data=Control.RELEASE))
+            self.inbox.put(IncomingMessage(life.request_id, "abort", data=Cleanup(life, completed=True)))
         if self._ledger.end(life) and messages:
             put_messages(self.outbox, messages)
 

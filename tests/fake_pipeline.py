@@ -8,6 +8,7 @@ the end (an abort) and when. Words in the request text pick a behaviour:
 - ``fail``: one text chunk, then ``RequestFailed`` from stage ``fake``
 - ``timeout``: ``RequestTimeout`` when the stream is entered
 - ``slow``: 400 chunks 5 ms apart, so a client can leave in the middle
+- ``mute``: no audio at all, whatever the task
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class FakePipeline:
         rid, inputs = request.request_id, request.inputs
         task = inputs["task"]
         reply = self._reply(inputs)
-        with_audio = task in ("speech", "realtime") or "audio" in inputs.get("modalities", ())
+        with_audio = "mute" not in words and (task in ("speech", "realtime") or "audio" in inputs.get("modalities", ()))
         with_text = task in ("chat", "transcription")
         chunk_id = 0
         count = 400 if "slow" in words else len(reply)

@@ -16,12 +16,12 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_finds_nothing() -> None:
-    result = run("ruff", "check", "omnitrio", "schedulers", "tests", "bench")
+    result = run("ruff", "check", "omnitrio", "schedulers", "tests", "bench", "examples")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_code_is_formatted() -> None:
-    result = run("ruff", "format", "--check", "omnitrio", "schedulers", "tests", "bench")
+    result = run("ruff", "format", "--check", "omnitrio", "schedulers", "tests", "bench", "examples")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

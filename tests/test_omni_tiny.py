@@ -237,3 +237,15 @@ def test_qwen3_omni_gpu_config_validates_without_importing_sglang() -> None:
     config = load(CONFIGS / "qwen3-omni.toml")
     assert config.stage("thinker").factory_path == "schedulers.ar.sglang_backend.create_sglang_scheduler"
     assert "sglang" not in sys.modules
+
+
+async def test_speech_and_transcription_are_404_naming_the_chat_route(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
+        speech = await client.post("/v1/audio/speech", json={"input": "hello", "voice": "alloy"})
+        transcription = await client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"RIFF")})
+        models = await client.get("/v1/models")
+    for response in (speech, transcription):
+        assert response.status_code == 404
+        assert "'omni-tiny' does not serve" in response.json()["error"]["message"]
+        assert "it serves POST /v1/chat/completions" in response.json()["error"]["message"]
+    assert models.json()["data"][0]["serves"] == ["POST /v1/chat/completions"]

@@ -102,13 +102,15 @@ async def test_chat_whole_audio_answer_is_a_24khz_wav(served: Served) -> None:
     assert audio.transcript == "echo: x "
 
 
-async def test_speech_wav_streams_a_readable_wav_at_the_pipeline_rate(served: Served) -> None:
+async def test_speech_wav_is_a_complete_file_with_its_real_sizes(served: Served) -> None:
     def speak(c: Any) -> bytes:
         return c.audio.speech.create(model="fake-omni", voice="alloy", input="one two", response_format="wav").content
 
-    with wave.open(io.BytesIO(await call(served, speak))) as wav:
-        assert wav.getframerate() == 16_000
+    data = await call(served, speak)
+    with wave.open(io.BytesIO(data)) as wav:
+        assert (wav.getframerate(), wav.getnframes()) == (16_000, 3 * 1600)
         assert len(wav.readframes(1 << 20)) == 3 * 1600 * 2
+    assert int.from_bytes(data[4:8], "little") == len(data) - 8  # the RIFF size, as soxi and players read it
 
 
 async def test_speech_pcm_is_raw_pcm16_at_24khz(served: Served) -> None:

@@ -137,3 +137,40 @@ def test_streaming_session_with_server_vad_reports_turn_boundaries(
     until_final(streaming_stage, "vabort")
     assert [event["type"] for event in events] == ["speech_started", "speech_stopped"]
     assert events[0]["audio_start_ms"] < 500 < events[1]["audio_end_ms"]
+
+
+def semantic_session_events(streaming_stage: Any, sid: str, clip: np.ndarray) -> list[dict[str, Any]]:
+    config = {"sample_rate": 16_000, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
+    streaming_stage.inbox.put(session(f"{sid}open", "open", sid, config=config))
+    until_final(streaming_stage, f"{sid}open")
+    streaming_stage.inbox.put(session(f"{sid}append", "append", sid, chunk=clip))
+    outputs = until_final(streaming_stage, f"{sid}append")
+    streaming_stage.inbox.put(session(f"{sid}abort", "abort", sid))
+    until_final(streaming_stage, f"{sid}abort")
+    return [m.data for m in outputs if m.metadata and m.metadata["modality"] == "vad"]
+
+
+def test_semantic_vad_ends_a_complete_turn_after_a_short_silence(streaming_stage: Any) -> None:
+    tts = shared_synthesizer(variation=0.0)
+    speech = resample(tts.synthesize("What is the capital of France?"), tts.sample_rate, 16_000)
+    clip = np.concatenate([np.zeros(4800, np.float32), speech, np.zeros(16_000, np.float32)])
+    started, paused, stopped = semantic_session_events(streaming_stage, "sem1", clip)
+    assert (started["type"], paused["type"], stopped["type"]) == ("speech_started", "speech_paused", "speech_stopped")
+    assert paused["turn_complete"] and heard_as(paused["transcript"], "What is the capital of France?")
+    assert stopped["audio_end_ms"] - paused["audio_ms"] == 50  # "auto": 250 ms of silence, judged at 200
+
+
+def test_semantic_vad_waits_when_the_words_are_unfinished(streaming_stage: Any) -> None:
+    tts = shared_synthesizer(variation=0.0)
+    speech = resample(tts.synthesize("I would like to book a table for"), tts.sample_rate, 16_000)
+    clip = np.concatenate([np.zeros(4800, np.float32), speech, np.zeros(32_000, np.float32)])
+    started, paused = semantic_session_events(streaming_stage, "sem2", clip)  # 2 s of silence: not over yet
+    assert (started["type"], paused["type"]) == ("speech_started", "speech_paused")
+    assert not paused["turn_complete"]
+
+
+def test_semantic_vad_names_a_bad_eagerness(streaming_stage: Any) -> None:
+    config = {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}
+    streaming_stage.inbox.put(session("bad_open", "open", "sem3", config=config))
+    (error,) = until_final(streaming_stage, "bad_open")
+    assert error.type == "error" and "eagerness" in str(error.data)

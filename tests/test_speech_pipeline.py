@@ -138,3 +138,40 @@ async def test_a_request_without_a_known_task_fails_naming_the_field() -> None:
     async with speech_pipeline() as pipeline:
         with pytest.raises(RequestFailed, match="'task' set to one of"):
             await pipeline.submit("bad", {"task": "dance"})
+
+
+def wav_part(samples: np.ndarray, rate: int = 16_000) -> dict[str, Any]:
+    from omnitrio.serve.audio import b64, encode_wav, float_to_pcm16
+
+    return {
+        "type": "input_audio",
+        "input_audio": {"data": b64(encode_wav(float_to_pcm16(samples), rate)), "format": "wav"},
+    }
+
+
+@pytest.mark.slow
+async def test_chat_input_audio_is_transcribed_and_answered_like_text(nursery: Any) -> None:
+    import openai
+    import trio
+
+    from tests.fake_pipeline import start_server
+
+    messages = [{"role": "user", "content": [wav_part(spoken(SENTENCE, 22_050), 22_050)]}]
+
+    def ask(url: str) -> tuple[Any, Any]:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+            text = client.chat.completions.create(model="omnitrio-speech", messages=messages)
+            spoken_answer = client.chat.completions.create(
+                model="omnitrio-speech",
+                messages=messages,
+                modalities=["text", "audio"],
+                audio={"voice": "alloy", "format": "wav"},
+            )
+            return text, spoken_answer
+
+    async with speech_pipeline() as pipeline:
+        served = await start_server(nursery, pipeline)  # type: ignore[arg-type]
+        text, spoken_answer = await trio.to_thread.run_sync(ask, served.url)
+    assert heard_as(text.choices[0].message.content, SENTENCE)  # the repeat responder says what it heard
+    audio = spoken_answer.choices[0].message.audio
+    assert heard_as(audio.transcript, SENTENCE) and len(audio.data) > 10_000

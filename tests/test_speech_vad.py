@@ -73,3 +73,48 @@ def test_event_ms_follows_openai_fields() -> None:
 def test_bad_server_vad_parameters_are_named(kwargs: dict[str, float], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         VoiceActivityDetector(backend="energy", **kwargs)  # type: ignore[arg-type]
+
+
+def tone(seconds: float) -> np.ndarray:
+    return (0.3 * np.sin(np.arange(int(16_000 * seconds)) * 0.2)).astype(np.float32)
+
+
+def quiet(seconds: float) -> np.ndarray:
+    return np.zeros(int(16_000 * seconds), np.float32)
+
+
+def test_a_judged_pause_sets_the_silence_that_ends_the_turn() -> None:
+    verdicts = iter([1000, 250])  # "not over" at the first pause, "complete" at the second
+    asked: list[tuple[int, int]] = []
+
+    def judge(start: int, paused_at: int) -> int:
+        asked.append((start, paused_at))
+        return next(verdicts)
+
+    detector = VoiceActivityDetector(
+        scorer=EnergyScorer(), prefix_padding_ms=0, silence_duration_ms=4000, pause_ms=200, judge_pause=judge
+    )
+    clip = np.concatenate([quiet(0.5), tone(1.0), quiet(0.5), tone(0.5), quiet(2.0)])
+    events = feed_in_pieces(detector, clip)
+    assert [e.type for e in events] == [
+        "speech_started",
+        "speech_paused",
+        "speech_resumed",
+        "speech_paused",
+        "speech_stopped",
+    ]
+    started, first_pause, _, second_pause, stopped = events
+    assert asked == [(started.sample, first_pause.sample), (started.sample, second_pause.sample)]
+    assert stopped.sample - (second_pause.sample - 3200) == 4000  # 250 ms after the speech, not 4 s
+
+
+def test_a_pause_judged_complete_at_once_stops_the_turn_there() -> None:
+    detector = VoiceActivityDetector(scorer=EnergyScorer(), pause_ms=200, judge_pause=lambda start, at: 0)
+    events = feed_in_pieces(detector, np.concatenate([quiet(0.5), tone(1.0), quiet(1.0)]))
+    assert [e.type for e in events] == ["speech_started", "speech_paused", "speech_stopped"]
+    assert events[1].sample == events[2].sample
+
+
+def test_judging_pauses_needs_a_pause() -> None:
+    with pytest.raises(ValueError, match="pause_ms"):
+        VoiceActivityDetector(scorer=EnergyScorer(), judge_pause=lambda start, at: 0)

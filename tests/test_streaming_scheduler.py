@@ -189,11 +189,54 @@ def test_abort_message_clears_streaming_request() -> None:
     with running(Collector(compute_fn=echo)) as s:
         put_atomically(s.inbox, [new("r1", STREAM), chunk("r1", 0, 1)])
         take(s.outbox)
-        put_atomically(s.inbox, [IncomingMessage("r1", "abort"), chunk("r1", 1, 2), done("r1")])
+        s.inbox.put(IncomingMessage("r1", "abort"))
         fence(s)
         assert s.stream_payloads == {}
         assert s.collected == {}
+        assert "r1" in s.cleared
     assert s.outbox.empty()
+
+
+def test_what_follows_the_abort_message_is_a_new_life_even_chunks_first() -> None:
+    """The runtime's order: abort() now, the abort message in order, then the reused id's
+    new life, whose chunks may come before its payload (stream before payload)."""
+    aborted: list[str] = []
+    with running(Collector(compute_fn=echo, abort_callback=aborted.append)) as s:
+        put_atomically(s.inbox, [chunk("r1", 0, 1), chunk("r1", 1, 2)])
+        take(s.outbox, 2)
+        s.abort("r1")
+        put_atomically(s.inbox, [chunk("r1", 2, 3), IncomingMessage("r1", "abort")])
+        put_atomically(s.inbox, [chunk("r1", 0, 7), done("r1"), new("r1", STREAM)])
+        streamed, tail, result = take(s.outbox, 3)
+    assert (streamed.data, tail.data) == (14, "tail")
+    assert result.data.data == {"chunks": [7]}
+    assert aborted == ["r1"]
+
+
+def test_an_abort_message_alone_also_starts_a_new_life() -> None:
+    """Without a prior abort() call (another runtime), the message aborts and ends the life."""
+    aborted: list[str] = []
+    with running(Collector(compute_fn=echo, abort_callback=aborted.append)) as s:
+        s.inbox.put(chunk("r1", 0, 1))
+        take(s.outbox)
+        put_atomically(s.inbox, [IncomingMessage("r1", "abort"), chunk("r1", 0, 5), done("r1"), new("r1", STREAM)])
+        streamed, tail, result = take(s.outbox, 3)
+    assert (streamed.data, tail.data) == (10, "tail")
+    assert result.data.data == {"chunks": [5]}
+    assert aborted == ["r1"]
+
+
+def test_a_new_life_after_a_failure_may_begin_with_its_end_of_stream() -> None:
+    with running(Collector(compute_fn=echo)) as s:
+        s.fail_on.add("r1")
+        s.inbox.put(chunk("r1", 0, 1))
+        assert take(s.outbox)[0].type == "error"
+        s.fail_on.clear()
+        put_atomically(s.inbox, [chunk("r1", 1, 2), IncomingMessage("r1", "abort")])
+        put_atomically(s.inbox, [done("r1"), new("r1", STREAM)])
+        tail, result = take(s.outbox, 2)
+    assert tail.data == "tail"
+    assert result.data.data == {"chunks": []}
 
 
 def test_id_is_reusable_after_abort() -> None:

@@ -4,10 +4,17 @@ The reference runtime pulls in the whole ``sglang`` package (a CUDA torch) throu
 dependency list; the pipeline core needs only the small packages below and three names
 from ``sglang``, which ``bench/peer/stub`` provides.  Nothing here installs an unpinned
 torch or ``sglang`` itself.
+
+pip runs without this shell's ``PYTHONPATH``, ``PIP_TARGET`` and the like, so it judges what is
+installed by what the peer will see.  After installing, :func:`setup` imports every dependency and
+the peer runtime in the venv; the venv counts as ready (:func:`is_ready`) only when all of them
+import, and otherwise setup names what does not and says what to do.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import venv
@@ -16,18 +23,32 @@ from pathlib import Path
 PEER_DIR = Path(__file__).resolve().parent
 BENCH_DIR = PEER_DIR.parent
 VENV = BENCH_DIR / ".peer-venv"
+READY = VENV / "omnitrio-peer-ready"
 PEER_PACKAGE = "sglang-omni==0.1.9"
-# The pipeline core's own imports, pinned to what was measured with.
-PEER_DEPS = [
-    "pyzmq==27.3.0",
-    "msgpack==1.2.4",
-    "pydantic==2.14.4",
-    "numpy==2.4.6",
-    "msgspec==0.23.0",
-    "starlette==1.10.0",
-    "huggingface_hub==2.4.0",
-    "torch==2.13.0",  # the CPU wheel from the local find-links; never unpinned
-]
+PEER_MODULE = "sglang_omni.pipeline.mp_runner"
+# The pipeline core's own imports, pinned to what was measured with: requirement -> module.
+PEER_DEPS = {
+    "pyzmq==27.3.0": "zmq",
+    "msgpack==1.2.4": "msgpack",
+    "pydantic==2.14.4": "pydantic",
+    "numpy==2.4.6": "numpy",
+    "msgspec==0.23.0": "msgspec",
+    "starlette==1.10.0": "starlette",
+    "huggingface_hub==2.4.0": "huggingface_hub",
+    "torch==2.13.0": "torch",  # the CPU wheel from the local find-links; never unpinned
+}
+# Settings of the calling shell that would make pip or the peer look somewhere else.
+_FOREIGN = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_TARGET", "PIP_PREFIX", "PIP_USER")
+_PROBE = """
+import importlib, json, sys
+problems = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        problems[name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(problems))
+"""
 
 
 def python() -> Path:
@@ -36,37 +57,67 @@ def python() -> Path:
 
 
 def is_ready() -> bool:
-    """True when the venv exists with the peer installed (cheap: no import, which takes seconds)."""
-    return python().exists() and any(VENV.glob("lib/python*/site-packages/sglang_omni/pipeline/mp_runner.py"))
+    """True once :func:`setup` saw the peer and its dependencies import (cheap: no import)."""
+    return READY.exists()
 
 
-def imports_ok() -> bool:
-    """True when the peer runtime imports with the stub on its path (slow: it imports torch)."""
-    probe = "import sglang_omni.pipeline.mp_runner"
-    result = subprocess.run([str(python()), "-c", probe], env=peer_env(), capture_output=True, check=False)
-    return result.returncode == 0
+def clean_env() -> dict[str, str]:
+    """This environment without what would point pip or Python at other packages."""
+    return {k: v for k, v in os.environ.items() if k not in _FOREIGN}
 
 
 def peer_env() -> dict[str, str]:
     """Environment for peer subprocesses: the stub and bench/peer/seed on PYTHONPATH, nothing else of ours."""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join([str(PEER_DIR / "stub"), str(PEER_DIR / "seed"), str(BENCH_DIR.parent)])
     return env
 
 
+def import_problems(interpreter: Path, modules: list[str]) -> dict[str, str]:
+    """``{module: error}`` for each of ``modules`` that does not import with ``interpreter`` and the peer's path."""
+    try:
+        done = subprocess.run(
+            [str(interpreter), "-c", _PROBE, *modules], env=peer_env(), capture_output=True, text=True, check=False
+        )
+    except OSError as exc:
+        return {str(interpreter): f"cannot run: {exc}"}
+    if done.returncode != 0:
+        return {str(interpreter): f"exited {done.returncode}: {done.stderr.strip()[-300:]}"}
+    problems: dict[str, str] = json.loads(done.stdout.splitlines()[-1])
+    return problems
+
+
+def advice(problems: dict[str, str]) -> str:
+    """What did not import, and the commands that fix it."""
+    lines = ["the peer venv was built, but this does not import in it:"]
+    lines += [f"  {name}: {error}" for name, error in problems.items()]
+    wanted = [req for req, module in PEER_DEPS.items() if module in problems]
+    pip = f"{os.path.relpath(python())} -m pip install"
+    lines.append("What to do:")
+    if wanted:
+        lines.append(f"  {pip} {' '.join(wanted)}")
+    if PEER_MODULE in problems:
+        lines.append(f"  {pip} --no-deps --force-reinstall {PEER_PACKAGE}")
+    lines.append("  then run `python -m bench.peer setup` again (it checks the imports again).")
+    lines.append(
+        f"  If pip says they are installed already, remove {os.path.relpath(VENV)} and run setup again "
+        f"from a shell without {', '.join(_FOREIGN)} set."
+    )
+    return "\n".join(lines)
+
+
 def setup() -> None:
-    """Create the venv and install the peer (idempotent)."""
+    """Create the venv, install the peer and check that it imports (idempotent)."""
+    READY.unlink(missing_ok=True)
     if not python().exists():
         print(f"creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True, clear=False).create(VENV)
     pip = [str(python()), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "--no-deps", PEER_PACKAGE], check=True)
-    subprocess.run([*pip, *PEER_DEPS], check=True)
+    subprocess.run([*pip, "--no-deps", PEER_PACKAGE], check=True, env=clean_env())
+    subprocess.run([*pip, *PEER_DEPS], check=True, env=clean_env())
     # pip reports sglang-omni's unmet requirements above; they are deliberately not installed.
-    if not imports_ok():
-        probe = [str(python()), "-c", "import sglang_omni.pipeline.mp_runner"]
-        subprocess.run(probe, env=peer_env(), check=False)
-        sys.exit("peer venv built but sglang_omni.pipeline.mp_runner does not import (traceback above)")
+    problems = import_problems(python(), [*PEER_DEPS.values(), PEER_MODULE])
+    if problems:
+        sys.exit(advice(problems))
+    READY.touch()
     print(f"peer ready: {python()}", flush=True)

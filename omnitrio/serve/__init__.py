@@ -9,7 +9,8 @@ every stage. The request id is the response id the client sees (``chatcmpl-…``
 What the server hands a pipeline (``inputs``), by route:
 
 - chat: ``{"task": "chat", "messages": [OpenAI messages], "modalities": ["text"] | ["text", "audio"],
-  "audio": {"voice": str, "format": str} | None, "max_tokens": int | None, "temperature": float | None}``
+  "audio": {"voice": str, "format": str} | None, "max_tokens": int | None, "temperature": float | None}``;
+  the messages as the client sent them, ``input_audio`` parts included (checked to decode first)
 - speech: ``{"task": "speech", "input": str, "voice": str, "speed": float}``
 - transcription: ``{"task": "transcription", "audio": float32 mono numpy array at 16 kHz,
   "language": str | None, "prompt": str | None}``
@@ -27,6 +28,9 @@ and finally ``CompleteMessage.result``: a dict that may carry ``"text"``, ``"tra
 meaning ``{"text": ...}``. Fields the pipeline did not stream are taken from the result, so a
 pipeline that does not stream is served too. With several terminal stages, the first result to
 name a field wins.
+
+Only the routes whose task the pipeline serves are offered (``PipelineConfig.serves``; all when
+unset); a ``voice`` is ``"default"`` or an OpenAI voice name, and the pipeline gets it as sent.
 
 Audio at the API edge is PCM16 mono: chat and realtime at 24 kHz, speech ``pcm`` at 24 kHz, speech
 ``wav`` at the pipeline's rate. Admission errors raised when entering ``pipeline.stream``

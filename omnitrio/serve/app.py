@@ -2,12 +2,17 @@
 
 :func:`create_app` builds a Starlette app around one pipeline. It runs on any ASGI server whose
 async library is trio (routes use trio directly); :mod:`omnitrio.serve.server` runs it on hypercorn.
-Unknown routes and methods answer 404/405 with the OpenAI error body; an unexpected exception
-answers 500 ``internal server error`` with the traceback in the log, never in the body.
+Unknown routes and methods answer 404/405 with the OpenAI error body; a route whose task the
+pipeline does not serve (``PipelineConfig.serves``) answers 404 naming the routes it does serve,
+and ``/v1/models`` lists them per model (``serves``). A plain HTTP request to ``/v1/realtime`` answers
+426 saying to connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
+An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
+in the body.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -17,24 +22,45 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServeContext, ServedPipeline
+from omnitrio.serve.context import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    ServeContext,
+    ServedPipeline,
+    served_tasks,
+)
 from omnitrio.serve.realtime import realtime_endpoint
 from omnitrio.serve.speech import create_speech
 from omnitrio.serve.transcription import create_transcription
 
 
 def create_app(
-    pipeline: ServedPipeline, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout: float | None = None
+    pipeline: ServedPipeline,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+    serves: Iterable[str] | None = None,
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
     ``max_body_bytes`` caps request bodies and uploads (413 beyond); ``request_timeout`` is the
-    per-request deadline handed to the pipeline (504 when it passes; None: no deadline).
+    deadline of each pipeline request, in seconds (a realtime session's each response and each
+    turn-detection command, not the socket): past it the client gets a 504 ``timeout`` error
+    (an ``error`` event on a stream or socket).  None leaves the pipeline's own
+    ``default_timeout``, which may be no deadline at all.
+    ``serves`` names the tasks offered (``"chat"``, ``"speech"``, ``"transcription"``,
+    ``"realtime"``); None takes ``pipeline.config.serves``, and offers every route when that is unset.
     """
-    ctx = ServeContext(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout)
+    ctx = ServeContext(
+        pipeline,
+        served_tasks(pipeline, serves),
+        max_body_bytes=max_body_bytes,
+        request_timeout=request_timeout,
+    )
     routes = [
         Route("/health", partial(_health, ctx), methods=["GET"]),
         Route("/metrics", partial(_metrics, ctx), methods=["GET"]),
@@ -43,7 +69,8 @@ def create_app(
         Route("/v1/chat/completions", partial(chat_completions, ctx), methods=["POST"]),
         Route("/v1/audio/speech", partial(create_speech, ctx), methods=["POST"]),
         Route("/v1/audio/transcriptions", partial(create_transcription, ctx), methods=["POST"]),
-        WebSocketRoute("/v1/realtime", partial(realtime_endpoint, ctx)),
+        Route("/v1/realtime", partial(_realtime_over_http, ctx), methods=["GET"]),
+        WebSocketRoute("/v1/realtime", partial(_realtime, ctx)),
     ]
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     return Starlette(routes=routes, exception_handlers=handlers)
@@ -91,7 +118,13 @@ async def _metrics(ctx: ServeContext, request: Request) -> Response:
 
 
 def _model_card(ctx: ServeContext) -> dict[str, Any]:
-    return {"id": ctx.pipeline.name, "object": "model", "created": ctx.created, "owned_by": "omnitrio"}
+    return {
+        "id": ctx.pipeline.name,
+        "object": "model",
+        "created": ctx.created,
+        "owned_by": "omnitrio",
+        "serves": ctx.routes(),
+    }
 
 
 async def _models(ctx: ServeContext, request: Request) -> Response:
@@ -108,3 +141,36 @@ async def _model(ctx: ServeContext, request: Request) -> Response:
             code="model_not_found",
         )
     return JSONResponse(_model_card(ctx))
+
+
+async def _realtime(ctx: ServeContext, websocket: WebSocket) -> None:
+    """The realtime session, or a 404 answer to the upgrade when the pipeline does not serve realtime."""
+    try:
+        ctx.require("realtime")
+    except ApiError as error:
+        await websocket.send_denial_response(error_response(error))
+        return
+    await realtime_endpoint(ctx, websocket)
+
+
+async def _realtime_over_http(ctx: ServeContext, request: Request) -> Response:
+    """A request that reached ``/v1/realtime`` without a WebSocket upgrade: say what to do instead."""
+    ctx.require("realtime")
+    upgrade = request.headers.get("upgrade")
+    connection = request.headers.get("connection", "")
+    match upgrade:
+        case None:
+            error = ApiError(
+                426,
+                "/v1/realtime is a WebSocket endpoint: connect with a WebSocket client "
+                f"(ws://{request.url.netloc}/v1/realtime), not a plain HTTP request",
+                code="upgrade_required",
+                headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+            )
+        case str() if upgrade.strip().lower() != "websocket":
+            error = ApiError(400, f"the Upgrade header is {upgrade!r}; /v1/realtime needs 'Upgrade: websocket'")
+        case _:
+            error = ApiError(
+                400, f"a WebSocket upgrade needs the header 'Connection: Upgrade'; the request had {connection!r}"
+            )
+    return error_response(error)

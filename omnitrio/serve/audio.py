@@ -147,6 +147,9 @@ def decode_audio_file(data: bytes) -> tuple[np.ndarray, int]:
         raise AudioFormatError("the uploaded audio file is empty")
     try:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+    except soundfile.LibsndfileError as exc:
+        why = exc.error_string.rstrip(".")
+        raise AudioFormatError(f"could not decode the uploaded audio ({why}); send WAV, FLAC, OGG or MP3") from exc
+    except (RuntimeError, TypeError, ValueError) as exc:
         raise AudioFormatError(f"could not decode the uploaded audio ({exc}); send WAV, FLAC, OGG or MP3") from exc
     return samples.mean(axis=1, dtype=np.float32), int(rate)

@@ -6,17 +6,24 @@ Streaming follows OpenAI's audio chat streaming: a first chunk with ``delta.role
 ``finish_reason: "stop"``, an optional usage chunk (``stream_options.include_usage``) and
 ``data: [DONE]``. A whole answer carries ``message.audio.data`` encoded as ``audio.format``
 (``wav`` or ``pcm16``, 24 kHz) and ``message.audio.transcript``.
+
+Messages reach the pipeline as the client sent them. An ``input_audio`` part must carry base64
+``data`` in ``format`` ``wav`` (any rate, a file ``soundfile`` reads) or ``pcm16`` (raw PCM16 mono
+at 24 kHz); one that does not decode is a 400 naming the part, before the pipeline sees it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from typing import Any
 
+import trio
 from starlette.requests import Request
 
-from omnitrio.serve.api_errors import ApiError
-from omnitrio.serve.audio import REALTIME_RATE, b64, encode_wav
+from omnitrio.serve.api_errors import ApiError, bad_request
+from omnitrio.serve.audio import REALTIME_RATE, AudioFormatError, b64, decode_audio_file, encode_wav
 from omnitrio.serve.context import ServeContext, new_id, read_body
 from omnitrio.serve.openai_types import ChatRequest, check_chat, check_model, decode_json
 from omnitrio.serve.output import Delta, Output
@@ -24,9 +31,11 @@ from omnitrio.serve.sse import SSE_DONE, SSE_MEDIA_TYPE, Emitter, WatchedRespons
 
 
 async def chat_completions(ctx: ServeContext, request: Request) -> WatchedResponse:
+    ctx.require("chat")
     body = decode_json(await read_body(request, ctx.max_body_bytes), ChatRequest)
     check_model(body.model, ctx.pipeline.name)
     modalities = check_chat(body)
+    await trio.to_thread.run_sync(check_input_audio, body.messages)
     audio = body.audio
     inputs = {
         "task": "chat",
@@ -43,6 +52,39 @@ async def chat_completions(ctx: ServeContext, request: Request) -> WatchedRespon
     if body.stream:
         return WatchedResponse(chat.stream, media_type=SSE_MEDIA_TYPE, stream_error=_stream_error)
     return WatchedResponse(chat.complete, media_type="application/json")
+
+
+def check_input_audio(messages: list[dict[str, Any]]) -> None:
+    """400 naming the part unless every ``input_audio`` part decodes (blocking: call it off the trio thread)."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == "input_audio":
+                _check_audio_part(part.get("input_audio"), f"messages[{i}].content[{j}].input_audio")
+
+
+def _check_audio_part(spec: Any, where: str) -> None:
+    match spec:
+        case {"data": str(encoded), "format": "wav" | "pcm16" as fmt}:
+            _decode_audio_part(encoded, fmt, where)
+        case {"data": str(), "format": fmt}:
+            raise bad_request(f"{where}.format {fmt!r} is not supported; use 'wav' or 'pcm16'", f"{where}.format")
+        case _:
+            raise bad_request(f"{where} must be an object with base64 'data' and a 'format'", where)
+
+
+def _decode_audio_part(encoded: str, fmt: str, where: str) -> None:
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"{where}.data is not valid base64", f"{where}.data") from None
+    try:
+        if fmt == "wav":
+            decode_audio_file(data)
+        elif not data or len(data) % 2:
+            raise AudioFormatError(f"pcm16 audio needs a non-zero, even number of bytes, got {len(data)}")
+    except AudioFormatError as exc:
+        raise bad_request(f"{where}.data: {exc}", f"{where}.data", code="invalid_audio") from None
 
 
 def _stream_error(error: ApiError) -> bytes:

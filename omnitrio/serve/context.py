@@ -1,9 +1,10 @@
-"""What every route shares: the pipeline it serves, the server's limits, ids and capped body reads."""
+"""What every route shares: the pipeline it serves, what it offers, the server's limits, ids and capped body reads."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -14,6 +15,15 @@ from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.api_errors import ApiError
 
 DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit for audio files
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+"""The deadline of every pipeline request the server makes, unless told otherwise: a request
+that never finishes fails as a timeout instead of waiting forever."""
+ROUTES = {
+    "chat": "POST /v1/chat/completions",
+    "speech": "POST /v1/audio/speech",
+    "transcription": "POST /v1/audio/transcriptions",
+    "realtime": "WS /v1/realtime",
+}  # each task a pipeline can serve, and the route that hands it over
 
 
 class RequestStream(Protocol):
@@ -39,12 +49,38 @@ class ServedPipeline(Protocol):
 
 @attrs.define
 class ServeContext:
-    """The pipeline and the limits; one per app."""
+    """The pipeline, the tasks it serves (keys of :data:`ROUTES`) and the limits; one per app."""
 
     pipeline: ServedPipeline
+    serves: tuple[str, ...] = tuple(ROUTES)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    request_timeout: float | None = None
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S
     created: int = attrs.field(factory=lambda: int(time.time()))
+
+    def routes(self) -> list[str]:
+        """The routes that hand the pipeline a task it serves, e.g. ``["POST /v1/chat/completions"]``."""
+        return [ROUTES[task] for task in self.serves]
+
+    def require(self, task: str) -> None:
+        """404 naming what the pipeline does serve, unless it serves ``task``."""
+        if task not in self.serves:
+            raise ApiError(
+                404,
+                f"{self.pipeline.name!r} does not serve {ROUTES[task]}; it serves {', '.join(self.routes())}",
+                code="route_not_served",
+            )
+
+
+def served_tasks(pipeline: Any, serves: Iterable[str] | None) -> tuple[str, ...]:
+    """``serves`` if given, else the pipeline config's ``serves``, else every task of :data:`ROUTES`."""
+    if serves is None:
+        serves = getattr(getattr(pipeline, "config", None), "serves", None)
+    if serves is None:
+        return tuple(ROUTES)
+    unknown = sorted(set(serves) - ROUTES.keys())
+    if unknown:
+        raise ValueError(f"serves names unknown tasks {unknown}; known: {list(ROUTES)}")
+    return tuple(task for task in ROUTES if task in serves)
 
 
 def new_id(prefix: str) -> str:

@@ -4,6 +4,11 @@ Decoding is two steps with two statuses. msgspec checks the JSON and the *types*
 a missing field is a 400 whose ``param`` is the field path, e.g. ``messages[0].role``); then each
 ``check_*`` function checks the *values* this server supports (a 422 naming the field). Unknown
 fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.
+
+Limits a client can rely on: a speech ``input`` is at most 4,096 characters and must hold something
+to speak (a letter or a digit); a chat message's text is at most 65,536 characters; ``voice`` is
+``"default"`` or one of OpenAI's voice names (:data:`OPENAI_VOICES`), which all select the
+pipeline's one voice; anything else is a 400 that lists them.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ SPEECH_FORMATS = frozenset({"wav", "pcm"})
 SPEECH_STREAM_FORMATS = frozenset({"audio", "sse"})
 TRANSCRIPTION_FORMATS = frozenset({"json", "text", "verbose_json"})
 MAX_SPEECH_INPUT = 4096
+MAX_MESSAGE_CHARS = 65_536
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar"
+)  # fmt: skip
+VOICES = ("default", *OPENAI_VOICES)
 
 
 class ChatAudio(msgspec.Struct):
@@ -92,6 +102,9 @@ def check_chat(request: ChatRequest) -> list[str]:
     for modality in modalities:
         if modality not in CHAT_MODALITIES:
             raise invalid_value(f"modality {modality!r} is not supported; use 'text' and/or 'audio'", "modalities")
+    _check_contents(request.messages)
+    if request.audio is not None:
+        check_voice(request.audio.voice, "audio.voice")
     if request.audio is not None and request.audio.format not in CHAT_AUDIO_FORMATS:
         raise invalid_value(
             f"audio.format {request.audio.format!r} is not supported; use one of {sorted(CHAT_AUDIO_FORMATS)}",
@@ -110,12 +123,68 @@ def check_chat(request: ChatRequest) -> list[str]:
     return modalities
 
 
+def _check_contents(messages: list[dict[str, Any]]) -> None:
+    """Each message's text within :data:`MAX_MESSAGE_CHARS`; the last user message has something to answer."""
+    last_user: int | None = None
+    for i, message in enumerate(messages):
+        text = "".join(_texts(message.get("content")))
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise bad_request(
+                f"messages[{i}].content is {len(text)} characters of text; the limit is {MAX_MESSAGE_CHARS}",
+                f"messages[{i}].content",
+                code="string_above_max_length",
+            )
+        if message.get("role") == "user":
+            last_user = i
+    if last_user is None:
+        raise bad_request("'messages' has no message with role 'user': there is nothing to answer", "messages")
+    content = messages[last_user].get("content")
+    if not "".join(_texts(content)).strip() and not _media_parts(content):
+        raise bad_request(
+            f"messages[{last_user}].content is empty: the last user message has no text or audio to answer",
+            f"messages[{last_user}].content",
+        )
+
+
+def _texts(content: Any) -> list[str]:
+    match content:
+        case str():
+            return [content]
+        case list():
+            return [str(part.get("text") or "") for part in content if isinstance(part, dict)]
+    return []
+
+
+def _media_parts(content: Any) -> list[dict[str, Any]]:
+    if not isinstance(content, list):
+        return []
+    return [part for part in content if isinstance(part, dict) and part.get("type") != "text"]
+
+
+def check_voice(voice: str, param: str) -> None:
+    """400 unless ``voice`` is one this server accepts (:data:`VOICES`)."""
+    if voice not in VOICES:
+        raise bad_request(
+            f"{param} {voice!r} is not a voice of this server; use one of {', '.join(VOICES)} "
+            "(each selects the pipeline's voice)",
+            param,
+            code="invalid_voice",
+        )
+
+
 def check_speech(request: SpeechRequest) -> None:
-    """Value checks for a speech request."""
+    """Value checks for a speech request; an input with nothing to speak ("...", "?!") is a 400."""
     if not request.input.strip():
         raise invalid_value("'input' must not be empty", "input")
     if len(request.input) > MAX_SPEECH_INPUT:
         raise invalid_value(f"'input' is {len(request.input)} characters; the limit is {MAX_SPEECH_INPUT}", "input")
+    if not any(char.isalnum() for char in request.input):
+        raise bad_request(
+            f"'input' {request.input[:40]!r} has nothing to speak: it needs at least one letter or digit",
+            "input",
+            code="nothing_to_speak",
+        )
+    check_voice(request.voice, "voice")
     if request.response_format not in SPEECH_FORMATS:
         raise invalid_value(
             f"response_format {request.response_format!r} is not supported; use one of {sorted(SPEECH_FORMATS)}",

@@ -14,6 +14,7 @@ import errno
 import logging
 import signal
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 import hypercorn.trio
@@ -21,7 +22,7 @@ import trio
 from hypercorn.config import Config
 
 from omnitrio.serve.app import create_app
-from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, ServedPipeline
+from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
 
 log = logging.getLogger("omnitrio.serve")
 
@@ -59,7 +60,8 @@ async def serve(
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    request_timeout: float | None = None,
+    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+    serves: Iterable[str] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``pipeline`` over HTTP and WebSocket until a signal or ``shutdown``, then drain and return.
@@ -67,6 +69,8 @@ async def serve(
     Call it inside the pipeline's context (``async with open_pipeline(...) as p: await serve(p)``);
     the pipeline outlives the server, so every request is aborted before the pipeline closes.
     ``handle_signals`` needs the main thread; pass False (and a ``shutdown`` event) elsewhere.
+    ``request_timeout`` is every pipeline request's deadline and ``serves`` names the tasks
+    offered (see :func:`~omnitrio.serve.app.create_app`).
     """
     sock = bind_socket(host, port)
     bound_port: int = sock.getsockname()[1]
@@ -74,7 +78,7 @@ async def serve(
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes ownership of the descriptor
     config.graceful_timeout = graceful_timeout
     stop = shutdown if shutdown is not None else trio.Event()
-    app = create_app(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout)
+    app = create_app(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout, serves=serves)
     async with trio.open_nursery() as nursery:
         if handle_signals:
             await nursery.start(_drain_on_signals, stop, nursery.cancel_scope, graceful_timeout)

@@ -1,10 +1,12 @@
 """``POST /v1/audio/speech``: text to speech, as an audio body or as SSE events.
 
-``response_format=pcm`` is raw PCM16 mono at 24 kHz (OpenAI's definition); ``wav`` is PCM16 mono at
-the pipeline's own rate. The body streams as the pipeline produces audio: a WAV that streams has
-the "unknown length" size fields (0xFFFFFFFF) that players and ``wave`` accept; when the pipeline
-hands over all its audio at once the sizes are exact. ``stream_format=sse`` sends the same bytes
-base64-encoded in ``speech.audio.delta`` events, then one ``speech.audio.done`` event.
+``response_format=pcm`` is raw PCM16 mono at 24 kHz (OpenAI's definition), streamed as the pipeline
+produces it. ``wav`` is PCM16 mono at the pipeline's own rate, sent as one complete file whose RIFF
+and data sizes are exact (with a ``content-length``). ``stream_format=sse`` sends the bytes
+base64-encoded in ``speech.audio.delta`` events as they are produced, then one ``speech.audio.done``
+event; a WAV streamed that way starts with the "unknown length" header (0xFFFFFFFF sizes) that players
+and ``wave`` accept. Input with nothing to speak is refused before any header is sent, and so is a
+request for which the pipeline produced no audio: a client never gets a cut body for either.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from starlette.requests import Request
 
 from omnitrio.serve.api_errors import ApiError
-from omnitrio.serve.audio import REALTIME_RATE, b64, wav_header
+from omnitrio.serve.audio import REALTIME_RATE, b64, encode_wav, wav_header
 from omnitrio.serve.context import ServeContext, new_id, read_body
 from omnitrio.serve.openai_types import SpeechRequest, check_model, check_speech, decode_json
 from omnitrio.serve.output import Delta, Output
@@ -24,12 +26,15 @@ _MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
 
 
 async def create_speech(ctx: ServeContext, request: Request) -> WatchedResponse:
+    ctx.require("speech")
     body = decode_json(await read_body(request, ctx.max_body_bytes), SpeechRequest)
     check_model(body.model, ctx.pipeline.name)
     check_speech(body)
     speech = _Speech(ctx, body)
     if body.stream_format == "sse":
         return WatchedResponse(speech.events, media_type=SSE_MEDIA_TYPE, stream_error=_stream_error)
+    if body.response_format == "wav":
+        return WatchedResponse(speech.wav_file, media_type=_MEDIA_TYPES["wav"])
     return WatchedResponse(speech.audio, media_type=_MEDIA_TYPES[body.response_format])
 
 
@@ -58,22 +63,38 @@ class _Speech:
         rate = self.output.sample_rate or REALTIME_RATE
         return wav_header(rate, len(pcm) if complete else None) + pcm
 
-    async def _produce(self, emit_bytes: Any) -> None:
-        async with self.ctx.pipeline.stream(self.id, self.inputs, timeout=self.ctx.request_timeout) as messages:
-            async for message in messages:
-                await emit_bytes(self._bytes(self.output.add(message), complete=False))
-        final = self._bytes(self.output.finish(), complete=not self._header_sent)
+    def _check_audio(self) -> None:
         if not self.output.pcm:
             raise ApiError(500, "the pipeline produced no audio for this request", "server_error", code="no_audio")
-        await emit_bytes(final)
+
+    async def _produce(self, emit_bytes: Any) -> None:
+        """Hand ``emit_bytes`` each non-empty piece of the body; nothing is emitted before the first audio."""
+        async with self.ctx.pipeline.stream(self.id, self.inputs, timeout=self.ctx.request_timeout) as messages:
+            async for message in messages:
+                data = self._bytes(self.output.add(message), complete=False)
+                if data:
+                    await emit_bytes(data)
+        final = self._bytes(self.output.finish(), complete=not self._header_sent)
+        self._check_audio()
+        if final:
+            await emit_bytes(final)
 
     async def audio(self, emitter: Emitter) -> None:
         await self._produce(emitter.write)
 
+    async def wav_file(self, emitter: Emitter) -> None:
+        """All the audio first, then one WAV file with its real sizes."""
+        async with self.ctx.pipeline.stream(self.id, self.inputs, timeout=self.ctx.request_timeout) as messages:
+            async for message in messages:
+                self.output.add(message)
+        self.output.finish()
+        self._check_audio()
+        wav = encode_wav(bytes(self.output.pcm), self.output.sample_rate or REALTIME_RATE)
+        await emitter.respond(200, wav, _MEDIA_TYPES["wav"])
+
     async def events(self, emitter: Emitter) -> None:
         async def emit(data: bytes) -> None:
-            if data:
-                await emitter.write(sse_event({"type": "speech.audio.delta", "audio": b64(data)}))
+            await emitter.write(sse_event({"type": "speech.audio.delta", "audio": b64(data)}))
 
         await self._produce(emit)
         usage = self.output.usage or {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}

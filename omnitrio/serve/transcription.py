@@ -27,6 +27,7 @@ _FIELDS = ("model", "language", "prompt", "response_format", "stream", "temperat
 
 
 async def create_transcription(ctx: ServeContext, request: Request) -> WatchedResponse:
+    ctx.require("transcription")
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise bad_request("transcriptions expect a multipart/form-data body with a 'file' field")
     form = await _parse_form(request.headers, await read_body(request, ctx.max_body_bytes), ctx.max_body_bytes)

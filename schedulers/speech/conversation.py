@@ -8,6 +8,9 @@ The inputs it accepts (``payload.request.inputs``):
   whose transcript (``payload.data["text"]``, from the ASR stage) is appended as the last user message;
 * a plain string: one user message.
 
+A chat whose messages carried audio arrives from the ASR stage with ``payload.data`` holding the
+inputs with each clip's transcript in its place; those messages are the ones read.
+
 Message content may be a string or OpenAI content parts (their text parts count); ``developer``
 is read as ``system``.  Every error is a ``ValueError`` naming the field.
 """
@@ -19,7 +22,7 @@ from typing import Any, Final
 import attrs
 
 from omnitrio.contract import StagePayload
-from schedulers.speech.requests import content_text
+from schedulers.speech.requests import content_text, raw_inputs
 
 _ROLES: Final = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP: Final = 4
@@ -80,7 +83,9 @@ def conversation(payload: StagePayload) -> Conversation:
         return Conversation([{"role": "user", "content": inputs}], None, None, None, None, None, [])
     if not isinstance(inputs, dict):
         raise ValueError(f"responder needs chat messages or a transcript, got {type(inputs).__name__}")
-    messages = _messages(inputs.get("messages", []))
+    data = raw_inputs(payload)  # a chat whose messages carried audio: ASR's transcribed copy of the inputs
+    chat = data if isinstance(data, dict) and data.get("task") == "chat" and "messages" in data else inputs
+    messages = _messages(chat.get("messages", []))
     if inputs.get("task") == "realtime":
         data = payload.data
         transcript = data.get("text") if isinstance(data, dict) else None

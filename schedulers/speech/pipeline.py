@@ -7,6 +7,7 @@ One graph serves every route of the server (see ``omnitrio.serve`` for the input
              ├─ asr_session ────▶ stream_asr                          (open / append / close / abort)
              ├─ chat ───────────▶ responder ─┬─ audio asked ─▶ tts
              │                               └─ text only ──▶ text_out
+             ├─ chat with input_audio ─▶ asr ─▶ responder ─▶ (as chat)
              └─ speech ─────────▶ tts
 
 ``terminal_stages_fn`` (:func:`terminal_stages`) names, from the inputs alone, the one terminal
@@ -16,9 +17,12 @@ stage that completes each request, so the coordinator never waits for a branch t
 (``params["stream"]``) for every task whose audio is played as it comes.
 
 The responder is whatever ``factory_path`` the config names; it receives ``{"text": transcript}``
-(realtime) or the raw chat inputs, and must return ``payload.data = {"text": answer}``.  A responder
-that writes its answer bit by bit may stream it ahead of that result, as ``{"text": ...}`` chunks
-targeted at ``tts`` (whole sentences) or ``text_out`` (deltas): both accept text before the payload.
+(realtime) or chat inputs (``{"task": "chat", "messages": ...}``: the raw ones, or, for a chat whose
+messages carry audio, the ones ASR made by putting each clip's transcript in its place), and must
+return ``payload.data = {"text": answer}``. An empty answer is spoken as silence (no audio).  A
+responder that writes its answer bit by bit may stream it ahead of that result, as ``{"text": ...}``
+chunks targeted at ``tts`` (whole sentences) or ``text_out`` (deltas): both accept text before the
+payload.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 from omnitrio.contract import OutgoingMessage, StagePayload, StreamItem
 from schedulers.session import SESSION_METADATA_KEY
 from schedulers.simple import SimpleScheduler
-from schedulers.speech.requests import SpeechRequest, raw_inputs, speech_request
+from schedulers.speech.requests import SpeechRequest, has_input_audio, raw_inputs, speech_request
 from schedulers.speech.tts import shared_synthesizer
 from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
 from schedulers.streaming import StreamingSimpleScheduler
@@ -80,12 +84,14 @@ def terminal_stages(request_id: str, inputs: Any) -> list[str]:
 
 
 def route_ingress(request_id: str, payload: StagePayload) -> str:
-    return _ENTRY[task_of(payload.request.inputs)]
+    """The task's first stage; a chat with ``input_audio`` parts is transcribed first."""
+    inputs = payload.request.inputs
+    return "asr" if has_input_audio(inputs) else _ENTRY[task_of(inputs)]
 
 
 def route_asr(request_id: str, payload: StagePayload) -> str:
-    """A transcription is the answer; a realtime turn's transcript goes to the responder."""
-    return "responder" if task_of(payload.request.inputs) == "realtime" else "text_out"
+    """A transcription is the answer; a realtime turn's transcript, or a transcribed chat, goes to the responder."""
+    return "text_out" if task_of(payload.request.inputs) == "transcription" else "responder"
 
 
 def route_responder(request_id: str, payload: StagePayload) -> str:
@@ -135,11 +141,12 @@ def create_text_output_stage() -> SimpleScheduler:
 
 
 def _lenient_speech_request(payload: StagePayload) -> SpeechRequest:
-    """A realtime turn whose transcript is empty (noise, a cough) is answered with silence, not an error."""
+    """An empty answer (a realtime turn or a spoken chat clip that was noise, a cough) is silence, not an error."""
     data = raw_inputs(payload)
     if (
-        task_of(payload.request.inputs) == "realtime"
+        task_of(payload.request.inputs) in ("realtime", "chat")
         and isinstance(data, dict)
+        and "task" not in data
         and not str(data.get("text", "")).strip()
     ):
         return SpeechRequest(text="")

@@ -4,19 +4,23 @@ The HTTP layer puts the request in ``payload.data["raw_inputs"]`` at the entry s
 
     {"task": "speech", "input": str, "voice": str, "speed": float}
     {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None}
-    {"task": "chat", "messages": [...], "modalities": [...]}
+    {"task": "chat", "messages": [...], "modalities": [...]}   (parts may be input_audio: see below)
     {"task": "realtime", "audio": float32 16 kHz, "session": {...}}
 
-Downstream of another stage the text arrives as ``payload.data["text"]`` instead.
+Downstream of another stage the text arrives as ``payload.data["text"]`` instead. A chat whose
+messages carry ``input_audio`` parts goes through ASR first, which hands on the same chat inputs
+with each clip replaced by a text part holding its transcript (:func:`transcribed_chat`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from omnitrio.contract import StagePayload
+from schedulers.omni.inputs import decode_audio
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, as_float_audio, resample
 from schedulers.speech.tts import check_speed
 
@@ -78,6 +82,41 @@ def transcription_request(payload: StagePayload) -> TranscriptionRequest:
     if language is not None and not isinstance(language, str):
         raise ValueError(f"language must be a string or null, got {language!r}")
     return TranscriptionRequest(audio=audio, language=language or None, quick=inputs.get("task") == "realtime")
+
+
+def has_input_audio(inputs: Any) -> bool:
+    """Whether chat inputs carry an ``input_audio`` content part in any message."""
+    if not isinstance(inputs, dict) or not isinstance(inputs.get("messages"), list):
+        return False
+    return any(
+        isinstance(part, dict) and part.get("type") == "input_audio"
+        for message in inputs["messages"]
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
+
+
+def transcribed_chat(inputs: dict[str, Any], transcribe: Callable[[FloatAudio], str]) -> dict[str, Any]:
+    """``inputs`` with every ``input_audio`` part replaced by ``{"type": "text", "text": transcript}``.
+
+    A part is a base64 ``wav`` or ``pcm16`` clip (OpenAI's shape, see :mod:`schedulers.omni.inputs`),
+    transcribed at 16 kHz; a clip that does not decode is a ``ValueError`` naming the part.
+    """
+    messages = []
+    for i, message in enumerate(inputs["messages"]):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts = [_transcribed(part, f"messages[{i}].content[{j}]", transcribe) for j, part in enumerate(content)]
+            message = {**message, "content": parts}
+        messages.append(message)
+    return {**inputs, "messages": messages}
+
+
+def _transcribed(part: Any, where: str, transcribe: Callable[[FloatAudio], str]) -> Any:
+    match part:
+        case {"type": "input_audio", "input_audio": dict(spec)}:
+            return {"type": "text", "text": transcribe(decode_audio(spec, f"{where}.input_audio")).strip()}
+    return part
 
 
 def user_text(payload: StagePayload) -> str:

@@ -4,7 +4,8 @@ Each factory loads its model once per process (shared with other stages that ask
 same backend and options) and returns a scheduler obeying ``omnitrio.contract``:
 
 * :func:`create_tts_stage`: text → streamed PCM16 audio, sentence by sentence;
-* :func:`create_asr_stage`: whole clip → ``{"text", "language", "audio_ms"}``;
+* :func:`create_asr_stage`: whole clip → ``{"text", "language", "audio_ms"}``; a chat with
+  ``input_audio`` parts → the same chat with each clip's transcript in its place;
 * :func:`create_streaming_asr_stage`: a :class:`~schedulers.session.SessionScheduler` for
   audio that arrives in pieces (partial transcripts, optional server VAD); a request
   without session metadata is transcribed whole, as by :func:`create_asr_stage`;
@@ -33,7 +34,7 @@ from schedulers.speech.audio import ASR_SAMPLE_RATE
 from schedulers.speech.llm_responder import LLMResponder
 from schedulers.speech.packages import package_file
 from schedulers.speech.pipeline import wants_audio
-from schedulers.speech.requests import transcription_request, user_text
+from schedulers.speech.requests import has_input_audio, raw_inputs, transcribed_chat, transcription_request, user_text
 from schedulers.speech.streaming_asr import StreamingTranscriber
 from schedulers.speech.tts import TtsBackendName, shared_synthesizer
 from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
@@ -73,6 +74,10 @@ def _recognizer(backend: AsrBackendName, compute_type: str, cpu_threads: int, be
 
 def _transcriber(recognizer: SpeechRecognizer) -> Any:
     def transcribe(payload: StagePayload) -> StagePayload:
+        inputs = raw_inputs(payload)
+        if has_input_audio(inputs):
+            payload.data = transcribed_chat(inputs, recognizer.transcribe)
+            return payload
         request = transcription_request(payload)
         text = recognizer.transcribe(request.audio, request.language, quick=request.quick)
         payload.data = {

@@ -15,6 +15,11 @@ Session ``config`` (the open command's ``config``):
   ``{"type": "speech_started", "audio_start_ms": ...}`` / ``{"type": "speech_stopped", "audio_end_ms": ...}``;
   with ``pause_ms`` in it (an omnitrio extension) also ``{"type": "speech_paused" | "speech_resumed",
   "audio_ms": ...}`` (see :class:`~schedulers.speech.vad.VoiceActivityDetector`);
+  or ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto", "pause_ms"}``: the
+  same events, but at each pause of ``pause_ms`` (default 200) the turn so far is transcribed
+  (``quick``) and judged (:mod:`schedulers.speech.turn_end`), and ``speech_stopped`` comes after
+  the silence that judgement asks for; the ``speech_paused`` event also carries ``transcript`` and
+  ``turn_complete`` (a server may reuse the transcript for the answer it prepares);
 * ``language``: passed to the recognizer;
 * ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
   turns partials off (VAD events and the final text still come).
@@ -35,6 +40,7 @@ from omnitrio.contract import OmniRequest, StagePayload
 from schedulers.session import SESSION_METADATA_KEY, SessionContext, SessionRef
 from schedulers.speech.asr import SpeechRecognizer
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, StreamResampler, as_float_audio
+from schedulers.speech.turn_end import JUDGE_AT_MS, SemanticTurnDetector
 from schedulers.speech.vad import VadBackendName, VoiceActivityDetector
 
 _WORD = re.compile(r"[^\w']+")
@@ -51,8 +57,9 @@ class TranscriptionSession:
     ref: SessionRef
     resampler: StreamResampler
     language: str | None
-    vad: VoiceActivityDetector | None
     partial_every: int | None
+    vad: VoiceActivityDetector | None = None
+    judged: dict[int, dict[str, Any]] = attrs.field(factory=dict)  # pause sample -> its judgement
     chunks: list[FloatAudio] = attrs.field(factory=list)
     samples: int = 0
     decoded_samples: int = 0
@@ -84,7 +91,9 @@ class StreamingTranscriber:
         rate = config.get("sample_rate", ASR_SAMPLE_RATE)
         language = config.get("language")
         resampler = StreamResampler(rate, ASR_SAMPLE_RATE)
-        return TranscriptionSession(ref, resampler, language, self._vad(config), self._partial_every(config))
+        state = TranscriptionSession(ref, resampler, language, self._partial_every(config))
+        state.vad = self._vad(config, state)
+        return state
 
     def _partial_every(self, config: dict[str, Any]) -> int | None:
         if "partial_every_ms" not in config:
@@ -96,18 +105,43 @@ class StreamingTranscriber:
             raise ValueError(f"partial_every_ms must be a positive integer or null, got {every!r}")
         return every * ASR_SAMPLE_RATE // 1000
 
-    def _vad(self, config: dict[str, Any]) -> VoiceActivityDetector | None:
+    def _vad(self, config: dict[str, Any], state: TranscriptionSession) -> VoiceActivityDetector | None:
         turn: Any = config.get("turn_detection")
-        if turn is None:
-            return None
-        if not isinstance(turn, dict) or turn.get("type") != "server_vad":
-            raise ValueError(f"turn_detection must be null or {{'type': 'server_vad', ...}}, got {turn!r}")
+        match turn:
+            case None:
+                return None
+            case {"type": "server_vad"}:
+                return VoiceActivityDetector(
+                    threshold=turn.get("threshold", 0.5),
+                    prefix_padding_ms=turn.get("prefix_padding_ms", 300),
+                    silence_duration_ms=turn.get("silence_duration_ms", 500),
+                    backend=self.vad_backend,
+                    pause_ms=turn.get("pause_ms"),
+                )
+            case {"type": "semantic_vad"}:
+                return self._semantic_vad(turn, state)
+            case _:
+                raise ValueError(
+                    "turn_detection must be null, {'type': 'server_vad', ...} or {'type': 'semantic_vad', ...};"
+                    f" got {turn!r}"
+                )
+
+    def _semantic_vad(self, turn: dict[str, Any], state: TranscriptionSession) -> VoiceActivityDetector:
+        detector = SemanticTurnDetector(turn.get("eagerness", "auto"))
+        pause_ms = turn.get("pause_ms", JUDGE_AT_MS)
+
+        def judge(start: int, paused_at: int) -> int:
+            audio = state.audio()[start:paused_at]
+            transcript = self.recognizer.transcribe(audio, state.language, quick=True)
+            decision = detector.decide(audio, transcript, silence_ms=pause_ms)
+            state.judged[paused_at] = {"transcript": transcript, "turn_complete": decision.judgement.complete}
+            return decision.judgement.end_after_ms
+
         return VoiceActivityDetector(
-            threshold=turn.get("threshold", 0.5),
-            prefix_padding_ms=turn.get("prefix_padding_ms", 300),
-            silence_duration_ms=turn.get("silence_duration_ms", 500),
+            silence_duration_ms=detector.policy.incomplete_silence_ms,
             backend=self.vad_backend,
-            pause_ms=turn.get("pause_ms"),
+            pause_ms=pause_ms,
+            judge_pause=judge,
         )
 
     def append(
@@ -135,8 +169,9 @@ class StreamingTranscriber:
                     key = "audio_end_ms"
                 case _:
                     key = "audio_ms"
+            judged = state.judged.pop(event.sample, {}) if event.type == "speech_paused" else {}
             if ctx is not None:
-                ctx.emit({"type": event.type, key: event.ms}, modality="vad")
+                ctx.emit({"type": event.type, key: event.ms, **judged}, modality="vad")
 
     def _partial(self, state: TranscriptionSession, ctx: SessionContext) -> None:
         words = self.recognizer.transcribe(state.audio(), state.language).split()

@@ -12,7 +12,12 @@ Events alternate, starting with ``speech_started``, and come in stream order.  W
 ``pause_ms`` set, a turn may also report ``speech_paused`` (``pause_ms`` of silence so far:
 the turn *may* be ending, so a server can start preparing its answer) and ``speech_resumed``
 (speech came back before ``speech_stopped``: whatever was prepared is stale).  A pause is
-always followed by exactly one of ``speech_resumed`` or ``speech_stopped``.  The frame
+always followed by exactly one of ``speech_resumed`` or ``speech_stopped``.
+
+With ``judge_pause`` (semantic end of turn) the silence that ends a turn is decided at each
+pause: ``judge_pause(turn_start, paused_at)`` is called synchronously at the pause, with the
+samples of the turn so far, and returns the silence in ms *this* pause needs to end the turn
+(at most ``pause_ms`` ends it at once); speech coming back restores ``silence_duration_ms``.  The frame
 scorer is Silero VAD (the ONNX model shipped in the ``silero-vad`` wheel, run by onnxruntime
 with numpy: no torch, no download) or, when that is unavailable, a frame-energy detector.
 A detector holds per-stream state: one per audio stream, used by one thread at a time.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -151,12 +157,18 @@ class VoiceActivityDetector:
         backend: VadBackendName = "auto",
         scorer: FrameScorer | None = None,
         pause_ms: int | None = None,
+        judge_pause: Callable[[int, int], int] | None = None,
     ) -> None:
         self.threshold = _check_unit("threshold", threshold)
         self.prefix_padding = _check_ms("prefix_padding_ms", prefix_padding_ms) * ASR_SAMPLE_RATE // 1000
         self.silence_samples = _check_ms("silence_duration_ms", silence_duration_ms) * ASR_SAMPLE_RATE // 1000
         self.pause_samples = None if pause_ms is None else _check_ms("pause_ms", pause_ms) * ASR_SAMPLE_RATE // 1000
+        if judge_pause is not None and self.pause_samples is None:
+            raise ValueError("judge_pause needs pause_ms: the pause at which the turn is judged")
         self.scorer = scorer if scorer is not None else new_scorer(backend)
+        self.judge_pause = judge_pause
+        self._judged_silence: int | None = None  # samples: this pause's verdict, until speech resumes
+        self._turn_start = 0
         self._paused = False
         self._pending = np.zeros(0, dtype=np.float32)
         self._consumed = 0  # samples scored so far
@@ -182,11 +194,13 @@ class VoiceActivityDetector:
             if not self._speaking and probability >= self.threshold:
                 self._speaking = True
                 self._last_speech_end = self._consumed
-                events.append(VadEvent("speech_started", max(0, frame_start - self.prefix_padding)))
+                self._turn_start = max(0, frame_start - self.prefix_padding)
+                events.append(VadEvent("speech_started", self._turn_start))
             elif self._speaking and probability >= self.threshold - _HYSTERESIS:
                 self._last_speech_end = self._consumed
                 if self._paused:
                     self._paused = False
+                    self._judged_silence = None
                     events.append(VadEvent("speech_resumed", frame_start))
             elif self._speaking:
                 events += self._silent_frame()
@@ -195,10 +209,23 @@ class VoiceActivityDetector:
     def _silent_frame(self) -> list[VadEvent]:
         """The turn's silence grew by a frame: maybe a pause, maybe the end of the turn."""
         silent = self._consumed - self._last_speech_end
-        if silent >= self.silence_samples:
-            self._speaking = self._paused = False
-            return [VadEvent("speech_stopped", self._last_speech_end + self.silence_samples)]
+        if silent >= self._needed_silence():
+            return [self._stop()]
         if self.pause_samples is not None and not self._paused and silent >= self.pause_samples:
             self._paused = True
-            return [VadEvent("speech_paused", self._last_speech_end + self.pause_samples)]
+            paused = VadEvent("speech_paused", self._last_speech_end + self.pause_samples)
+            if self.judge_pause is None:
+                return [paused]
+            judged_ms = self.judge_pause(self._turn_start, paused.sample)
+            self._judged_silence = max(self.pause_samples, judged_ms * ASR_SAMPLE_RATE // 1000)
+            return [paused, self._stop()] if silent >= self._judged_silence else [paused]
         return []
+
+    def _needed_silence(self) -> int:
+        return self.silence_samples if self._judged_silence is None else self._judged_silence
+
+    def _stop(self) -> VadEvent:
+        stopped = VadEvent("speech_stopped", self._last_speech_end + self._needed_silence())
+        self._speaking = self._paused = False
+        self._judged_silence = None
+        return stopped

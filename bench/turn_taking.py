@@ -1,0 +1,432 @@
+"""Turn-taking: semantic end of turn against silence-only VAD, on a labelled set of synthesized utterances.
+
+The set: complete sentences, and the same sentences cut mid-phrase (after an article, a
+preposition, a conjunction, a filler, or a content word) followed by a 1 s hesitation, the cut
+said with a final and with a continuing pitch (:func:`spoken`); each spoken by Piper (the
+project's voice, two speeds) and by espeak-ng (two voices), generated here at run time.  Every
+utterance is 0.3 s of silence, the speech, then silence.
+
+Each one is streamed through the server's VAD (Silero, ``pause_ms=200``).  At every pause of
+200 ms the semantic detectors judge the turn from the audio so far and its transcript so far
+(Whisper tiny.en, ``quick``, as the realtime speculation decodes it) and wait the silence their
+judgement asks for (:mod:`schedulers.speech.turn_end`).  Silence-only VAD ends a turn at the
+first pause of ``silence_duration_ms``.  Outcomes, per detector:
+
+* true end: a complete utterance whose turn ends at its final pause after a silence that ends
+  within 1 s of the end of speech (the judgement, not this machine's load, decides it);
+* false end: a turn ended during a pause inside the speech (a comma) or during a cut utterance's
+  hesitation (the speaker was cut off);
+* precision = true / (true + false), recall = true / complete utterances;
+* turn latency on complete utterances: end of speech (the last sample above -40 dBFS) to the
+  decision, the decision's compute included, serially as the streaming ASR stage runs it (the
+  transcript's ASR for the words, then the audio model); a complete utterance judged incomplete
+  waits the eagerness's timeout, and that wait is its latency.  ``wait`` is the silence alone.
+
+Detectors: ``server_vad`` (500 ms, OpenAI's default; and 200 ms), the audio model alone and the
+words alone (both with the ``medium`` silences), and ``semantic_vad`` at each eagerness.  Per
+decision: the words' check, the audio model, and (separately) the transcript's ASR.
+
+False interruptions: short backchannels ("uh-huh", "okay", …) and a cough-like noise burst should
+let the assistant resume; real interruptions ("wait, stop", …) should cancel it.  Each is spoken
+by every voice, transcribed (Whisper, ``quick``) and classified by
+:class:`omnitrio.serve.backchannel.InterruptionPolicy` with its default list.
+
+Run: ``.venv/bin/python bench/turn_taking.py [--quick]``; figures go to ``bench/results/turn_taking.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from omnitrio.serve.backchannel import InterruptionPolicy  # noqa: E402
+from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, resample  # noqa: E402
+from schedulers.speech.turn_end import EagernessPolicy, judge, policy_for  # noqa: E402
+from schedulers.speech.turn_words import unfinished_because  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "turn_taking.json"
+PAUSE_MS = 200
+LEAD_S = 0.3
+HESITATION_MS = 1000  # a cut utterance's pause before the speaker would go on
+PROMPT_MS = 1000  # a true end must be answered within this long after the end of speech
+SERVER_VAD_MS = (500, 200)
+MS = ASR_SAMPLE_RATE // 1000
+
+# (complete sentence, the same sentence cut mid-phrase)
+SENTENCES: list[tuple[str, str]] = [
+    ("I would like to book a table for four people tonight.", "I would like to book a table for"),
+    ("Can you tell me about the weather in Paris?", "Can you tell me about the"),
+    ("What is the capital of France?", "What is the capital of"),
+    ("My phone number is five five five, one two three four.", "My phone number is five five five"),
+    ("Please send the report to my manager.", "Please send the report to my"),
+    ("I need to buy some milk and bread.", "I need to buy some milk and"),
+    ("Could you turn off the lights in the kitchen?", "Could you turn off the lights in the"),
+    ("Set an alarm for seven in the morning.", "Set an alarm for seven in the, um"),
+    ("How long does it take to drive to the airport?", "How long does it take to drive to"),
+    ("Remind me to call my mother tomorrow.", "Remind me to call my"),
+    ("Play some relaxing music.", "Play some, uh"),
+    ("What time does the pharmacy close today?", "What time does the"),
+    ("I want to cancel my subscription because it is too expensive.", "I want to cancel my subscription because"),
+    ("Thank you very much, goodbye.", "Thank you very much, and"),
+    ("Book me a flight from London to New York.", "Book me a flight from London to"),
+    ("Is it going to rain this afternoon?", "Is it going to rain this"),
+    ("Add eggs, butter and flour to my shopping list.", "Add eggs, butter and"),
+    ("Tell me a joke.", "Tell me a"),
+    ("Where is the nearest train station?", "Where is the nearest"),
+    ("I think we should leave at eight o'clock.", "I think we should leave at"),
+    ("Send a message to Anna saying I will be late.", "Send a message to Anna saying"),
+    ("How do I get from the hotel to the museum?", "How do I get from the hotel to the, uh"),
+]
+BACKCHANNELS = ["Uh-huh.", "Yeah.", "Okay.", "Mm-hmm.", "Right.", "I see.", "Oh, okay."]
+INTERRUPTIONS = ["Wait, stop.", "No, I meant Tuesday.", "Can you repeat that?", "Sorry, what was the address?"]
+PIPER_SPEEDS = (0.9, 1.15)
+HOW = ("complete", "cut, final", "cut, continuing")
+ESPEAK_VOICES = ("en-us", "en-gb+f3")
+
+
+@attrs.frozen
+class Voice:
+    name: str
+    synthesize: Callable[[str], FloatAudio]  # 16 kHz
+
+
+@attrs.frozen
+class Pause:
+    """One pause of at least 200 ms: where speech last was, the judging point, and how long it lasted."""
+
+    speech_end: int  # sample
+    length_ms: float  # math.inf for a complete utterance's final pause
+    final: bool
+    transcript: str
+    unfinished: str | None
+    probability: float
+    asr_ms: float
+    words_ms: float
+    model_ms: float
+
+
+@attrs.frozen
+class Utterance:
+    text: str
+    complete: bool
+    how: str  # one of HOW
+    voice: str
+    end_of_speech: int  # sample
+    pauses: list[Pause]
+
+
+def voices(quick: bool) -> list[Voice]:
+    from schedulers.speech.tts import EspeakSynthesizer, PiperSynthesizer
+
+    found: list[Voice] = []
+    piper = PiperSynthesizer(threads=1)
+    for speed in PIPER_SPEEDS[:1] if quick else PIPER_SPEEDS:
+        found.append(Voice(f"piper@{speed}", _at_16k(lambda text, s=speed: piper.synthesize(text, s), piper)))
+    try:
+        espeak_voices = ESPEAK_VOICES[:1] if quick else ESPEAK_VOICES
+        for name in espeak_voices:
+            espeak = EspeakSynthesizer(voice=name)
+            found.append(Voice(f"espeak-ng:{name}", _at_16k(espeak.synthesize, espeak)))
+    except FileNotFoundError as missing:
+        print(f"espeak-ng voices skipped: {missing}")
+    return found
+
+
+def _at_16k(synthesize: Callable[[str], FloatAudio], synthesizer: Any) -> Callable[[str], FloatAudio]:
+    return lambda text: resample(synthesize(text), synthesizer.sample_rate, ASR_SAMPLE_RATE)
+
+
+def end_of_speech(speech: FloatAudio) -> int:
+    """The end of the last 10 ms frame louder than -40 dBFS RMS."""
+    frames = speech[: speech.size - speech.size % (10 * MS)].reshape(-1, 10 * MS)
+    loud = np.flatnonzero(np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1)) > 0.01)
+    return int((loud[-1] + 1) * 10 * MS) if loud.size else 0
+
+
+def spoken(voice: Voice, complete: str, cut: str) -> list[tuple[str, bool, str, FloatAudio]]:
+    """(text, complete, how, 16 kHz speech): the sentence, and its cut said two ways.
+
+    "cut, final": the fragment synthesized as it is, which voices end with a sentence's falling
+    pitch (the hardest case for the audio model); "cut, continuing": the fragment synthesized
+    with a trailing comma, which both voices say with the rising, unfinished pitch of a speaker
+    who stops to think.
+    """
+    return [
+        (complete, True, "complete", voice.synthesize(complete)),
+        (cut, False, "cut, final", voice.synthesize(cut)),
+        (cut, False, "cut, continuing", voice.synthesize(cut + ",")),
+    ]
+
+
+def measure(
+    text: str, complete: bool, how: str, speech: FloatAudio, voice: str, recognizer: Any, model: Any
+) -> Utterance:
+    """Stream one utterance through the VAD and judge every pause of 200 ms."""
+    from schedulers.speech.vad import VoiceActivityDetector
+
+    end = end_of_speech(speech)
+    tail_ms = 2 * PROMPT_MS if complete else HESITATION_MS
+    lead = np.zeros(int(LEAD_S * ASR_SAMPLE_RATE), dtype=np.float32)
+    audio = np.concatenate([lead, speech[:end], np.zeros(tail_ms * MS, dtype=np.float32)])
+    vad = VoiceActivityDetector(pause_ms=PAUSE_MS, silence_duration_ms=60_000, backend="silero")
+    events = vad.feed(audio)
+    start = next((e.sample for e in events if e.type == "speech_started"), 0)
+    pauses: list[Pause] = []
+    for index, event in enumerate(events):
+        if event.type != "speech_paused":
+            continue
+        resumed = next((e.sample for e in events[index + 1 :] if e.type == "speech_resumed"), None)
+        speech_end = event.sample - PAUSE_MS * MS
+        final = resumed is None
+        if final and complete:
+            length = float("inf")
+        else:
+            stop = audio.size if resumed is None else resumed
+            length = (stop - speech_end) / MS
+        turn = audio[start : event.sample]
+        began = time.perf_counter()
+        transcript = recognizer.transcribe(turn, quick=True)
+        asr_done = time.perf_counter()
+        unfinished = unfinished_because(transcript)
+        words_done = time.perf_counter()
+        probability = model.probability_complete(turn)
+        model_done = time.perf_counter()
+        pauses.append(
+            Pause(
+                speech_end,
+                length,
+                final,
+                transcript,
+                unfinished,
+                probability,
+                (asr_done - began) * 1000,
+                (words_done - asr_done) * 1000,
+                (model_done - words_done) * 1000,
+            )
+        )
+    return Utterance(text, complete, how, voice, lead.size + end, pauses)
+
+
+# A detector: the silence (ms) it waits at a pause, and the compute (ms) its decision costs.
+Detector = Callable[[Pause], tuple[float, float]]
+
+
+def server_vad(silence_ms: int) -> Detector:
+    return lambda pause: (silence_ms, 0.0)
+
+
+def semantic(policy: EagernessPolicy, *, audio: bool = True, words: bool = True) -> Detector:
+    def wait(pause: Pause) -> tuple[float, float]:
+        unfinished = pause.unfinished if words else None
+        runs_model = audio and unfinished is None
+        judgement = judge(policy, pause.probability if runs_model else None, unfinished)
+        compute = (pause.asr_ms + pause.words_ms if words else 0.0) + (pause.model_ms if runs_model else 0.0)
+        return judgement.end_after_ms, compute
+
+    return wait
+
+
+@attrs.frozen
+class Outcome:
+    kind: str  # "true" | "missed" | "false" | "held"
+    latency_ms: float | None = None  # end of speech to the decision, compute included
+    silence_ms: float | None = None  # the same without the decision's compute
+
+
+def outcome(utterance: Utterance, detector: Detector) -> Outcome:
+    """What one detector does with one utterance: where it ends the turn, and how late."""
+    for pause in utterance.pauses:
+        silence, compute = detector(pause)
+        if silence > pause.length_ms:
+            continue
+        if not (pause.final and utterance.complete):
+            return Outcome("false")
+        lag = (pause.speech_end - utterance.end_of_speech) / MS
+        latency = lag + max(silence, PAUSE_MS + compute)
+        return Outcome("true" if lag + silence <= PROMPT_MS else "missed", latency, lag + silence)
+    return Outcome("missed" if utterance.complete else "held")
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {
+        "p50": percentile(values, 0.5),
+        "p90": percentile(values, 0.9),
+        "mean": round(statistics.fmean(values), 1) if values else None,
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+
+def score(utterances: list[Utterance], detector: Detector) -> dict[str, Any]:
+    results = [outcome(u, detector) for u in utterances]
+    true = sum(r.kind == "true" for r in results)
+    false = sum(r.kind == "false" for r in results)
+    complete = sum(u.complete for u in utterances)
+    ended = [r for r in results if r.latency_ms is not None]
+    return {
+        "precision": round(true / (true + false), 3) if true + false else None,
+        "recall": round(true / complete, 3) if complete else None,
+        "false_ends": false,
+        "complete_turns_ended": len(ended),
+        "complete_turn_latency_ms": spread([r.latency_ms for r in ended if r.latency_ms is not None]),
+        "complete_turn_silence_ms": spread([r.silence_ms for r in ended if r.silence_ms is not None]),
+    }
+
+
+def detectors() -> dict[str, Detector]:
+    medium = policy_for("medium")
+    found: dict[str, Detector] = {f"server_vad_{ms}ms": server_vad(ms) for ms in SERVER_VAD_MS}
+    found["audio_model_alone"] = semantic(medium, words=False)
+    found["words_alone"] = semantic(medium, audio=False)
+    for eagerness in ("low", "medium", "high"):
+        found[f"semantic_vad_{eagerness}"] = semantic(policy_for(eagerness))
+    return found
+
+
+def per_decision(utterances: list[Utterance]) -> dict[str, Any]:
+    pauses = [pause for u in utterances for pause in u.pauses]
+    figures: dict[str, Any] = {"decisions": len(pauses)}
+    for name in ("words_ms", "model_ms", "asr_ms"):
+        values = [getattr(pause, name) for pause in pauses]
+        figures[name] = {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9)}
+    return figures
+
+
+def cough(seconds: float = 0.25, seed: int = 0) -> FloatAudio:
+    """A cough-like burst: band-limited noise under a fast attack, slow decay envelope."""
+    rng = np.random.default_rng(seed)
+    samples = int(seconds * ASR_SAMPLE_RATE)
+    noise = np.convolve(rng.standard_normal(samples), np.ones(8) / 8, mode="same")
+    envelope = np.minimum(np.linspace(0, 8, samples), 1) * np.exp(-np.linspace(0, 5, samples))
+    return (0.4 * noise * envelope / np.abs(noise).max()).astype(np.float32)
+
+
+def interruptions(all_voices: list[Voice], recognizer: Any) -> dict[str, Any]:
+    """Resume / cancel outcomes for backchannels, a cough, and real interruptions."""
+    policy = InterruptionPolicy()
+    heard: list[dict[str, Any]] = []
+    spoken = [(text, "resume") for text in BACKCHANNELS] + [(text, "cancel") for text in INTERRUPTIONS]
+    for voice in all_voices:
+        for text, expected in spoken:
+            transcript = recognizer.transcribe(voice.synthesize(text), quick=True)
+            heard.append({"voice": voice.name, "said": text, "transcript": transcript, "expected": expected})
+    for seed in range(3):
+        transcript = recognizer.transcribe(cough(seed=seed), quick=True)
+        heard.append({"voice": "noise", "said": "(cough)", "transcript": transcript, "expected": "resume"})
+    for row in heard:
+        row["outcome"] = policy.decide(row["transcript"])
+    right = {kind: [r for r in heard if r["expected"] == kind] for kind in ("resume", "cancel")}
+    return {
+        "backchannels_resumed": f"{sum(r['outcome'] == 'resume' for r in right['resume'])}/{len(right['resume'])}",
+        "interruptions_cancelled": f"{sum(r['outcome'] == 'cancel' for r in right['cancel'])}/{len(right['cancel'])}",
+        "wrong": [r for r in heard if r["outcome"] != r["expected"]],
+    }
+
+
+def main(quick: bool) -> dict[str, Any]:
+    from schedulers.speech.asr import shared_recognizer
+    from schedulers.speech.turn_model import TurnModel
+
+    recognizer = shared_recognizer("faster-whisper")
+    model = TurnModel(threads=1)
+    load_before = os.getloadavg()[0]
+    all_voices = voices(quick)
+    utterances = [
+        measure(text, complete, how, speech, voice.name, recognizer, model)
+        for voice in all_voices
+        for whole, cut in (SENTENCES[:8] if quick else SENTENCES)
+        for text, complete, how, speech in spoken(voice, whole, cut)
+    ]
+    # Precision against each kind of cut on its own: every set holds as many cuts as complete turns.
+    against = {cut: [u for u in utterances if u.how in ("complete", cut)] for cut in HOW[1:]}
+    scores = {
+        cut: {name: score(subset, detector) for name, detector in detectors().items()}
+        for cut, subset in against.items()
+    }
+    by_voice = {
+        voice: score([u for u in against["cut, continuing"] if u.voice == voice], semantic(policy_for("medium")))
+        for voice in sorted({u.voice for u in utterances})
+    }
+    return {
+        "cpus": os.cpu_count(),
+        "load_avg_before": load_before,
+        "utterances": {how: sum(u.how == how for u in utterances) for how in HOW},
+        "voices": sorted({u.voice for u in utterances}),
+        "per_decision_ms": per_decision(utterances),
+        "detectors": scores,
+        "semantic_vad_medium_by_voice_cut_continuing": by_voice,
+        "false_interruptions": interruptions(all_voices, recognizer),
+        "judged_pauses": [
+            {
+                "voice": u.voice,
+                "text": u.text,
+                "how": u.how,
+                "complete": u.complete,
+                "final": p.final,
+                "transcript": p.transcript,
+                "unfinished": p.unfinished,
+                "probability": round(p.probability, 3),
+            }
+            for u in utterances
+            for p in u.pauses
+        ],
+        "load_avg_after": os.getloadavg()[0],
+    }
+
+
+def report(figures: dict[str, Any]) -> None:
+    print(f"utterances: {figures['utterances']}  voices: {', '.join(figures['voices'])}")
+    decision = figures["per_decision_ms"]
+    print(
+        f"per decision ({decision['decisions']}): words p50 {decision['words_ms']['p50']} ms,"
+        f" audio model p50 {decision['model_ms']['p50']} ms (p90 {decision['model_ms']['p90']}),"
+        f" transcript ASR p50 {decision['asr_ms']['p50']} ms"
+    )
+    print("complete-turn latency: end of speech -> decision (with compute; silence waited alone)")
+    for cut, rows in figures["detectors"].items():
+        print(f"\ncomplete turns against {cut!r} ones")
+        print(
+            f"{'detector':<22} {'precision':>9} {'recall':>7} {'false':>6} {'p50 ms':>8} {'p90 ms':>8} {'silence':>8}"
+        )
+        for name, row in rows.items():
+            latency, silence = row["complete_turn_latency_ms"], row["complete_turn_silence_ms"]
+            print(
+                f"{name:<22} {row['precision']!s:>9} {row['recall']!s:>7} {row['false_ends']:>6}"
+                f" {latency['p50']!s:>8} {latency['p90']!s:>8} {silence['p50']!s:>8}"
+            )
+    outcomes = figures["false_interruptions"]
+    print(
+        f"false interruptions: backchannels resumed {outcomes['backchannels_resumed']},"
+        f" real interruptions cancelled {outcomes['interruptions_cancelled']}"
+    )
+    for row in outcomes["wrong"]:
+        print(f"  wrong: {row['voice']} said {row['said']!r}, heard {row['transcript']!r} -> {row['outcome']}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two voices and eight sentence pairs")
+    args = parser.parse_args()
+    results = main(args.quick)
+    report(results)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")

@@ -1,0 +1,88 @@
+"""The README's commands install what the shipped configs need, and CI runs the README's test command."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+CPU_CONFIGS = ["speech.toml", "omni-tiny.toml", "realtime-llm.toml"]  # configs/qwen3-omni.toml needs a GPU
+COMMANDS = re.findall(r"^    (python3 -m venv .*)$", README, re.M)
+# What validating a config imports beyond omnitrio.config itself, as top-level module names.
+PROBE = """
+import json, sys
+from omnitrio.config import load
+before = set(sys.modules)
+load(sys.argv[1])
+print(json.dumps(sorted({name.partition(".")[0] for name in set(sys.modules) - before})))
+"""
+
+
+def extras(command: str) -> list[str]:
+    (found,) = re.findall(r"pip install (?:-q )?-e '\.\[([^\]]*)\]'", command)
+    return found.split(",")
+
+
+def installs(names: list[str]) -> set[str]:
+    """The distributions that installing omnitrio with ``names`` as extras brings in (from what is installed here)."""
+    pending = [Requirement(r) for r in PYPROJECT["dependencies"]]
+    pending += [Requirement(r) for name in names for r in PYPROJECT["optional-dependencies"][name]]
+    seen: set[str] = set()
+    while pending:
+        requirement = pending.pop()
+        name = canonicalize_name(requirement.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = importlib.metadata.requires(requirement.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for text in requires:
+            nested = Requirement(text)
+            wanted = requirement.extras or {""}
+            if nested.marker is None or any(nested.marker.evaluate({"extra": extra}) for extra in wanted):
+                pending.append(nested)
+    return seen
+
+
+def imported_distributions(config: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(ROOT / "configs" / config)], capture_output=True, text=True, check=True
+    )
+    owners = importlib.metadata.packages_distributions()
+    modules = json.loads(done.stdout)
+    return {canonicalize_name(dist) for module in modules for dist in owners.get(module, [])} - {"omnitrio"}
+
+
+def test_the_readme_gives_a_first_command_and_a_test_command() -> None:
+    assert len(COMMANDS) == 2 and "omnitrio serve" in COMMANDS[0] and "pytest" in COMMANDS[1]
+
+
+@pytest.mark.parametrize("config", CPU_CONFIGS)
+def test_the_first_command_installs_what_checking_a_shipped_cpu_config_imports(config: str) -> None:
+    missing = imported_distributions(config) - installs(extras(COMMANDS[0]))
+    assert not missing, f"check configs/{config} imports {sorted(missing)}, which the README's first command lacks"
+
+
+def test_torch_is_pinned_wherever_an_extra_names_it() -> None:
+    for name, requirements in PYPROJECT["optional-dependencies"].items():
+        for requirement in map(Requirement, requirements):
+            if requirement.name == "torch":
+                assert str(requirement.specifier) == "==2.13.0", name
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    script = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert script[-1] == COMMANDS[1]
