@@ -70,13 +70,11 @@ def bandwidth_gb_s() -> float:
 
 
 def bytes_per_token(model: TinyLlama) -> int:
-    total = 0
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if not name.startswith(("embed", "rope")):
-            total += tensor.nbytes
-    if model.config.tie_embeddings and isinstance(model.lm_head, torch.nn.Linear):
-        total += model.embed.weight.nbytes
-    return total
+    """Bytes of every tensor a decode step reads whole: all but the embedding table (one row of it
+    is read) and the RoPE tables; a tied output projection counts once."""
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]
+    read = {t.data_ptr(): t.nbytes for name, t in named if not name.startswith(("embed", "rope"))}
+    return sum(read.values())
 
 
 def chat(tokenizer: ChatTokenizer, text: str) -> list[int]:
