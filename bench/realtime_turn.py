@@ -6,7 +6,11 @@ client streaming its microphone in real time (100 ms chunks: speech, then silenc
 and at 8 concurrent sessions (their turns start 0.6 s apart, like independent users). Barge-in:
 while an answer streams, the client starts speaking; measured from sending the first speech chunk,
 and from receiving ``speech_started``, to ``response.done`` (cancelled); plus ``response.cancel`` to
-``response.done``. Audio deltas received after ``speech_started`` are counted (should be 0).
+``response.done``. Audio deltas received after ``speech_started`` are counted (should be 0), and the
+audio the client held unplayed at ``speech_started`` (received minus played in real time since the
+first delta: at most the server's lead). The server's own figures come from its ``/metrics``:
+interruption to the last audio byte sent and to every stage having let the request go, audio unplayed
+at the interruption, time to first audio, real-time factor and underruns of the audio sent.
 
 Run: ``.venv/bin/python bench/realtime_turn.py [--turns 4] [--sessions 1 8]``. The server runs in a
 subprocess (its own GIL), started as a user would. Figures go to ``bench/results/realtime_turn.json``.
@@ -26,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,8 +122,10 @@ async def barge_in(url: str, long_clip: bytes, interruption: bytes) -> dict[str,
         while (await rt.receive())["type"] != "input_audio_buffer.committed":
             pass
         await rt.send({"type": "response.create"})
-        while (await rt.receive())["type"] != "response.output_audio.delta":
+        while (event := await rt.receive())["type"] != "response.output_audio.delta":
             pass
+        first_audio = trio.current_time()
+        received = len(base64.b64decode(event["delta"]))
         result: dict[str, float] = {}
         async with trio.open_nursery() as nursery:
             sent = trio.current_time()
@@ -130,8 +137,12 @@ async def barge_in(url: str, long_clip: bytes, interruption: bytes) -> dict[str,
                 match event["type"]:
                     case "response.output_audio.delta" if started_at is not None:
                         late += 1
+                    case "response.output_audio.delta":
+                        received += len(base64.b64decode(event["delta"]))
                     case "input_audio_buffer.speech_started":
                         started_at = trio.current_time()
+                        held = received / 2 / RATE - (started_at - first_audio)
+                        result["client_held_unplayed_at_speech_started_s"] = round(held, 3)
                     case "response.done":
                         now = trio.current_time()
                         result["cancelled"] = event["response"]["status"] == "cancelled"
@@ -159,6 +170,35 @@ async def cancel_time(url: str, long_clip: bytes) -> float:
                 await rt.send({"type": "response.cancel"})
             if event["type"] == "response.done":
                 return 1000 * (trio.current_time() - sent)
+
+
+SERVER_FIGURES = {
+    "interrupt_to_last_audio_sent_ms": "omnitrio_realtime_interrupt_to_last_audio_seconds",
+    "interrupt_to_every_stage_released_ms": "omnitrio_realtime_interrupt_to_released_seconds",
+    "unplayed_audio_at_interrupt_ms": "omnitrio_realtime_unplayed_audio_at_interrupt_seconds",
+    "time_to_first_audio_ms": "omnitrio_realtime_time_to_first_audio_seconds",
+}
+
+
+def server_figures(port: int) -> dict[str, Any]:
+    """Means of the server's realtime histograms over the run (``/metrics``), and its underruns.
+
+    Empty for a server that does not export them (an older checkout measured as the baseline).
+    """
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    values = {
+        line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("omnitrio_realtime")
+    }
+    if not values:
+        return {}
+    figures: dict[str, Any] = {}
+    for key, name in SERVER_FIGURES.items():
+        count = values.get(f"{name}_count", 0.0)
+        figures[key] = {"count": int(count), "mean": round(1000 * values[f"{name}_sum"] / count, 1) if count else None}
+    count = values.get("omnitrio_realtime_audio_rtf_count", 0.0)
+    figures["audio_rtf_mean"] = round(values["omnitrio_realtime_audio_rtf_sum"] / count, 3) if count else None
+    figures["underruns"] = int(values.get("omnitrio_realtime_audio_underruns_total", 0))
+    return figures
 
 
 def summary(latencies: list[float]) -> dict[str, float]:
@@ -203,6 +243,7 @@ async def main(turns: int, session_counts: list[int]) -> dict[str, Any]:
             print(f"{sessions} session(s): {results[f'sessions_{sessions}']}", flush=True)
         results["barge_in"] = await barge_in(url, long_clip, interruption)
         results["response_cancel_ms"] = round(await cancel_time(url, long_clip), 1)
+        results["server"] = server_figures(port)
         results["load_avg_after"] = os.getloadavg()[0]
     finally:
         server.send_signal(signal.SIGINT)

@@ -65,6 +65,7 @@ import attrs
 import trio
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage
+from omnitrio.errors import StartupError
 from omnitrio.fairqueue import FairQueue
 
 DRAIN_BATCH = 256
@@ -413,6 +414,11 @@ class SchedulerBridge:
             try:
                 try:
                     self.scheduler.warm_up_serving_thread()
+                except Exception as exc:
+                    # Recorded before ``ready`` is set, so the stage never reports ready.
+                    failure.append(StartupError(f"stage {self.name!r}: scheduler failed to start: {exc}"))
+                    failure[0].__cause__ = exc
+                    return
                 finally:
                     token.run_sync_soon(ready.set)
                 self.scheduler.start()
@@ -427,7 +433,7 @@ class SchedulerBridge:
             except Exception as exc:
                 failure.append(exc)
             else:
-                if not self._stopping:
+                if not self._stopping and not failure:
                     failure.append(RuntimeError(f"scheduler of stage {self.name!r}: start() returned before stop()"))
             nursery.cancel_scope.cancel()
 

@@ -3,6 +3,7 @@
 ::
 
     python -m omnitrio serve [--config FILE] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
+                             [--api-key KEY ...] [--allowed-origin URL ...] [--limit NAME=VALUE ...]
     python -m omnitrio run [--config FILE] [--set k=v ...] [--audio-out FILE.wav] INPUT
     python -m omnitrio check [--set k=v ...] FILE
     python -m omnitrio trace ...            (omnitrio.trace, when it is installed)
@@ -12,6 +13,12 @@ the ``omnitrio`` package (the repository checkout an editable install points at)
 on loopback unless told otherwise; a busy port is an error that names the address (checked before
 any model loads, never a silent switch to another port). SIGINT or SIGTERM drains in-flight requests
 and exits 0. Exit codes: 0 success, 1 the request or the server failed, 2 bad usage or config.
+
+Who may use the server: with ``--api-key`` (repeatable) or ``OMNITRIO_API_KEY`` (keys separated by
+commas), every ``/v1/*`` route needs ``Authorization: Bearer KEY`` (:mod:`omnitrio.serve.auth`);
+listening beyond loopback without a key logs a warning. ``--allowed-origin`` turns CORS on for those
+origins. ``--limit`` sets one of the server's limits (:mod:`omnitrio.serve.limits`); ``check`` prints
+them with the values the pipeline gets.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import shlex
 import sys
 import time
@@ -35,6 +43,7 @@ import trio
 
 from omnitrio.config import PipelineConfig, load
 from omnitrio.errors import ConfigError, StartupError
+from omnitrio.importing import import_object
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "speech.toml"
 log = logging.getLogger("omnitrio.cli")
@@ -84,6 +93,35 @@ def build_parser() -> argparse.ArgumentParser:
         "default_timeout, else the server's 300; 0: none)",
     )
     overrides(serve)
+    serve.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require this key (Authorization: Bearer KEY) on /v1/* (repeatable; also OMNITRIO_API_KEY, "
+        "comma-separated, which keeps keys out of the process list)",
+    )
+    serve.add_argument(
+        "--public-metrics", action="store_true", help="serve /metrics without a key even when keys are set"
+    )
+    serve.add_argument(
+        "--allowed-origin",
+        dest="allowed_origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from this origin use the server (CORS; e.g. https://app.example; '*' for any; "
+        "repeatable; default: none)",
+    )
+    serve.add_argument(
+        "--limit",
+        dest="limits",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set one server limit, e.g. --limit max_realtime_sessions=8 (repeatable; 'check' lists them)",
+    )
 
     run = commands.add_parser(
         "run",
@@ -188,9 +226,35 @@ def _inline(config: PipelineConfig) -> bool:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from omnitrio.serve.limits import limits_for, session_stages
+
     config = load_config(args.file, args.overrides)
     print(describe(config))
-    return 0
+    print(f"server limits (serve --limit NAME=VALUE):\n{limits_for(config).describe()}")
+    stages = ", ".join(f"{name} max_sessions={limit}" for name, limit in session_stages(config).items())
+    print(f"  (max_realtime_sessions follows the session stages: {stages or 'none'})")
+    problems = preflight(config)
+    for problem in problems:
+        print(f"omnitrio: error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def preflight(config: PipelineConfig) -> list[str]:
+    """What stage factories with a ``preflight(**factory_args)`` say about running here, one line each.
+
+    A factory that needs an optional package (``sglang``, say) names what to install, and checks
+    its arguments against that package when it is installed; the factory itself is not called.
+    """
+    problems = []
+    for stage in config.stages:
+        check = getattr(import_object(stage.factory_path), "preflight", None)
+        if check is None:
+            continue
+        try:
+            check(**stage.factory.to_kwargs())
+        except Exception as exc:
+            problems.append(f"stage {stage.name!r}: {exc}")
+    return problems
 
 
 def describe(config: PipelineConfig) -> str:
@@ -219,8 +283,15 @@ def describe(config: PipelineConfig) -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve import BindError, bind_socket
+    from omnitrio.serve.auth import keys_from
+    from omnitrio.serve.limits import limits_for
 
     config = load_config(args.config, args.overrides)
+    try:
+        args.api_keys = keys_from(args.api_keys, os.environ)
+        args.limits = limits_for(config, args.limits)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     _log_to_stderr()
     try:
         bind_socket(args.host, args.port).close()  # fail on a busy port now, not after loading models
@@ -258,6 +329,10 @@ async def _serve_async(config: PipelineConfig, args: argparse.Namespace) -> None
                 port=args.port,
                 graceful_timeout=args.graceful_timeout,
                 request_timeout=request_timeout(args.request_timeout, config, DEFAULT_REQUEST_TIMEOUT_S),
+                limits=args.limits,
+                api_keys=args.api_keys,
+                public_metrics=args.public_metrics,
+                allowed_origins=args.allowed_origins,
             )
             port = await nursery.start(serving)
             print(f"omnitrio: serving {pipeline.name!r} on http://{args.host}:{port} (Ctrl-C stops)", file=sys.stderr)

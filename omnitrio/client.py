@@ -29,9 +29,10 @@ class ApiResponseError(Exception):
 class OmnitrioClient:
     """Client for one server, e.g. ``OmnitrioClient("http://127.0.0.1:8000")``."""
 
-    def __init__(self, base_url: str, *, timeout: float | None = 60.0) -> None:
+    def __init__(self, base_url: str, *, timeout: float | None = 60.0, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers)
 
     async def __aenter__(self) -> OmnitrioClient:
         return self
@@ -122,9 +123,12 @@ class RealtimeClient:
 
 
 @asynccontextmanager
-async def open_realtime(url: str, *, max_message_size: int = 16 * 1024 * 1024) -> AsyncIterator[RealtimeClient]:
+async def open_realtime(
+    url: str, *, max_message_size: int = 16 * 1024 * 1024, api_key: str | None = None
+) -> AsyncIterator[RealtimeClient]:
     """Connect to ``ws://host:port/v1/realtime``; the socket closes when the block exits."""
+    headers = [(b"Authorization", f"Bearer {api_key}".encode())] if api_key else None
     async with trio_websocket.open_websocket_url(
-        url, max_message_size=max_message_size, message_queue_size=64
+        url, max_message_size=max_message_size, message_queue_size=64, extra_headers=headers
     ) as connection:
         yield RealtimeClient(connection)

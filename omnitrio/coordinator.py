@@ -297,7 +297,9 @@ class Coordinator:
                     error = Overloaded(envelope.rid, f"stage {stage!r}: {message}")
                 else:
                     error = RequestFailed(envelope.rid, stage, error_type, message)
-                self._emit(envelope.rid, "request_failed", {"stage": stage, "error_type": error_type})
+                self._emit(
+                    envelope.rid, "request_failed", {"stage": stage, "error_type": error_type, "message": message}
+                )
                 self._abort_everywhere(handle, error)
             case Released(stage=stage):
                 handle.unacked.discard(stage)

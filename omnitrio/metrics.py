@@ -23,7 +23,7 @@ Metric names and labels::
     omnitrio_time_to_first_token_seconds               histogram  submit → first text/tokens chunk
     omnitrio_time_to_first_audio_seconds               histogram  submit → first audio chunk
     omnitrio_requests_total{outcome}                   counter    completed | failed | aborted | rejected
-    omnitrio_stage_failures_total{stage, error_type}   counter
+    omnitrio_stage_failures_total{stage, error_type}   counter   (each failure is also logged, as a warning)
     omnitrio_aborts_total{reason}                      counter
 
 All methods are for the coordinator's thread; prometheus_client itself is thread-safe.
@@ -173,7 +173,15 @@ class PipelineMetrics:
                     self.request_finished("completed", now - live.started)
             case events.REQUEST_FAILED:
                 if self._live.pop(request_id, None) is not None:
-                    self.stage_failed(str(fields.get("stage", "unknown")), str(fields.get("error_type", "unknown")))
+                    stage, error_type = str(fields.get("stage", "unknown")), str(fields.get("error_type", "unknown"))
+                    log.warning(
+                        "request %r failed at stage %r: %s: %s",
+                        request_id,
+                        stage,
+                        error_type,
+                        fields.get("message", ""),
+                    )
+                    self.stage_failed(stage, error_type)
                     self.request_finished("failed")
             case events.REQUEST_ABORTED:
                 if self._live.pop(request_id, None) is not None:

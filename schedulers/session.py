@@ -21,7 +21,8 @@ What a caller may rely on:
 * ``abort(request_id)`` cancels one *command*: a queued open or append never runs, a running
   one has its remaining outputs dropped (the hook itself runs to completion), and a close or
   abort still releases the session, silently.  Other commands of the session are unaffected:
-  the ``abort`` op is what ends a session early.  After ``hooks.abort`` the scheduler
+  the ``abort`` op is what ends a session early, and aborting a session that is not open (its
+  ``open`` was aborted, or it is gone already) succeeds and does nothing.  After ``hooks.abort`` the scheduler
   always calls ``hooks.close`` to release resources, and discards what it returns.
 * A failing ``open`` leaves no session; a failing ``append`` or ``close`` fails that command
   and leaves the session as the hook left it (``close`` failures still remove it).
@@ -243,13 +244,20 @@ class SessionScheduler:
             command = SessionCommand.parse(raw)
             work = _Work(request_id, payload, command)
             with self._lock:
-                session = self._route(work)
-                self._live[request_id] = work
-                session.queue.append(work)
-                start = not session.running
-                session.running = True
+                if command.op == "abort" and command.session_id not in self._sessions:
+                    session = None  # never opened, or gone already: aborting it is done
+                else:
+                    session = self._route(work)
+                    self._live[request_id] = work
+                    session.queue.append(work)
+                    start = not session.running
+                    session.running = True
         except Exception as exc:
             self._fail(request_id, exc)
+            return
+        if session is None:
+            payload.data = {"session_id": command.session_id, "op": "abort"}
+            self.outbox.put(OutgoingMessage(request_id, "result", data=payload))
             return
         if start:
             self._submit(session)
@@ -360,6 +368,8 @@ class SessionScheduler:
                 session.opened = True
                 self._account(session)
                 return None
+            case "abort" if not session.opened:
+                return None  # its open was aborted before it ran: nothing to release
             case _ if not session.opened:
                 raise ValueError(f"session {command.session_id!r} is not open ({command.op})")
             case "append":

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import subprocess
+import sys
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from omnitrio import PipelineConfig, StageConfig, open_pipeline
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
-from schedulers.ar.sglang_backend import SGLangScheduler, create_sglang_scheduler
+from omnitrio.errors import StartupError
+from schedulers.ar.sglang_backend import SGLangScheduler, create_sglang_scheduler, per_token_hidden_states, shut_down
 
 
 class FakeSGLangEngine:
@@ -173,3 +181,91 @@ def test_real_sglang_engine_streams_text() -> None:
     finally:
         scheduler.stop()
         thread.join(timeout=60)
+
+
+def test_hidden_states_are_one_row_per_output_token() -> None:
+    prefill = [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]  # one row per prompt position; the last made token 1
+    hidden = per_token_hidden_states([prefill, [3.0, 3.0], [4.0, 4.0]])
+    assert hidden.dtype == torch.float32
+    assert hidden.tolist() == [[2.0, 2.0], [3.0, 3.0], [4.0, 4.0]]
+
+
+def test_return_hidden_states_is_asked_of_the_engine(fake) -> None:
+    scheduler, engines = fake()
+    scheduler.inbox.put(new_request("h", "hi", max_new_tokens=2, return_hidden_states=True))
+    scheduler.inbox.put(new_request("plain", "hi", max_new_tokens=2))
+    until_done(scheduler, {"h", "plain"})
+    calls = {call["rid"]: call for call in engines[0].calls}
+    assert calls["h"]["return_hidden_states"] is True
+    assert "return_hidden_states" not in calls["plain"]
+
+
+# Like glibc's sem_open: map a temporary file, link it to its name, remove the temporary name.
+MAPS_AND_WAIT = """
+import mmap, os, sys, time
+temporary = sys.argv[1] + ".tmp"
+with open(temporary, "w+b") as f:
+    f.write(bytes(64))
+    f.flush()
+    mapped = mmap.mmap(f.fileno(), 0)
+os.link(temporary, sys.argv[1])
+os.unlink(temporary)
+print("mapped", flush=True)
+time.sleep(60)
+"""
+
+
+class ChildEngine:
+    """An engine with one child process that maps a file in /dev/shm; shutdown kills the child."""
+
+    def __init__(self, path: Path) -> None:
+        self.child = subprocess.Popen([sys.executable, "-c", MAPS_AND_WAIT, str(path)], stdout=subprocess.PIPE)
+        assert self.child.stdout is not None and self.child.stdout.readline() == b"mapped\n"
+
+    def get_all_child_pids(self) -> list[int]:
+        return [self.child.pid]
+
+    def shutdown(self) -> None:
+        self.child.kill()
+        self.child.wait()
+
+
+def test_shutdown_removes_the_shm_files_the_engine_children_mapped_and_no_other() -> None:
+    tag = uuid.uuid4().hex[:8]
+    own, other = Path(f"/dev/shm/sglang_loads_omnitrio-test-{tag}.shm"), Path(f"/dev/shm/sem.mp-omnitrio-test-{tag}")
+    try:
+        other.write_bytes(bytes(64))
+        shut_down(ChildEngine(own))
+        assert not own.exists()
+        assert other.exists()
+    finally:
+        for path in (own, other):
+            path.unlink(missing_ok=True)
+
+
+def test_check_names_what_to_install_when_sglang_is_missing() -> None:
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed here (tests/test_sglang_engine.py checks the config with it)")
+    config = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni.toml"
+    done = subprocess.run(
+        [sys.executable, "-m", "omnitrio", "check", str(config)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    assert "stage 'thinker': needs the `sglang` package" in done.stderr
+    assert "pip install 'omnitrio[sglang]'" in done.stderr
+
+
+def create_unstartable() -> SGLangScheduler:
+    def broken() -> Any:
+        raise OSError("no GPU here")
+
+    return SGLangScheduler(broken)
+
+
+async def test_an_engine_that_fails_to_start_fails_pipeline_start_up_naming_the_stage() -> None:
+    stage = StageConfig(name="thinker", factory_path=f"{__name__}.create_unstartable", terminal=True)
+    config = PipelineConfig(name="unstartable", stages=[stage])
+    for _ in range(10):  # the stage must never report ready first, whichever task trio runs first
+        with pytest.raises(StartupError, match=r"stage 'thinker': scheduler failed to start: .*no GPU here"):
+            async with open_pipeline(config, inline=True):
+                pass

@@ -100,6 +100,13 @@ def test_failure_is_counted_per_stage_and_error_type() -> None:
     assert sample(text, "omnitrio_request_latency_seconds_count") == 0
 
 
+def test_a_failure_is_also_logged_with_its_stage_and_message(caplog: pytest.LogCaptureFixture) -> None:
+    failed = {"stage": "talker", "error_type": "ValueError", "message": "no voice"}
+    feed(PipelineMetrics(), ("r1", "request_submitted", {}), ("r1", "request_failed", failed))
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "'r1' failed at stage 'talker': ValueError: no voice" in caplog.text
+
+
 def test_abort_is_counted_by_reason() -> None:
     metrics = PipelineMetrics()
     feed(metrics, ("r1", "request_submitted", {}), ("r1", "request_aborted", {"reason": "timeout"}))

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+import trio_websocket
 
 from omnitrio import open_pipeline
 from omnitrio.cli import DEFAULT_CONFIG
@@ -137,15 +138,17 @@ async def test_speaking_over_a_response_cancels_it_and_silences_its_audio() -> N
     assert events[-1]["response"]["status"] == "cancelled"
 
 
-async def test_a_session_past_the_asr_session_limit_gets_an_error_naming_it() -> None:
+async def test_a_session_past_the_asr_session_limit_is_refused_at_connect() -> None:
     async with realtime_url(["stream_asr.factory.max_sessions=1"]) as url, open_realtime(url) as first:
         await first.receive()
         await send_audio(first, pcm16("Hello.", silence_after=0.1))
         async with open_realtime(url) as second:
-            await second.receive()
-            error = (await events_until(second, "error", 10))[-1]["error"]
-    assert "max_sessions=1" in error["message"]
-    assert error["code"] == "overloaded"
+            error = (await second.receive())["error"]
+            with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+                await second.receive()
+    assert "max_realtime_sessions" in error["message"]
+    assert error["code"] == "session_limit_reached"
+    assert closed.value.reason.code == 1013
 
 
 async def test_closing_the_socket_releases_the_asr_session() -> None:

@@ -182,14 +182,15 @@ async def test_metrics_exposes_the_pipeline_registry(served: Served) -> None:
     assert "fake_requests_total 1.0" in metrics.text
 
 
-async def test_overloaded_pipeline_answers_503_even_for_a_stream(served: Served) -> None:
+async def test_overloaded_pipeline_answers_429_even_for_a_stream(served: Served) -> None:
     def create(c: Any) -> Any:
         messages = [{"role": "user", "content": "overload"}]
         return list(c.chat.completions.create(model="fake-omni", messages=messages, stream=True))
 
-    with pytest.raises(openai.InternalServerError) as caught:
+    with pytest.raises(openai.RateLimitError) as caught:
         await call(served, create)
-    assert caught.value.status_code == 503
+    assert caught.value.status_code == 429
+    assert caught.value.response.headers["retry-after"] == "1"
     assert cast(dict[str, Any], caught.value.body)["code"] == "overloaded"
 
 

@@ -86,7 +86,7 @@ async def test_client_raises_with_the_openai_error_fields(served: Served) -> Non
     async with OmnitrioClient(served.url) as client:
         with pytest.raises(ApiResponseError) as caught:
             await client.chat([{"role": "user", "content": "overload"}])
-    assert (caught.value.status, caught.value.error["code"]) == (503, "overloaded")
+    assert (caught.value.status, caught.value.error["code"]) == (429, "overloaded")
 
 
 @pytest.mark.slow

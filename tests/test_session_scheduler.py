@@ -175,6 +175,16 @@ def test_abort_op_aborts_then_closes_and_forgets_the_session(make: Any, hooks: L
     assert scheduler.open_sessions == 0
 
 
+def test_aborting_a_session_that_is_not_open_succeeds_and_does_nothing(make: Any, hooks: ListHooks) -> None:
+    """A client that leaves while its session opens aborts it; that is normal use, not a failure."""
+    scheduler = make()
+    scheduler.inbox.put(command("x", "abort", "never-opened"))
+    done = final(collect(scheduler, "x"), "x")
+    assert done.type == "result" and done.data.data == {"session_id": "never-opened", "op": "abort"}
+    assert hooks.calls == []
+    assert scheduler.open_sessions == 0
+
+
 def test_command_for_unknown_session_names_it(make: Any) -> None:
     scheduler = make()
     scheduler.inbox.put(command("a", "append", "ghost", chunk=1))

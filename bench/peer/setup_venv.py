@@ -17,7 +17,7 @@ import json
 import os
 import subprocess
 import sys
-import venv
+import venv as venv_module
 from pathlib import Path
 
 PEER_DIR = Path(__file__).resolve().parent
@@ -51,9 +51,17 @@ print(json.dumps(problems))
 """
 
 
-def python() -> Path:
-    """The peer venv's interpreter (it may not exist yet)."""
-    return VENV / "bin" / "python"
+def python(venv: Path = VENV) -> Path:
+    """A venv's interpreter, the peer's by default (it may not exist yet)."""
+    return venv / "bin" / "python"
+
+
+def create(venv: Path) -> list[str]:
+    """Create ``venv`` unless it exists; the ``pip install`` command line of its interpreter."""
+    if not python(venv).exists():
+        print(f"creating {venv}", flush=True)
+        venv_module.EnvBuilder(with_pip=True, clear=False).create(venv)
+    return [str(python(venv)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
 
 
 def is_ready() -> bool:
@@ -109,10 +117,7 @@ def advice(problems: dict[str, str]) -> str:
 def setup() -> None:
     """Create the venv, install the peer and check that it imports (idempotent)."""
     READY.unlink(missing_ok=True)
-    if not python().exists():
-        print(f"creating {VENV}", flush=True)
-        venv.EnvBuilder(with_pip=True, clear=False).create(VENV)
-    pip = [str(python()), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    pip = create(VENV)
     subprocess.run([*pip, "--no-deps", PEER_PACKAGE], check=True, env=clean_env())
     subprocess.run([*pip, *PEER_DEPS], check=True, env=clean_env())
     # pip reports sglang-omni's unmet requirements above; they are deliberately not installed.

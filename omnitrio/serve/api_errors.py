@@ -59,7 +59,7 @@ def from_pipeline_error(exc: BaseException) -> ApiError | None:
         case BaseExceptionGroup(exceptions=[single]):  # one error that crossed a nursery
             return from_pipeline_error(single)
         case Overloaded():
-            return ApiError(503, str(exc), "server_error", code="overloaded", headers={"Retry-After": "1"})
+            return ApiError(429, str(exc), "server_error", code="overloaded", headers={"Retry-After": "1"})
         case PipelineClosed():
             return ApiError(503, f"the pipeline is not running: {exc}", "server_error", code="unavailable")
         case RequestTimeout():

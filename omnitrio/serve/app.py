@@ -8,32 +8,36 @@ and ``/v1/models`` lists them per model (``serves``). A plain HTTP request to ``
 426 saying to connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
 An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
 in the body.
+
+Before a route runs, a request passes, in order: CORS and the WebSocket origin check
+(:mod:`.origins`), the API key check (:mod:`.auth`), and admission (:mod:`.admission`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
+import attrs
 import prometheus_client
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from omnitrio.serve.admission import Admission
 from omnitrio.serve.api_errors import ApiError, as_api_error
+from omnitrio.serve.auth import ApiKeys, RequireApiKey
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_REQUEST_TIMEOUT_S,
-    ServeContext,
-    ServedPipeline,
-    served_tasks,
-)
+from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, served_tasks
+from omnitrio.serve.limits import ServeLimits
+from omnitrio.serve.origins import browser_middleware
 from omnitrio.serve.realtime import realtime_endpoint
+from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 from omnitrio.serve.speech import create_speech
 from omnitrio.serve.transcription import create_transcription
 
@@ -41,25 +45,39 @@ from omnitrio.serve.transcription import create_transcription
 def create_app(
     pipeline: ServedPipeline,
     *,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+    limits: ServeLimits | None = None,
+    api_keys: ApiKeys | Iterable[str] = (),
+    public_metrics: bool = False,
+    allowed_origins: Sequence[str] = (),
     serves: Iterable[str] | None = None,
+    realtime_audio_lead: float = DEFAULT_LEAD,
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
-    ``max_body_bytes`` caps request bodies and uploads (413 beyond); ``request_timeout`` is the
-    deadline of each pipeline request, in seconds (a realtime session's each response and each
-    turn-detection command, not the socket): past it the client gets a 504 ``timeout`` error
-    (an ``error`` event on a stream or socket).  None leaves the pipeline's own
-    ``default_timeout``, which may be no deadline at all.
+    ``limits`` bound what the app takes (:mod:`.limits`; ``max_body_bytes``, when given, overrides
+    its field: 413 beyond). ``request_timeout`` is the deadline of each pipeline request, in seconds
+    (a realtime session's each response and each turn-detection command, not the socket): past it
+    the client gets a 504 ``timeout`` error (an ``error`` event on a stream or socket). None leaves
+    the pipeline's own ``default_timeout``, which may be no deadline at all. With ``api_keys``,
+    ``/v1/*`` (and ``/metrics`` unless ``public_metrics``) need one of them; ``allowed_origins``
+    turns CORS on for those origins.
     ``serves`` names the tasks offered (``"chat"``, ``"speech"``, ``"transcription"``,
     ``"realtime"``); None takes ``pipeline.config.serves``, and offers every route when that is unset.
+    ``realtime_audio_lead`` is how far (seconds) realtime audio may be sent ahead of real time.
     """
+    limits = limits or ServeLimits()
+    if max_body_bytes is not None:
+        limits = attrs.evolve(limits, max_body_bytes=max_body_bytes)
+    keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(tuple(api_keys))
     ctx = ServeContext(
         pipeline,
         served_tasks(pipeline, serves),
-        max_body_bytes=max_body_bytes,
+        max_body_bytes=limits.max_body_bytes,
         request_timeout=request_timeout,
+        realtime_audio_lead=realtime_audio_lead,
+        limits=limits,
     )
     routes = [
         Route("/health", partial(_health, ctx), methods=["GET"]),
@@ -73,7 +91,12 @@ def create_app(
         WebSocketRoute("/v1/realtime", partial(_realtime, ctx)),
     ]
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    middleware = [
+        *browser_middleware(allowed_origins),
+        Middleware(RequireApiKey, keys=keys, public_metrics=public_metrics),
+        Middleware(Admission, limits=limits),
+    ]
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
 
 
 def error_response(error: ApiError) -> JSONResponse:

@@ -136,6 +136,17 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def audio_seconds(data: bytes) -> float | None:
+    """The length of an uploaded file as its header states it, or None when it cannot be read."""
+    import soundfile
+
+    try:
+        info = soundfile.info(io.BytesIO(data))
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError):
+        return None
+    return info.frames / info.samplerate if info.samplerate > 0 else None
+
+
 def decode_audio_file(data: bytes) -> tuple[np.ndarray, int]:
     """Mono float32 samples and their rate from an uploaded file (WAV, FLAC, OGG/Vorbis/Opus, MP3…).
 

@@ -13,8 +13,9 @@ from starlette.requests import Request
 
 from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.api_errors import ApiError
+from omnitrio.serve.limits import DEFAULT_MAX_BODY_BYTES, ServeLimits
+from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 
-DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit for audio files
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 """The deadline of every pipeline request the server makes, unless told otherwise: a request
 that never finishes fails as a timeout instead of waiting forever."""
@@ -55,7 +56,9 @@ class ServeContext:
     serves: tuple[str, ...] = tuple(ROUTES)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S
+    realtime_audio_lead: float = DEFAULT_LEAD  # seconds of audio a realtime client may hold ahead of playback
     created: int = attrs.field(factory=lambda: int(time.time()))
+    limits: ServeLimits = attrs.field(factory=ServeLimits)
 
     def routes(self) -> list[str]:
         """The routes that hand the pipeline a task it serves, e.g. ``["POST /v1/chat/completions"]``."""

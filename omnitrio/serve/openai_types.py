@@ -83,6 +83,8 @@ def decode_json(body: bytes, kind: type[T]) -> T:
         raise bad_request(f"invalid request body: {message}", param=param) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply", code="invalid_json") from None
 
 
 def check_chat(request: ChatRequest) -> list[str]:

@@ -4,7 +4,8 @@ One :class:`Output` per request. :meth:`Output.add` takes each message in the or
 yields it and returns the :class:`Delta` items to forward (streaming routes send them, non-streaming
 routes ignore them); :meth:`Output.finish` returns the last deltas, including text, transcript or audio
 that a pipeline only put in its ``CompleteMessage.result`` and never streamed, so a pipeline that does
-not stream is served the same way as one that does. Totals (``text``, ``transcript``, ``pcm``,
+not stream is served the same way as one that does. An audio chunk that carries the ``text`` it
+speaks gives a transcript delta just before its audio delta. Totals (``text``, ``transcript``, ``pcm``,
 ``usage``) include every delta handed out.
 """
 
@@ -60,7 +61,9 @@ class Output:
     def add(self, message: StreamMessage | CompleteMessage) -> list[Delta]:
         match message:
             case StreamMessage(modality="audio", chunk=chunk):
-                return self._audio_delta(self._audio.push(chunk)) if self.want_audio else []
+                spoken = chunk.get("text") if isinstance(chunk, Mapping) else None
+                said = [self._record(Delta("transcript", spoken))] if isinstance(spoken, str) and spoken else []
+                return said + (self._audio_delta(self._audio.push(chunk)) if self.want_audio else [])
             case StreamMessage(modality="transcript", chunk=chunk):
                 return [self._record(Delta("transcript", str(chunk)))]
             case StreamMessage(chunk=chunk):

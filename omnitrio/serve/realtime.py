@@ -1,36 +1,36 @@
 """``WS /v1/realtime``: one OpenAI Realtime session per WebSocket.
 
 A connection is one nursery: a reader that applies client events in order, a writer that is the
-only task sending on the socket (every server event goes through its bounded channel, so a slow
-client back-pressures the response, never the reader's bookkeeping), the turn listener when server
-VAD is on, and at most one response task at a time (plus, with server VAD, one speculative one).
-A response runs ``pipeline.stream`` inside its own cancel scope: ``response.cancel`` or barge-in
-cancels that scope (the pipeline request is aborted at every stage, the audio deltas still queued
-for the socket are dropped, then ``response.done`` says ``cancelled``); the socket closing cancels
-the whole nursery, responses and the ASR session included.
+only task sending on the socket (every server event goes through its bounded channel, rendered for
+the client's protocol by :mod:`.realtime_protocol`), the turn listener when server VAD is on,
+transcriptions of committed audio (:mod:`.realtime_transcribe`), and at most one released response
+at a time (plus, with server VAD, one speculative one; :mod:`.realtime_response`). Closing the
+socket cancels the whole nursery: responses, transcriptions and the ASR session.
 
-Input audio is appended as base64 PCM16 24 kHz. With ``turn_detection: null`` it is committed by
-the client and answered on ``response.create`` as ``{"task": "realtime", "audio": float32 16 kHz
-array, "session": {...}}``. With server VAD (the default) the audio also streams to the
-pipeline's ASR session (:mod:`.realtime_listen`); its events drive the turn:
+Server events follow the order of the client's events. Audio is appended as base64 PCM16 24 kHz.
+``input_audio_buffer.commit`` (or, with server VAD, the end of a turn) makes the audio a user item
+of the conversation (:mod:`.realtime_conversation`): ``input_audio_buffer.committed``, then
+``conversation.item.added`` / ``.done``. Audio once committed or cleared never starts a turn later:
+VAD events about it are ignored, so a client that appends a recorded sentence in a burst and
+commits it by hand is not interrupted by its own sentence.
+
+With server VAD (the default) the audio also streams to the pipeline's ASR session
+(:mod:`.realtime_listen`); its events drive the turn:
 
 * ``speech_started``: ``input_audio_buffer.speech_started``; a response in progress is cancelled
-  (barge-in, unless ``interrupt_response`` is false) and any prepared answer is dropped;
+  (barge-in, unless ``interrupt_response`` is false: ``response.done`` says ``turn_detected``) and
+  any prepared answer is dropped;
 * ``speech_paused``: the answer to the turn so far is prepared speculatively — transcription,
   responder and TTS start at once, their output is held back;
 * ``speech_resumed``: the prepared answer is cancelled, silently;
-* ``speech_stopped``: ``input_audio_buffer.speech_stopped`` and ``.committed``, then the prepared
-  answer is released (``response.created`` and its held deltas at once), or, if none was
-  prepared, a response starts now (``create_response`` false: the turn waits for ``response.create``).
-
-Output audio is sent twice per chunk, as ``response.output_audio.delta`` (GA) and
-``response.audio.delta`` (beta), and likewise for the transcript and text deltas.
+* ``speech_stopped``: ``input_audio_buffer.speech_stopped`` and the commit, then the prepared
+  answer is released, or, if none was prepared, a response starts now (``create_response`` false:
+  the turn waits for ``response.create``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from functools import partial
 from typing import Any
 
@@ -39,42 +39,32 @@ import trio
 from starlette.websockets import WebSocket
 
 from omnitrio.serve.api_errors import as_api_error
-from omnitrio.serve.audio import REALTIME_RATE, TRANSCRIBE_RATE, b64, pcm16_to_float, resample
+from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServeContext, new_id
-from omnitrio.serve.output import Delta, Output
+from omnitrio.serve.realtime_conversation import Conversation, Item, client_item, user_audio_item
 from omnitrio.serve.realtime_listen import TurnListener
+from omnitrio.serve.realtime_metrics import realtime_metrics
+from omnitrio.serve.realtime_protocol import render, wants_beta
+from omnitrio.serve.realtime_response import Response, respond
 from omnitrio.serve.realtime_session import (
     EventError,
     TurnDetection,
     decode_audio_append,
     default_session,
     parse_event,
+    transcribes_input,
     turn_detection,
     updated_session,
 )
+from omnitrio.serve.realtime_transcribe import transcribe
 
-MAX_INPUT_BYTES = 32 * 1024 * 1024  # about 11 minutes of 24 kHz PCM16, uncommitted plus committed
 IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than this is dropped between turns
 OUTBOX_SIZE = 64
+RELEASE_TIMEOUT = 10.0  # how long an interrupted response's release is watched, for the metric
 _MS = REALTIME_RATE // 1000  # samples per millisecond at the API rate
-
-_DELTA_EVENTS = {
-    "audio": ("response.output_audio.delta", "response.audio.delta"),
-    "transcript": ("response.output_audio_transcript.delta", "response.audio_transcript.delta"),
-    "text": ("response.output_text.delta", "response.text.delta"),
-}
-_AUDIO_DELTAS = frozenset(_DELTA_EVENTS["audio"])
-
-
-@attrs.define(eq=False)
-class _Response:
-    """One response; it says nothing to the client until ``released`` (speculative until then)."""
-
-    id: str
-    item_id: str
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    released: trio.Event = attrs.field(factory=trio.Event)
-    announced: bool = False
+_RESPONSE_FIELDS = frozenset(
+    {"instructions", "output_modalities", "modalities", "max_output_tokens", "max_response_output_tokens", "voice"}
+)
 
 
 @attrs.define(eq=False)
@@ -93,23 +83,28 @@ async def realtime_endpoint(ctx: ServeContext, websocket: WebSocket) -> None:
 
 
 class RealtimeConnection:
-    """One session: its configuration, its input buffer, its in-flight and prepared responses."""
+    """One session: its configuration, input buffer, conversation, and in-flight and prepared responses."""
 
     def __init__(self, ctx: ServeContext, websocket: WebSocket) -> None:
         self.ctx = ctx
         self.websocket = websocket
+        self.beta = wants_beta(websocket)
+        self.lead = ctx.realtime_audio_lead
+        self.metrics = realtime_metrics(ctx.pipeline.metrics_registry)
         self.session = default_session(new_id("sess"), ctx.pipeline.name)
+        self.conversation = Conversation()
         self.buffer = bytearray()  # appended, not committed (PCM16 24 kHz)
         self.buffer_start = 0  # input offset of buffer[0], in samples since the connection opened
         self.appended = 0  # samples appended since the connection opened
-        self.turn: list[bytes] = []  # committed, not yet answered
+        self.consumed = 0  # input before this offset was committed or cleared: it starts no turn
         self.turn_start: int | None = None  # input offset where the current speech began (server VAD)
-        self.item_id = new_id("item")
-        self.response: _Response | None = None  # released: the client has seen response.created
-        self.speculative: _Response | None = None  # prepared ahead of speech_stopped
+        self.item_id = new_id("item")  # the id the next committed audio item will have
+        self.response: Response | None = None  # released: the client has seen response.created
+        self.speculative: Response | None = None  # prepared ahead of speech_stopped
         self.listening: _Listening | None = None
-        self._silenced: set[str] = set()  # cancelled responses whose queued audio is not sent
-        self._outbox, self._outbox_receive = trio.open_memory_channel[dict[str, Any]](OUTBOX_SIZE)
+        self._outbox, self._outbox_receive = trio.open_memory_channel[tuple[dict[str, Any], Response | None]](
+            OUTBOX_SIZE
+        )
         self._nursery: trio.Nursery | None = None
 
     async def run(self) -> None:
@@ -122,17 +117,32 @@ class RealtimeConnection:
             await self._read_events()
             nursery.cancel_scope.cancel()
 
-    async def emit(self, event: dict[str, Any]) -> None:
-        await self._outbox.send({"event_id": new_id("event"), **event})
+    async def emit(self, event: dict[str, Any], response: Response | None = None) -> None:
+        """Queue ``event`` (GA shape) for the client; ``response``: the response it belongs to."""
+        await self._outbox.send(({"event_id": new_id("event"), **event}, response))
 
     async def _write_events(self) -> None:
-        async for event in self._outbox_receive:
-            match event:
-                case {"type": kind, "response_id": rid} if kind in _AUDIO_DELTAS and rid in self._silenced:
-                    continue  # barge-in: audio of a cancelled response is not played
-                case {"type": "response.done", "response": {"id": rid}}:
-                    self._silenced.discard(rid)
-            await self.websocket.send_text(json.dumps(event, separators=(",", ":")))
+        async for event, response in self._outbox_receive:
+            audio = event["type"] == "response.output_audio.delta"
+            if audio and response is not None and response.silenced:
+                continue  # barge-in: audio of a cancelled response is not played
+            rendered = render(event, beta=self.beta)
+            if rendered is not None:
+                await self.websocket.send_text(json.dumps(rendered, separators=(",", ":")))
+            if response is not None:
+                self._sent(response, event["type"])
+
+    def _sent(self, response: Response, kind: str) -> None:
+        now = trio.current_time()
+        match kind:
+            case "response.output_audio.delta":
+                if response.first_audio_sent is None:
+                    response.first_audio_sent = now
+                    self.metrics.time_to_first_audio.observe(now - response.released_at)
+                response.last_audio_sent = now
+            case "response.done" if response.interrupted_at is not None:
+                last = response.last_audio_sent or response.interrupted_at
+                self.metrics.to_last_audio.observe(max(0.0, last - response.interrupted_at))
 
     async def _read_events(self) -> None:
         while True:
@@ -169,26 +179,46 @@ class RealtimeConnection:
                         "the input audio buffer is empty; append audio before committing",
                         code="input_audio_buffer_commit_empty",
                     )
-                self.turn.append(self._take_input(self.buffer_start + len(self.buffer) // 2))
-                await self._committed()
+                await self._commit(self._take_input(self.buffer_start + len(self.buffer) // 2))
             case "input_audio_buffer.clear":
                 self._take_input(self.buffer_start + len(self.buffer) // 2)
                 await self.emit({"type": "input_audio_buffer.cleared"})
+            case "conversation.item.create":
+                item = client_item(event.get("item"), new_id("item"))
+                previous = self.conversation.insert(item, event.get("previous_item_id"))
+                if not item.transcribed.is_set():
+                    self._transcribe(item)
+                await self._item_added(item, previous)
+            case "conversation.item.retrieve":
+                item = self.conversation.get(event.get("item_id"))
+                await self.emit({"type": "conversation.item.retrieved", "item": item.public(with_audio=True)})
+            case "conversation.item.delete":
+                item = self.conversation.get(event.get("item_id"))
+                item.transcription.cancel()
+                self.conversation.delete(item.id)
+                await self.emit({"type": "conversation.item.deleted", "item_id": item.id})
+            case "conversation.item.truncate":
+                fields = {key: event.get(key) for key in ("item_id", "content_index", "audio_end_ms")}
+                self.conversation.truncate(**fields)
+                await self.emit({"type": "conversation.item.truncated", **fields})
             case "response.create":
                 self._start_response(event.get("response"))
             case "response.cancel":
                 if self.response is None:
                     raise EventError("there is no response in progress to cancel", code="response_cancel_not_active")
-                self._cancel(self.response)
+                self.response.interrupt("client_cancelled")
+                self._interrupted(self.response)
             case unknown:
                 raise EventError(f"unknown event type {unknown!r}", "type", code="unknown_event")
 
     # -- input audio -----------------------------------------------------------------------
 
     def _append(self, data: bytes) -> None:
-        if len(self.buffer) + sum(map(len, self.turn)) + len(data) > MAX_INPUT_BYTES:
+        limit = int(self.ctx.limits.max_audio_seconds * REALTIME_RATE) * 2  # PCM16 not yet committed
+        if len(self.buffer) + len(data) > limit:
             raise EventError(
-                f"the input audio buffer is full ({MAX_INPUT_BYTES} bytes); commit or clear it",
+                f"the input audio buffer is full ({limit} bytes, max_audio_seconds ="
+                f" {self.ctx.limits.max_audio_seconds}); commit or clear it",
                 "audio",
                 code="input_audio_buffer_full",
             )
@@ -205,12 +235,14 @@ class RealtimeConnection:
     def _take_input(self, end: int, start: int | None = None) -> bytes:
         """The buffered input from ``start`` (default: the buffer's start) to ``end``, removed from the buffer.
 
-        Anything before ``end`` leaves the buffer; a prepared answer and the current speech go with it.
+        Anything before ``end`` leaves the buffer and can start no turn; a prepared answer and the
+        current speech go with it.
         """
         begin = max(0, (start if start is not None else self.buffer_start) - self.buffer_start)
         stop = max(begin, end - self.buffer_start)
         audio = bytes(self.buffer[2 * begin : 2 * stop])
         self._drop_input(end)
+        self.consumed = max(self.consumed, end)
         self._drop_speculation()
         self.turn_start = None
         return audio
@@ -220,9 +252,31 @@ class RealtimeConnection:
         del self.buffer[: 2 * drop]
         self.buffer_start += drop
 
-    async def _committed(self) -> None:
-        await self.emit({"type": "input_audio_buffer.committed", "item_id": self.item_id, "previous_item_id": None})
+    def _turn_item(self, audio: bytes) -> Item:
+        """A user audio item for the next commit, its transcription started."""
+        item = user_audio_item(self.item_id, audio)
+        self._transcribe(item)
+        return item
+
+    def _transcribe(self, item: Item) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(partial(transcribe, self, item, report=transcribes_input(self.session)))
+
+    async def _commit(self, audio: bytes, item: Item | None = None) -> Item:
+        """Make ``audio`` a user item (``item``: one prepared for it) and tell the client."""
+        if item is None:
+            item = self._turn_item(audio)
+        item.audio[:] = audio
+        previous = self.conversation.insert(item)
+        await self.emit({"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous})
+        await self._item_added(item, previous)
         self.item_id = new_id("item")
+        return item
+
+    async def _item_added(self, item: Item, previous: str | None) -> None:
+        await self.emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.public()})
+        await self.emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item.public()})
+        item.announced.set()
 
     # -- server VAD --------------------------------------------------------------------------
 
@@ -264,38 +318,41 @@ class RealtimeConnection:
         ms = next((event[key] for key in ("audio_start_ms", "audio_end_ms", "audio_ms") if key in event), 0)
         offset = listening.base + _MS * int(ms)
         match event.get("type"):
-            case "speech_started":
+            case "speech_started" if offset >= self.consumed:
                 self._drop_speculation()
                 self.turn_start = max(offset, self.buffer_start)
                 if detection.interrupt_response and self.response is not None:
-                    self._cancel(self.response)  # barge-in; before the event, so no audio follows it
+                    self.response.interrupt("turn_detected")  # before the event, so no audio follows it
+                    self._interrupted(self.response)
                 started = {"audio_start_ms": offset // _MS, "item_id": self.item_id}
                 await self.emit({"type": "input_audio_buffer.speech_started", **started})
-            case "speech_paused":
-                if detection.create_response and self.response is None and self.turn_start is not None:
+            case "speech_paused" if self.turn_start is not None:
+                if detection.create_response and self.response is None:
                     self._drop_speculation()
                     begin, end = self.turn_start - self.buffer_start, offset - self.buffer_start
-                    self.speculative = self._launch(bytes(self.buffer[2 * begin : 2 * end]), dict(self.session))
+                    item = self._turn_item(bytes(self.buffer[2 * begin : 2 * end]))
+                    self.speculative = self._launch(Response(dict(self.session), item, self.lead))
             case "speech_resumed":
                 self._drop_speculation()
-            case "speech_stopped":
+            case "speech_stopped" if self.turn_start is not None:
                 stopped = {"audio_end_ms": offset // _MS, "item_id": self.item_id}
                 await self.emit({"type": "input_audio_buffer.speech_stopped", **stopped})
                 prepared, self.speculative = self.speculative, None
-                audio = self._take_input(offset, self.turn_start)
-                await self._committed()
+                turn = prepared.turn if prepared is not None else None
+                item = await self._commit(self._take_input(offset, self.turn_start), turn)
                 if not detection.create_response or self.response is not None:
-                    self.turn.append(audio)
                     if prepared is not None:
                         prepared.scope.cancel()
                 elif prepared is not None:
                     self._release(prepared)
                 else:
-                    self._release(self._launch(audio, dict(self.session)))
+                    self._release(self._launch(Response(dict(self.session), item, self.lead)))
 
     def _drop_speculation(self) -> None:
         if self.speculative is not None:
             self.speculative.scope.cancel()
+            if self.speculative.turn is not None:
+                self.speculative.turn.transcription.cancel()
             self.speculative = None
 
     # -- responses ---------------------------------------------------------------------------
@@ -308,110 +365,42 @@ class RealtimeConnection:
                 f"response {self.response.id!r} is still in progress; cancel it or wait",
                 code="conversation_already_has_active_response",
             )
+        session = self.session
+        chosen = {key: value for key, value in (overrides or {}).items() if key in _RESPONSE_FIELDS}
+        if chosen:
+            try:
+                session = updated_session(session, chosen)
+            except EventError as error:
+                param = error.param.replace("session.", "response.", 1) if error.param else None
+                raise EventError(error.message.replace("session.", "response.", 1), param, error.code) from None
         self._drop_speculation()
-        audio = b"".join(self.turn)
-        self.turn.clear()
-        self._release(self._launch(audio, {**self.session, **(overrides or {})}))
+        self._release(self._launch(Response(dict(session), None, self.lead)))
 
-    def _launch(self, audio: bytes, session: dict[str, Any]) -> _Response:
-        """Start preparing a response; it stays silent until :meth:`_release`."""
+    def _launch(self, response: Response) -> Response:
+        """Start preparing ``response``; it stays silent until :meth:`_release`."""
         assert self._nursery is not None
-        response = _Response(new_id("resp"), new_id("item"))
-        self._nursery.start_soon(self._respond, response, audio, session)
+        self._nursery.start_soon(respond, self, response)
         return response
 
-    def _release(self, response: _Response) -> None:
+    def _release(self, response: Response) -> None:
         self.response = response
         response.released.set()
 
-    def _cancel(self, response: _Response) -> None:
-        self._silenced.add(response.id)
-        response.scope.cancel()
+    def _interrupted(self, response: Response) -> None:
+        if response.first_audio_sent is not None:
+            self.metrics.unplayed.observe(response.pacer.held(trio.current_time()))
 
-    async def _respond(self, response: _Response, audio: bytes, session: dict[str, Any]) -> None:
-        """One response, start to ``response.done``; the pipeline request lives in ``response.scope``."""
-        output = Output(audio_rate=REALTIME_RATE)
-        status: str = "completed"
-        details: dict[str, Any] | None = None
-        with response.scope:
-            deltas_in, deltas = trio.open_memory_channel[Delta | Exception](math.inf)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._produce, response, audio, session, output, deltas_in)
-                await response.released.wait()
-                response.announced = True
-                await self.emit({"type": "response.created", "response": self._response_body(response, "in_progress")})
-                async for item in deltas:
-                    if isinstance(item, Exception):
-                        error = as_api_error(item)
-                        status = "failed"
-                        failure = {"type": error.type, "code": error.code, "message": error.message}
-                        details = {"type": "failed", "error": failure}
-                        await self.emit({"type": "error", "error": {**failure, "param": None, "event_id": None}})
-                        break
-                    await self._delta(response, item)
+    def finished(self, response: Response) -> None:
+        """Called by the response once its work is over, before its ``.done`` events."""
         if self.response is response:
             self.response = None
-        if not response.announced:
-            return  # a speculative answer that was never released: the client never heard of it
-        if response.scope.cancelled_caught:
-            status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
-        ids = {"response_id": response.id, "item_id": response.item_id, "output_index": 0, "content_index": 0}
-        if status == "completed":
-            await self.emit({"type": "response.output_audio.done", **ids})
-            await self.emit({"type": "response.output_audio_transcript.done", **ids, "transcript": output.transcript})
-        body = self._response_body(response, status, details, output)
-        await self.emit({"type": "response.done", "response": body})
+        if response.interrupted_at is not None and response.request_id is not None:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._watch_release, response)
 
-    async def _produce(
-        self,
-        response: _Response,
-        audio: bytes,
-        session: dict[str, Any],
-        output: Output,
-        deltas: trio.MemorySendChannel[Delta | Exception],
-    ) -> None:
-        """Run the pipeline request; its deltas (or its failure) go to ``deltas``, held until release."""
-        with deltas:
-            try:
-                samples = resample(pcm16_to_float(audio), REALTIME_RATE, TRANSCRIBE_RATE)
-                inputs = {"task": "realtime", "audio": samples, "session": session}
-                async with self.ctx.pipeline.stream(response.id, inputs, timeout=self.ctx.request_timeout) as messages:
-                    async for message in messages:
-                        for delta in output.add(message):
-                            deltas.send_nowait(delta)
-                for delta in output.finish():
-                    deltas.send_nowait(delta)
-            except Exception as exc:
-                deltas.send_nowait(exc)
-
-    async def _delta(self, response: _Response, delta: Delta) -> None:
-        value = b64(delta.value) if delta.kind == "audio" else delta.value
-        fields = {"response_id": response.id, "item_id": response.item_id, "output_index": 0, "content_index": 0}
-        for name in _DELTA_EVENTS[delta.kind]:
-            await self.emit({"type": name, **fields, "delta": value})
-
-    def _response_body(
-        self, response: _Response, status: str, details: dict[str, Any] | None = None, output: Output | None = None
-    ) -> dict[str, Any]:
-        content = []
-        if output is not None:
-            content.append({"type": "output_audio", "transcript": output.transcript})
-            if output.text:
-                content.append({"type": "output_text", "text": output.text})
-        item = {
-            "id": response.item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "assistant",
-            "status": "completed" if status == "completed" else "incomplete",
-            "content": content,
-        }
-        return {
-            "id": response.id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": details,
-            "output": [item] if output is not None else [],
-            "output_modalities": self.session.get("output_modalities", ["audio"]),
-            "usage": None if output is None else output.usage,
-        }
+    async def _watch_release(self, response: Response) -> None:
+        """Time from the interruption until every stage has let the response's request go."""
+        assert response.request_id is not None and response.interrupted_at is not None
+        with trio.move_on_after(RELEASE_TIMEOUT):
+            await self.ctx.pipeline.abort(response.request_id, wait=True)
+            self.metrics.to_released.observe(trio.current_time() - response.interrupted_at)

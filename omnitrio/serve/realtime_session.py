@@ -7,9 +7,16 @@ what they set. Audio is PCM16 mono at 24 kHz both ways; any other format is refu
 ``error`` event naming the field.
 
 ``turn_detection`` is ``{"type": "server_vad", "threshold", "prefix_padding_ms", "silence_duration_ms",
-"create_response", "interrupt_response"}`` (the default, with OpenAI's default values) or ``null``
-(the client commits turns and asks for responses itself); :func:`turn_detection` reads it with
-every field filled in. ``semantic_vad`` is refused with an error naming the field.
+"create_response", "interrupt_response", "idle_timeout_ms"}`` (the default, with OpenAI's default
+values) or ``null`` (the client commits turns and asks for responses itself); :func:`turn_detection`
+reads it with every field filled in. ``semantic_vad`` (asked for by default by some official clients)
+is served by server VAD with its ``create_response`` / ``interrupt_response``, and the session says so:
+it reads back as ``server_vad``.
+
+The rest of OpenAI's GA session is checked here too: ``output_modalities`` (``["audio"]`` or
+``["text"]``), ``instructions``, ``max_output_tokens`` (1–4096 or ``"inf"``), ``audio.output.voice`` and
+``.speed`` (0.25–1.5), ``audio.input.transcription`` (an object or null); a value that cannot be served
+is an :class:`EventError` naming its ``param``. :func:`beta_session` renders a session in the beta shape.
 """
 
 from __future__ import annotations
@@ -48,7 +55,10 @@ SERVER_VAD: dict[str, Any] = {
     "silence_duration_ms": 500,
     "create_response": True,
     "interrupt_response": True,
+    "idle_timeout_ms": None,
 }
+MAX_OUTPUT_TOKENS = 4096
+MIN_SPEED, MAX_SPEED = 0.25, 1.5
 
 
 @attrs.frozen
@@ -86,11 +96,55 @@ def default_session(session_id: str, model: str) -> dict[str, Any]:
         "output_modalities": ["audio"],
         "instructions": "",
         "voice": "default",
+        "max_output_tokens": "inf",
+        "tools": [],
+        "tool_choice": "auto",
         "turn_detection": dict(SERVER_VAD),
         "audio": {
-            "input": {"format": dict(_PCM), "turn_detection": dict(SERVER_VAD)},
-            "output": {"format": dict(_PCM), "voice": "default"},
+            "input": {
+                "format": dict(_PCM),
+                "transcription": None,
+                "noise_reduction": None,
+                "turn_detection": dict(SERVER_VAD),
+            },
+            "output": {"format": dict(_PCM), "voice": "default", "speed": 1.0},
         },
+    }
+
+
+def max_tokens(session: Mapping[str, Any]) -> int | None:
+    """The session's ``max_output_tokens`` as the responder takes it (None: no limit)."""
+    value = session.get("max_output_tokens")
+    return value if isinstance(value, int) else None
+
+
+def wants_audio(session: Mapping[str, Any]) -> bool:
+    return "audio" in session.get("output_modalities", ["audio"])
+
+
+def transcribes_input(session: Mapping[str, Any]) -> bool:
+    """Whether the client asked for ``conversation.item.input_audio_transcription.*`` events."""
+    return session["audio"]["input"].get("transcription") is not None
+
+
+def beta_session(session: Mapping[str, Any]) -> dict[str, Any]:
+    """``session`` in the beta protocol's shape (``modalities``, ``input_audio_format``, ...)."""
+    audio = session["audio"]
+    return {
+        "id": session["id"],
+        "object": "realtime.session",
+        "model": session["model"],
+        "modalities": ["text", "audio"] if wants_audio(session) else ["text"],
+        "instructions": session.get("instructions", ""),
+        "voice": session.get("voice"),
+        "speed": audio["output"].get("speed", 1.0),
+        "input_audio_format": "pcm16",
+        "output_audio_format": "pcm16",
+        "input_audio_transcription": audio["input"].get("transcription"),
+        "turn_detection": session.get("turn_detection"),
+        "tools": session.get("tools", []),
+        "tool_choice": session.get("tool_choice", "auto"),
+        "max_response_output_tokens": session.get("max_output_tokens", "inf"),
     }
 
 
@@ -100,6 +154,8 @@ def parse_event(text: str) -> dict[str, Any]:
         event = json.loads(text)
     except ValueError as exc:
         raise EventError(f"the event is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise EventError("the event is nested too deeply", code="invalid_json") from None
     if not isinstance(event, dict):
         raise EventError("an event must be a JSON object", code="invalid_event")
     if not isinstance(event.get("type"), str):
@@ -107,19 +163,17 @@ def parse_event(text: str) -> dict[str, Any]:
     return event
 
 
-def decode_audio_append(event: Mapping[str, Any]) -> bytes:
-    """The PCM16 bytes of an ``input_audio_buffer.append`` event."""
+def decode_audio_append(event: Mapping[str, Any], param: str = "audio") -> bytes:
+    """The PCM16 bytes of an ``input_audio_buffer.append`` event (or of an ``input_audio`` part)."""
     audio = event.get("audio")
     if not isinstance(audio, str):
-        raise EventError(
-            "input_audio_buffer.append needs 'audio' (base64 PCM16)", "audio", code="missing_required_parameter"
-        )
+        raise EventError(f"'{param}' is needed: base64 PCM16", param, code="missing_required_parameter")
     try:
         data = base64.b64decode(audio, validate=True)
     except (binascii.Error, ValueError):
-        raise EventError("'audio' is not valid base64", "audio", code="invalid_base64") from None
+        raise EventError(f"'{param}' is not valid base64", param, code="invalid_base64") from None
     if len(data) % 2:
-        raise EventError(f"'audio' decodes to {len(data)} bytes; PCM16 needs an even count", "audio")
+        raise EventError(f"'{param}' decodes to {len(data)} bytes; PCM16 needs an even count", param)
     return data
 
 
@@ -142,9 +196,23 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
             case "turn_detection":
                 _set_turn_detection(session, value, "session.turn_detection")
             case "voice":
-                session["voice"] = session["audio"]["output"]["voice"] = value
-            case "modalities":
-                session["output_modalities"] = value
+                session["voice"] = session["audio"]["output"]["voice"] = _checked_voice(value, "session.voice")
+            case "speed":
+                session["audio"]["output"]["speed"] = _checked_speed(value, "session.speed")
+            case "input_audio_transcription":
+                session["audio"]["input"]["transcription"] = _checked_transcription(value, f"session.{key}")
+            case "modalities" | "output_modalities":
+                session["output_modalities"] = _checked_modalities(value, f"session.{key}")
+            case "max_output_tokens" | "max_response_output_tokens":
+                session["max_output_tokens"] = _checked_max_tokens(value, f"session.{key}")
+            case "instructions":
+                if not isinstance(value, str):
+                    raise EventError(f"session.instructions must be a string, got {type(value).__name__}", key)
+                session["instructions"] = value
+            case "tools":
+                if not isinstance(value, list):
+                    raise EventError("session.tools must be a list", "session.tools")
+                session["tools"] = copy.deepcopy(value)
             case _:
                 session[key] = copy.deepcopy(value)
     return session
@@ -167,7 +235,11 @@ def _merge_audio(session: dict[str, Any], audio: Any) -> None:
                 case "turn_detection" if direction == "input":
                     _set_turn_detection(session, value, param)
                 case "voice" if direction == "output":
-                    session["voice"] = session["audio"]["output"]["voice"] = value
+                    session["voice"] = session["audio"]["output"]["voice"] = _checked_voice(value, param)
+                case "speed" if direction == "output":
+                    session["audio"]["output"]["speed"] = _checked_speed(value, param)
+                case "transcription" if direction == "input":
+                    session["audio"]["input"]["transcription"] = _checked_transcription(value, param)
                 case _:
                     session["audio"][direction][key] = copy.deepcopy(value)
 
@@ -192,12 +264,17 @@ def _checked_turn_detection(value: Any, param: str) -> dict[str, Any]:
     """A ``server_vad`` object whose fields have the right types and ranges."""
     if not isinstance(value, Mapping):
         raise EventError(f"{param} must be an object or null", param)
-    if value.get("type", "server_vad") != "server_vad":
-        raise EventError(
-            f"{param}.type {value.get('type')!r} is not supported; use 'server_vad' or null (manual commit)",
-            f"{param}.type",
-        )
-    checked = {"type": "server_vad", **{k: v for k, v in value.items() if k != "type"}}
+    match value.get("type", "server_vad"):
+        case "server_vad":
+            checked = {"type": "server_vad", **{k: v for k, v in value.items() if k != "type"}}
+        case "semantic_vad":
+            kept = ("create_response", "interrupt_response")
+            checked = {**SERVER_VAD, **{k: v for k, v in value.items() if k in kept}}
+        case other:
+            raise EventError(
+                f"{param}.type {other!r} is not supported; use 'server_vad', 'semantic_vad' or null (manual commit)",
+                f"{param}.type",
+            )
     for key, item in checked.items():
         match key:
             case "threshold":
@@ -214,3 +291,40 @@ def _checked_turn_detection(value: Any, param: str) -> dict[str, Any]:
         if not ok:
             raise EventError(f"{param}.{key} must be {expected}, got {item!r}", f"{param}.{key}")
     return checked
+
+
+def _checked_modalities(value: Any, param: str) -> list[str]:
+    if value in (["audio"], ["text"]):
+        return list(value)
+    if isinstance(value, list) and sorted(value) == ["audio", "text"]:
+        return ["audio"]  # the beta spelling: audio always comes with its transcript
+    raise EventError(f"{param} must be ['audio'] or ['text'], got {value!r}", param)
+
+
+def _checked_max_tokens(value: Any, param: str) -> int | str:
+    if value == "inf" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_OUTPUT_TOKENS):
+        return value  # type: ignore[no-any-return]
+    raise EventError(f"{param} must be an integer from 1 to {MAX_OUTPUT_TOKENS} or 'inf', got {value!r}", param)
+
+
+def _checked_speed(value: Any, param: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and MIN_SPEED <= value <= MAX_SPEED:
+        return float(value)
+    raise EventError(f"{param} must be a number from {MIN_SPEED} to {MAX_SPEED}, got {value!r}", param)
+
+
+def _checked_voice(value: Any, param: str) -> str:
+    if isinstance(value, str) and value:
+        return value
+    raise EventError(f"{param} must be a non-empty string, got {value!r}", param)
+
+
+def _checked_transcription(value: Any, param: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise EventError(f"{param} must be an object or null", param)
+    for key in ("model", "language", "prompt"):
+        if value.get(key) is not None and not isinstance(value[key], str):
+            raise EventError(f"{param}.{key} must be a string", f"{param}.{key}")
+    return dict(value)

@@ -6,23 +6,31 @@ works: the bound port is what ``task_status.started`` reports. SIGINT/SIGTERM (o
 being set) starts a graceful drain: no new connections, in-flight requests get up to
 ``graceful_timeout`` seconds, then hypercorn cancels them, which aborts their pipeline requests. A
 second signal during the drain cancels everything at once. Cancelling the caller stops at once.
+Listening beyond loopback without API keys logs a warning that anyone who can reach the port may
+use the server.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import signal
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import hypercorn.trio
 import trio
 from hypercorn.config import Config
 
+from omnitrio.config import PipelineConfig
 from omnitrio.serve.app import create_app
-from omnitrio.serve.context import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
+from omnitrio.serve.auth import ApiKeys
+from omnitrio.serve.connections import contain_connection_errors
+from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
+from omnitrio.serve.limits import ServeLimits, limits_for
+from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 
 log = logging.getLogger("omnitrio.serve")
 
@@ -59,9 +67,14 @@ async def serve(
     graceful_timeout: float = 5.0,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S,
+    limits: ServeLimits | None = None,
+    api_keys: ApiKeys | Iterable[str] = (),
+    public_metrics: bool = False,
+    allowed_origins: Sequence[str] = (),
     serves: Iterable[str] | None = None,
+    realtime_audio_lead: float = DEFAULT_LEAD,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``pipeline`` over HTTP and WebSocket until a signal or ``shutdown``, then drain and return.
@@ -69,22 +82,56 @@ async def serve(
     Call it inside the pipeline's context (``async with open_pipeline(...) as p: await serve(p)``);
     the pipeline outlives the server, so every request is aborted before the pipeline closes.
     ``handle_signals`` needs the main thread; pass False (and a ``shutdown`` event) elsewhere.
-    ``request_timeout`` is every pipeline request's deadline and ``serves`` names the tasks
-    offered (see :func:`~omnitrio.serve.app.create_app`).
+    ``limits`` default to :func:`~.limits.limits_for` the pipeline's config; ``request_timeout`` is every pipeline
+    request's deadline; the other options are :func:`~.app.create_app`'s.
+    ``realtime_audio_lead``: seconds of audio a realtime client is sent ahead of real time.
     """
+    if limits is None:
+        config_of = getattr(pipeline, "config", None)
+        limits = limits_for(config_of if isinstance(config_of, PipelineConfig) else None)
+    keys = api_keys if isinstance(api_keys, ApiKeys) else ApiKeys(tuple(api_keys))
     sock = bind_socket(host, port)
     bound_port: int = sock.getsockname()[1]
+    warning = unguarded_warning(sock.getsockname()[0], keys)
+    if warning is not None:
+        log.warning("%s:%d: %s", host, bound_port, warning)
+    contain_connection_errors()
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes ownership of the descriptor
     config.graceful_timeout = graceful_timeout
+    config.websocket_max_message_size = limits.max_event_bytes
     stop = shutdown if shutdown is not None else trio.Event()
-    app = create_app(pipeline, max_body_bytes=max_body_bytes, request_timeout=request_timeout, serves=serves)
+    app = create_app(
+        pipeline,
+        max_body_bytes=max_body_bytes,
+        request_timeout=request_timeout,
+        limits=limits,
+        api_keys=keys,
+        public_metrics=public_metrics,
+        allowed_origins=allowed_origins,
+        serves=serves,
+        realtime_audio_lead=realtime_audio_lead,
+    )
     async with trio.open_nursery() as nursery:
         if handle_signals:
             await nursery.start(_drain_on_signals, stop, nursery.cancel_scope, graceful_timeout)
         await nursery.start(_run_hypercorn, app, config, stop, nursery.cancel_scope)
         log.info("serving %r on http://%s:%d", pipeline.name, host, bound_port)
         task_status.started(bound_port)
+
+
+def unguarded_warning(address: str, keys: ApiKeys) -> str | None:
+    """The warning to give when the server listens at ``address`` (an IP) beyond loopback with no key."""
+    try:
+        loopback = ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        loopback = False
+    if keys or loopback:
+        return None
+    return (
+        "serving beyond loopback without an API key: anyone who can reach this port can use the server "
+        "(set --api-key or OMNITRIO_API_KEY)"
+    )
 
 
 async def _run_hypercorn(

@@ -8,7 +8,7 @@ cancellation, measured within milliseconds of the socket closing.
 
 Headers are sent lazily, with the first body bytes. Until then a failure becomes a normal error
 response with its own status (so admission errors such as ``Overloaded`` reach OpenAI clients as a
-503); after that an SSE stream ends with an ``error`` event and a raw byte stream (audio) is cut
+429); after that an SSE stream ends with an ``error`` event and a raw byte stream (audio) is cut
 off without its terminating chunk, so the client can tell the body is incomplete.
 """
 

@@ -3,7 +3,8 @@
 The upload (multipart ``file``; WAV, FLAC, OGG or MP3, any rate, any channel count) is decoded and
 resampled off the trio thread to mono float32 at 16 kHz before the pipeline sees it. The body is
 capped at the server's limit (413 beyond it, decided before it is all read when the client
-declares its length). ``response_format`` is ``json`` (``{"text"}``), ``text`` or ``verbose_json``;
+declares its length), and so is its length in seconds (``max_audio_seconds``: 413, decided from the
+file's header before it is decoded). ``response_format`` is ``json`` (``{"text"}``), ``text`` or ``verbose_json``;
 ``stream=true`` sends ``transcript.text.delta`` events and one ``transcript.text.done``.
 """
 
@@ -17,7 +18,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from omnitrio.serve.api_errors import ApiError, bad_request, invalid_value
-from omnitrio.serve.audio import TRANSCRIBE_RATE, AudioFormatError, decode_audio_file, resample
+from omnitrio.serve.audio import TRANSCRIBE_RATE, AudioFormatError, audio_seconds, decode_audio_file, resample
 from omnitrio.serve.context import ServeContext, new_id, read_body
 from omnitrio.serve.openai_types import TRANSCRIPTION_FORMATS, check_model, form_bool, form_float
 from omnitrio.serve.output import Delta, Output
@@ -44,7 +45,7 @@ async def create_transcription(ctx: ServeContext, request: Request) -> WatchedRe
         )
     stream = form_bool(fields["stream"], "stream")
     form_float(fields["temperature"], "temperature")
-    samples = await trio.to_thread.run_sync(_decode, await upload.read())
+    samples = await trio.to_thread.run_sync(_decode, await upload.read(), ctx.limits.max_audio_seconds)
     inputs: dict[str, Any] = {
         "task": "transcription",
         "audio": samples,
@@ -75,7 +76,11 @@ def _text_field(form: FormData, name: str) -> str | None:
     return value
 
 
-def _decode(data: bytes) -> Any:
+def _decode(data: bytes, max_seconds: float) -> Any:
+    seconds = audio_seconds(data)
+    if seconds is not None and seconds > max_seconds:
+        message = f"the uploaded audio is {seconds:.1f} s long; the limit is {max_seconds:g} s (max_audio_seconds)"
+        raise ApiError(413, message, param="file", code="audio_too_long")
     try:
         samples, rate = decode_audio_file(data)
     except AudioFormatError as exc:

@@ -13,26 +13,44 @@ and params (``ignore_eos`` is passed as SGLang's own sampling param).  Because S
 itself, ``stream`` outputs carry text: ``data={"text": delta}``, ``metadata={"modality": "text"}``
 (the engine's cumulative ``text`` turned into deltas).  The ``result`` payload's ``data`` gets
 ``text``, ``finish_reason`` (the type of SGLang's ``meta_info["finish_reason"]``), ``meta_info`` and,
-when the engine reports them, ``output_token_ids``.  An engine-side abort (``finish_reason`` type
-``"abort"``) is an ``error``.  ``abort(rid)`` cancels the stream and calls the engine's
-``abort_request(rid=...)`` (or its tokenizer manager's) on the engine's loop.
+when the engine reports them, ``output_token_ids``; with ``return_hidden_states`` (the engine needs
+``enable_return_hidden_states=True``) also ``hidden_states``, ``[generated, dim]`` float32 as
+:class:`ARScheduler` gives them.  An engine-side abort (``finish_reason`` type ``"abort"``) is an
+``error``.  ``abort(rid)`` cancels the stream and calls the engine's ``abort_request(rid=...)`` (or
+its tokenizer manager's) on the engine's loop.
 
-``sglang`` is imported only by :func:`create_sglang_scheduler`.
+``Engine.shutdown()`` kills every child process of the process it runs in, so an SGLang stage wants
+a process of its own (``process = "..."`` in the config).  :func:`shut_down` removes what the
+engine's processes leave in ``/dev/shm``.  Proven with sglang 0.5.23 on CPU
+(``tests/test_sglang_engine.py``).
+
+``sglang`` is imported only by :func:`create_sglang_scheduler` and :func:`preflight`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import dataclasses
+import importlib.util
+import inspect
+import os
 import queue
+import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
+import torch
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload
 from schedulers.ar.scheduler import STOP, _Stop, prompt_and_params
+
+# SGLang's shutdown waits up to 60 s for its killed children; then /dev/shm is cleaned.
+SHUTDOWN_TIMEOUT = 90.0
 
 
 class EngineThread:
@@ -63,7 +81,7 @@ class EngineThread:
         if self.loop is not None and self._closed is not None and self._thread.is_alive():
             self.loop.call_soon_threadsafe(self._closed.set)
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=SHUTDOWN_TIMEOUT)
 
     def _run(self) -> None:
         asyncio.run(self._main())
@@ -86,9 +104,80 @@ class EngineThread:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            shutdown = getattr(self.engine, "shutdown", None)
-            if shutdown is not None:
-                shutdown()
+            shut_down(self.engine)
+
+
+def shut_down(engine: Any) -> None:
+    """Shut ``engine`` down and remove the shared-memory files its processes leave in ``/dev/shm``.
+
+    SGLang's ``shutdown()`` SIGKILLs the engine's child processes, so what they registered for
+    cleanup at exit stays behind: the scheduler's load snapshot (``sglang_loads_*.shm``) and the
+    named semaphores of locks created there (``sem.mp-*``).  The files removed are exactly those
+    the engine's own children have mapped just before the shutdown, found in ``/proc/PID/maps``.
+    When ``shutdown()`` fails, the children it did not reap (still this process's children, so
+    their ids cannot have been reused) are killed.
+    """
+    pids = _child_pids(engine)
+    files = {path for pid in pids for path in _mapped_shm(pid)}
+    try:
+        shutdown = getattr(engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+    except BaseException:
+        for pid in pids:
+            if _parent_of(pid) == os.getpid():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        for path in files:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def _child_pids(engine: Any) -> list[int]:
+    child_pids = getattr(engine, "get_all_child_pids", None)
+    if child_pids is None:
+        return []
+    try:
+        return [int(pid) for pid in child_pids()]
+    except Exception:  # an engine that did not finish starting has no children to list
+        return []
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+_LEFT_BEHIND = ("sglang_loads_", "sem.mp-")
+
+
+def _mapped_shm(pid: int) -> set[Path]:
+    """The files in ``/dev/shm`` SGLang leaves behind that process ``pid`` has mapped.
+
+    Matched by inode, not by the name in ``maps``: glibc's ``sem_open`` maps a temporary file and
+    links it to the semaphore's name, so ``maps`` shows the deleted temporary name.
+    """
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return set()
+    inodes = set()
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(f"{SHM}/"):
+            inodes.add(int(fields[4]))
+    if not inodes:
+        return set()
+    with os.scandir(SHM) as entries:
+        return {Path(e.path) for e in entries if e.name.startswith(_LEFT_BEHIND) and e.inode() in inodes}
+
+
+SHM = Path("/dev/shm")
 
 
 @attrs.define(eq=False)
@@ -133,6 +222,11 @@ class SGLangScheduler:
     @property
     def engine(self) -> Any:
         return self._engine_thread.engine
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests accepted but waiting for a running slot (readable from any thread)."""
+        return len(self._waiting)
 
     def warm_up_serving_thread(self) -> None:
         """Start the engine (model load: slow) before the stage reports ready."""
@@ -195,6 +289,8 @@ class SGLangScheduler:
         if params.get("ignore_eos"):
             sampling["ignore_eos"] = True
         arguments: dict[str, Any] = {"sampling_params": sampling, "stream": True, "rid": message.request_id}
+        if params.get("return_hidden_states"):
+            arguments["return_hidden_states"] = True
         if isinstance(prompt, str):
             arguments["prompt"] = prompt
         else:
@@ -249,14 +345,28 @@ class SGLangScheduler:
         if reason == "abort":
             message = finish.get("message") if isinstance(finish, dict) else None
             return OutgoingMessage(rid, "error", RuntimeError(f"SGLang aborted request {rid!r}: {message}"))
+        hidden = meta.pop("hidden_states", None)
         result: dict[str, Any] = {"text": text, "finish_reason": reason, "meta_info": meta}
         if last is not None and "output_ids" in last:
             result["output_token_ids"] = list(last["output_ids"])
+        if hidden:
+            result["hidden_states"] = per_token_hidden_states(hidden)
         if isinstance(payload.data, dict):
             payload.data.update(result)
         else:
             payload.data = result
         return OutgoingMessage(rid, "result", payload)
+
+
+def per_token_hidden_states(hidden: list[Any]) -> torch.Tensor:
+    """SGLang's ``meta_info["hidden_states"]`` as ``[generated, dim]`` float32, one row per output token.
+
+    SGLang lists the prefill's states for every prompt position (``[prompt, dim]``; the last one
+    produced the first token), then one ``[dim]`` per decode step; :class:`ARScheduler` gives the
+    state that produced each output token, so the prefill contributes its last row.
+    """
+    rows = [torch.as_tensor(step, dtype=torch.float32) for step in hidden]
+    return torch.stack([row[-1] if row.dim() == 2 else row for row in rows])
 
 
 def create_sglang_scheduler(
@@ -270,3 +380,35 @@ def create_sglang_scheduler(
         return sglang.Engine(model_path=model_path, **engine_args)
 
     return SGLangScheduler(build, **(scheduler_args or {}))
+
+
+INSTALL_HINT = (
+    "pip install 'omnitrio[sglang]' on a CUDA machine (sglang pins its own CUDA torch); "
+    "for a CPU test engine: python -m tests.sglang_env setup"
+)
+
+
+def preflight(model_path: str, *, scheduler_args: dict[str, Any] | None = None, **engine_args: Any) -> None:
+    """Check :func:`create_sglang_scheduler`'s arguments without starting anything.
+
+    ``ModuleNotFoundError`` naming what to install when ``sglang`` is missing; ``ValueError`` naming
+    engine arguments that ``sglang``'s ``ServerArgs`` does not have, or scheduler arguments that
+    :class:`SGLangScheduler` does not take.
+    """
+    takes = set(inspect.signature(SGLangScheduler).parameters) - {"engine_factory"}
+    unknown = sorted(set(scheduler_args or {}) - takes)
+    if unknown:
+        raise ValueError(f"scheduler_args: SGLangScheduler does not take {unknown}; it takes {sorted(takes)}")
+    if importlib.util.find_spec("sglang") is None:
+        raise ModuleNotFoundError(f"needs the `sglang` package, which is not installed here: {INSTALL_HINT}")
+    import sglang
+    from sglang.srt.server_args import ServerArgs
+
+    # A msgspec Struct in sglang 0.5.23, a dataclass before.
+    fields = getattr(ServerArgs, "__struct_fields__", None) or [f.name for f in dataclasses.fields(ServerArgs)]
+    unknown = sorted(set(engine_args) - set(fields))
+    if unknown:
+        raise ValueError(f"sglang {sglang.__version__}: Engine does not take {unknown} (not in ServerArgs)")
+
+
+create_sglang_scheduler.preflight = preflight  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ import torch
 
 from omnitrio.contract import OutgoingMessage, StagePayload, StreamItem
 from schedulers.ar.talker import TalkerScheduler, TinyTalker
-from schedulers.omni.inputs import parse_chat
+from schedulers.omni.inputs import parse_chat, wants_audio
 from schedulers.simple import SimpleScheduler
 from schedulers.streaming import StreamingSimpleScheduler
 
@@ -44,7 +44,10 @@ def chatml_prompt(inputs: Any) -> str:
 
 
 def create_chatml_preprocess_stage(*, max_new_tokens: int = 512) -> SimpleScheduler:
-    """Chat inputs → ``{"prompt", "max_new_tokens", "temperature"}`` for the SGLang thinker."""
+    """Chat inputs → ``{"prompt", "max_new_tokens", "temperature"}`` for the SGLang thinker.
+
+    A request that asks for audio also asks for ``return_hidden_states``: the talker gets them.
+    """
 
     def preprocess(payload: StagePayload) -> StagePayload:
         inputs = payload.data["raw_inputs"] if isinstance(payload.data, dict) else payload.data
@@ -53,6 +56,8 @@ def create_chatml_preprocess_stage(*, max_new_tokens: int = 512) -> SimpleSchedu
             data["max_new_tokens"] = min(inputs.get("max_tokens") or max_new_tokens, max_new_tokens)
             if inputs.get("temperature") is not None:
                 data["temperature"] = inputs["temperature"]
+        if wants_audio(inputs):
+            data["return_hidden_states"] = True
         payload.data = data
         return payload
 
@@ -87,10 +92,14 @@ TALKER_VOCAB = 4096
 
 
 def project_to_hashed_talker(payload: StagePayload) -> StagePayload:
-    """The talker's input: the thinker's token ids folded into the toy talker's vocabulary (``id % 4096``)."""
+    """The talker's input: the thinker's token ids folded into the toy talker's vocabulary (``id % 4096``),
+    its text, and its ``hidden_states`` (``[generated, dim]``, which a real talker reads) when it has them."""
     data = payload.data if isinstance(payload.data, dict) else {}
     ids = [int(t) % TALKER_VOCAB for t in data.get("output_token_ids") or ()]
-    return StagePayload(payload.request_id, payload.request, {"output_token_ids": ids, "text": data.get("text", "")})
+    talker: dict[str, Any] = {"output_token_ids": ids, "text": data.get("text", "")}
+    if data.get("hidden_states") is not None:
+        talker["hidden_states"] = data["hidden_states"]
+    return StagePayload(payload.request_id, payload.request, talker)
 
 
 def create_hashed_talker_stage(*, seed: int = 3, frames_per_token: int = 4, chunk_frames: int = 8) -> TalkerScheduler:

@@ -3,13 +3,14 @@
 The HTTP layer puts the request in ``payload.data["raw_inputs"]`` at the entry stage::
 
     {"task": "speech", "input": str, "voice": str, "speed": float}
-    {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None}
+    {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None, "quick": bool}
     {"task": "chat", "messages": [...], "modalities": [...]}   (parts may be input_audio: see below)
     {"task": "realtime", "audio": float32 16 kHz, "session": {...}}
 
-Downstream of another stage the text arrives as ``payload.data["text"]`` instead. A chat whose
-messages carry ``input_audio`` parts goes through ASR first, which hands on the same chat inputs
-with each clip replaced by a text part holding its transcript (:func:`transcribed_chat`).
+Downstream of another stage the text arrives as ``payload.data["text"]`` instead; it is spoken at
+the request's ``speed`` (a chat or realtime request may carry one) unless the data names its own. A
+chat whose messages carry ``input_audio`` parts goes through ASR first, which hands on the same chat
+inputs with each clip replaced by a text part holding its transcript (:func:`transcribed_chat`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def speech_request(payload: StagePayload) -> SpeechRequest:
         case {"task": "speech", **fields}:
             text, speed, voice = fields.get("input"), fields.get("speed", 1.0), fields.get("voice")
         case {"text": text_value, **fields}:
-            text, speed, voice = text_value, fields.get("speed", 1.0), fields.get("voice")
+            asked = payload.request.inputs if isinstance(payload.request.inputs, dict) else {}
+            speed = fields.get("speed", asked.get("speed", 1.0))  # an upstream answer, spoken as the request asks
+            text, voice = text_value, fields.get("voice")
         case _:
             raise ValueError(f"speech stage needs a 'speech' task or {{'text': ...}}, got {_describe(inputs)}")
     if not isinstance(text, str) or not text.strip():
@@ -81,7 +84,8 @@ def transcription_request(payload: StagePayload) -> TranscriptionRequest:
     language = inputs.get("language")
     if language is not None and not isinstance(language, str):
         raise ValueError(f"language must be a string or null, got {language!r}")
-    return TranscriptionRequest(audio=audio, language=language or None, quick=inputs.get("task") == "realtime")
+    quick = inputs.get("task") == "realtime" or inputs.get("quick") is True  # someone waits on it (a realtime turn)
+    return TranscriptionRequest(audio=audio, language=language or None, quick=quick)
 
 
 def has_input_audio(inputs: Any) -> bool:

@@ -10,8 +10,10 @@ discarded, so the aborted request gets no further output from the moment ``abort
 Per request, in order:
 
 * streaming (``request.params["stream"]`` true): ``stream`` outputs
-  ``{"pcm": int16 array, "sample_rate": output rate}`` with ``metadata={"modality": "audio"}``,
-  one or more per sentence, then a ``result`` whose ``payload.data`` is
+  ``{"pcm": int16 array, "sample_rate": output rate, "text": str}`` with
+  ``metadata={"modality": "audio"}``, one per sentence (``text`` is that sentence, after a space
+  when it is not the first; the resampler's tail comes last with ``text`` empty), so a client can
+  align the transcript with the samples sentence by sentence; then a ``result`` whose ``payload.data`` is
   ``{"transcript", "sample_rate", "num_samples"}``;
 * otherwise: a single ``result`` that also carries the whole clip as ``"pcm"``;
 * bad input or a synthesis failure: one ``error`` (the exception) and nothing more.
@@ -50,6 +52,7 @@ class _Job:
     stream: bool
     clips: Iterator[FloatAudio]
     resampler: StreamResampler
+    sentences: deque[str]
     collected: list[Pcm16] = attrs.field(factory=list)
     num_samples: int = 0
     pending: deque[str] = attrs.field(factory=deque)  # streamed text not yet synthesized
@@ -158,6 +161,7 @@ class SentenceStreamingTTSScheduler:
         try:
             request = self._parse(payload)
             clips = synthesize_sentences(self.synthesizer, request.text, request.speed)
+            sentences = deque(split_sentences(request.text))
             resampler = StreamResampler(self.synthesizer.sample_rate, self.output_sample_rate)
         except Exception as exc:
             self.outbox.put(OutgoingMessage(request_id, "error", data=exc))
@@ -165,7 +169,7 @@ class SentenceStreamingTTSScheduler:
         stream = bool(payload.request.params.get("stream", False))
         if not request.text.strip():
             clips = iter(())  # nothing to say (a lenient ``parse`` allows it): an empty result, no error
-        self._jobs.append(_Job(request_id, payload, request.text, stream, clips, resampler))
+        self._jobs.append(_Job(request_id, payload, request.text, stream, clips, resampler, sentences))
 
     def _step(self, job: _Job) -> None:
         """Synthesize the job's next sentence; requeue it, or finish it after the last one."""
@@ -181,7 +185,10 @@ class SentenceStreamingTTSScheduler:
         with self._aborting_lock:
             if job.request_id in self._aborting:
                 return  # the inbox's abort message will forget the request
-        self._deliver(job, float_to_pcm16(audio))
+        spoken = ""
+        if clip is not None and job.sentences:
+            spoken = (" " if job.num_samples else "") + job.sentences.popleft()
+        self._deliver(job, float_to_pcm16(audio), spoken)
         if clip is not None:
             self._jobs.append(job)
             return
@@ -197,12 +204,14 @@ class SentenceStreamingTTSScheduler:
             result.data = data
         self.outbox.put(OutgoingMessage(job.request_id, "result", data=result))
 
-    def _deliver(self, job: _Job, pcm: Pcm16) -> None:
+    def _deliver(self, job: _Job, pcm: Pcm16, text: str) -> None:
         if pcm.size == 0:
+            if text:
+                job.sentences.appendleft(text.lstrip())  # said with the next audio
             return
         job.num_samples += int(pcm.size)
         if not job.stream:
             job.collected.append(pcm)
             return
-        chunk = {"pcm": pcm, "sample_rate": self.output_sample_rate}
+        chunk = {"pcm": pcm, "sample_rate": self.output_sample_rate, "text": text}
         self.outbox.put(OutgoingMessage(job.request_id, "stream", data=chunk, metadata=dict(AUDIO)))

@@ -1,0 +1,51 @@
+"""Which web pages may use the server from a browser: none unless listed (``--allowed-origin``).
+
+Without allowed origins there is no CORS: a page from another origin cannot read any answer. With
+them, :func:`browser_middleware` adds Starlette's ``CORSMiddleware`` for exactly those origins (any
+method, any request header, so the official SDKs' headers pass preflight); ``*`` allows every
+origin. WebSocket handshakes get the same rule, since browsers apply no CORS to them: one that
+carries an ``Origin`` header not allowed is refused with 403 before the route runs. Clients that
+send no ``Origin`` (servers, scripts, the official SDKs outside a browser) are not affected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from omnitrio.serve.api_errors import ApiError
+
+
+def browser_middleware(allowed_origins: Sequence[str]) -> list[Middleware]:
+    """CORS for ``allowed_origins`` (none: CORS off) and the matching WebSocket origin check."""
+    origins = list(allowed_origins)
+    middleware = [Middleware(WebSocketOrigins, allowed=origins)]
+    if origins:
+        cors = Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
+        middleware.insert(0, cors)
+    return middleware
+
+
+class WebSocketOrigins:
+    """ASGI middleware: a WebSocket handshake from a browser page whose origin is not allowed gets 403."""
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str]) -> None:
+        self.app = app
+        self.allowed = frozenset(allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        origin = Headers(scope=scope).get("origin") if scope["type"] == "websocket" else None
+        if origin is None or "*" in self.allowed or origin in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        message = f"WebSocket connections from origin {origin!r} are not allowed (see --allowed-origin)"
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008, "reason": "origin not allowed"})
+            return
+        response = JSONResponse(ApiError(403, message, code="origin_not_allowed").body(), status_code=403)
+        await response(scope, receive, send)
