@@ -134,7 +134,7 @@ class SentenceStreamingTTSScheduler:
         job = self._streamed_job(request_id)
         if job is None:
             resampler = StreamResampler(self.synthesizer.sample_rate, self.output_sample_rate)
-            job = _Job(request_id, None, "", True, iter(()), resampler, open=True)
+            job = _Job(request_id, None, "", True, iter(()), resampler, deque(), open=True)
             self._idle[request_id] = job
         job.text += text
         job.pending.append(text)
@@ -148,6 +148,7 @@ class SentenceStreamingTTSScheduler:
     def _pending_clips(self, job: _Job) -> Iterator[FloatAudio]:
         while job.pending:
             for sentence in split_sentences(job.pending.popleft()):
+                job.sentences.append(sentence)
                 yield self.synthesizer.synthesize(sentence, 1.0)
 
     def _admit(self, request_id: str, payload: StagePayload) -> None:
