@@ -147,7 +147,7 @@ def test_default_pipeline_serves_the_openai_client_and_stops_on_sigint() -> None
     openai = pytest.importorskip("openai")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = omnitrio("serve", "--port", str(port))
+    server = omnitrio("serve", "--port", str(port), "--set", "responder.factory.mode=repeat")
     try:
         wait_for_health(url, server)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

@@ -158,7 +158,7 @@ async def test_openai_client_streams_text_and_pcm16_audio_at_24khz(served: Serve
     assert len(pcm) == 2 * MAX_TOKENS * SAMPLES_PER_TOKEN  # PCM16 mono: 24 kHz in, 24 kHz out
     samples = np.frombuffer(pcm, "<i2")
     assert np.abs(samples).max() > 0
-    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].finish_reason == "length"  # random weights never end a turn: cut at max tokens
 
 
 async def test_sse_delivers_text_and_audio_deltas_as_they_are_produced(served: Served) -> None:

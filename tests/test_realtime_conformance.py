@@ -5,7 +5,7 @@ WebSocket client that asks for the beta protocol. Every event received is checke
 SDK's own type for its name (so the fields the API reference lists are there, with their types),
 and the order of events against the API reference. Speech to send comes from the server itself
 (``/v1/audio/speech``, 24 kHz PCM16); what the answer says is checked against what was sent (the
-default responder repeats the user's words).
+server runs the "repeat" responder, which says the user's words back).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def server() -> Iterator[Server]:
     """``python -m omnitrio serve`` on a free port, as a user starts it."""
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "omnitrio", "serve", "--port", "0"], cwd=ROOT, stderr=log, env=dict(os.environ)
+            [sys.executable, "-m", "omnitrio", "serve", "--port", "0", "--set", "responder.factory.mode=repeat"], cwd=ROOT, stderr=log, env=dict(os.environ)
         )
         try:
             deadline = time.monotonic() + 110

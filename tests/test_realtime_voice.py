@@ -18,6 +18,7 @@ from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.config import load
 from omnitrio.serve import serve
+from tests.test_speech_pipeline import REPEAT
 from toys.speech_text import heard_as
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,7 @@ RATE = 24_000
 async def realtime_url(overrides: Sequence[str] = ()) -> AsyncIterator[str]:
     """A server on a free port in front of the default pipeline (stages in this process)."""
     pytest.importorskip("piper", reason="the speech extra is not installed")
-    async with open_pipeline(load(DEFAULT_CONFIG, overrides), inline=True) as pipeline:
+    async with open_pipeline(load(DEFAULT_CONFIG, [*REPEAT, *overrides]), inline=True) as pipeline:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
             yield f"ws://127.0.0.1:{port}/v1/realtime"

@@ -16,12 +16,14 @@ from schedulers.speech.vad import EnergyScorer, VoiceActivityDetector
 from toys.speech_text import heard_as
 
 SENTENCE = "Turn left at the second traffic light."
+# The "repeat" responder: answers these tests can predict word for word.
+REPEAT = ("responder.factory.mode=repeat",)
 
 
 @asynccontextmanager
 async def speech_pipeline() -> AsyncIterator[Pipeline]:
     pytest.importorskip("piper", reason="the speech extra is not installed")
-    async with open_pipeline(load(DEFAULT_CONFIG), inline=True) as pipeline:
+    async with open_pipeline(load(DEFAULT_CONFIG, REPEAT), inline=True) as pipeline:
         yield pipeline
 
 

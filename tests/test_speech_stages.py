@@ -56,7 +56,7 @@ def test_chat_without_user_message_is_rejected() -> None:
 
 
 def test_repeat_responder_speaks_the_transcript_back() -> None:
-    scheduler = create_responder_stage()
+    scheduler = create_responder_stage(mode="repeat")
     thread = threading.Thread(target=scheduler.start)
     thread.start()
     try:

@@ -44,6 +44,9 @@ async def chat_completions(ctx: ServeContext, request: Request) -> WatchedRespon
         "audio": None if audio is None else {"voice": audio.voice, "format": audio.format},
         "max_tokens": body.max_completion_tokens or body.max_tokens,
         "temperature": body.temperature,
+        "top_p": body.top_p,
+        "seed": body.seed,
+        "stop": body.stop,
     }
     chat = _Chat(ctx, new_id("chatcmpl"), body, inputs, "audio" in modalities)
     if body.stream:
@@ -130,7 +133,7 @@ class _Chat:
             async for message in messages:
                 await self._forward(emitter, output.add(message))
         await self._forward(emitter, output.finish())
-        await emitter.write(self._chunk({}, "stop"))
+        await emitter.write(self._chunk({}, output.finish_reason))
         options = self.body.stream_options
         if options is not None and options.include_usage:
             usage_chunk = {**self._envelope("chat.completion.chunk"), "choices": [], "usage": _usage(output)}
@@ -154,7 +157,7 @@ class _Chat:
                 "expires_at": self.created + 3600,
                 "transcript": output.transcript,
             }
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": output.finish_reason}
         answer = {**self._envelope("chat.completion"), "choices": [choice], "usage": _usage(output)}
         await emitter.respond(200, json_bytes(answer), "application/json")
 

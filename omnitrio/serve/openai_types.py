@@ -56,6 +56,9 @@ class ChatRequest(msgspec.Struct):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
     n: int | None = None
 
 
@@ -112,6 +115,9 @@ def check_chat(request: ChatRequest) -> list[str]:
     if request.n not in (None, 1):
         raise invalid_value("only n=1 is supported", "n")
     _check_range(request.temperature, "temperature", 0.0, 2.0)
+    _check_range(request.top_p, "top_p", 0.0, 1.0)
+    if isinstance(request.stop, list) and len(request.stop) > 4:
+        raise invalid_value(f"stop may hold at most 4 sequences, got {len(request.stop)}", "stop")
     for name in ("max_tokens", "max_completion_tokens"):
         value = getattr(request, name)
         if value is not None and value < 1:

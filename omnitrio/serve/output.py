@@ -49,6 +49,11 @@ class Output:
         return "".join(self.transcript_parts)
 
     @property
+    def finish_reason(self) -> str:
+        """``"length"`` when the answer was cut at its token limit, else ``"stop"``."""
+        return "length" if self._results.get("finish_reason") == "length" else "stop"
+
+    @property
     def sample_rate(self) -> int | None:
         """The rate of ``pcm`` (known once the first audio arrived, or fixed up front)."""
         return self._audio.rate

@@ -9,8 +9,15 @@ Each :meth:`ARBatchEngine.step` does, in order:
    ``max_new_tokens`` (finish ``"length"``) leave and free their slot for the next step.
 
 So every running request gets exactly one token per step, and requests join and leave the batch at
-step boundaries.  :meth:`abort` takes effect at once: the request leaves the waiting queue or its slot
-is free for the next step's admission, and it never produces another token.
+step boundaries.
+
+A request with a ``session_id`` keeps its slot's keys/values when it leaves (finished or aborted):
+that conversation's next request prefills only what it does not share with them, and a request's
+first ``shared_prefix_len`` prompt tokens (a system prompt) are computed once for all requests
+that start with them; :mod:`schedulers.ar.kv_sessions` holds those rules and their memory bound.
+
+:meth:`abort` takes effect at once: the request leaves the waiting queue or its slot is free for
+the next step's admission, and it never produces another token.
 
 The engine is not thread-safe: one thread (the scheduler's) owns it.  Requests beyond the free slots
 wait, at most ``max_waiting_requests`` of them; :meth:`add` raises
@@ -20,20 +27,23 @@ wait, at most ``max_waiting_requests`` of them; :meth:`add` raises
 from __future__ import annotations
 
 import collections
-import heapq
 
 import attrs
 import torch
 
 from omnitrio.contract import StageOverloaded
+from schedulers.ar.kv_sessions import SessionCache
 from schedulers.ar.model import KVCache, TinyLlama
+from schedulers.ar.sampling import sample_rows
 
 FinishReason = str  # "stop" | "length"
 
 
 @attrs.define(eq=False)
 class GenerationRequest:
-    """One generation: greedy when ``temperature == 0``; ``eos_token_id=None`` never stops early."""
+    """One generation: greedy when ``temperature == 0``; ``eos_token_id=None`` never stops early.
+
+    ``seed`` fixes the request's own sampling generator (unseeded ones draw from the engine's)."""
 
     request_id: str
     prompt_ids: list[int]
@@ -41,6 +51,10 @@ class GenerationRequest:
     eos_token_id: int | None = None
     temperature: float = 0.0
     return_hidden_states: bool = False
+    top_p: float = 1.0
+    seed: int | None = None
+    session_id: str | None = None
+    shared_prefix_len: int = 0
 
 
 @attrs.frozen
@@ -76,6 +90,11 @@ class _Running:
     length: int  # tokens whose keys/values are in the cache
     output_ids: list[int] = attrs.field(factory=list)
     hidden: list[torch.Tensor] = attrs.field(factory=list)
+    generator: torch.Generator | None = None
+
+    def cached_tokens(self) -> list[int]:
+        """The tokens whose keys/values are in the slot (the last output has none yet)."""
+        return (self.request.prompt_ids + self.output_ids)[: self.length]
 
 
 class ARBatchEngine:
@@ -88,6 +107,8 @@ class ARBatchEngine:
         max_running_requests: int = 16,
         max_waiting_requests: int = 256,
         seed: int = 0,
+        max_sessions: int = 0,
+        max_prefixes: int = 8,
     ) -> None:
         if max_running_requests < 1:
             raise ValueError(f"ARBatchEngine: max_running_requests={max_running_requests} must be >= 1")
@@ -97,12 +118,14 @@ class ARBatchEngine:
         self.config = model.config
         self.max_running_requests = max_running_requests
         self.max_waiting_requests = max_waiting_requests
-        self.cache = KVCache(model.config, max_running_requests, model.embed.weight.dtype)
+        self.cache = KVCache(model.config, max_running_requests + max_sessions, model.embed.weight.dtype)
+        self.sessions = SessionCache(self.cache, max_sessions=max_sessions, max_prefixes=max_prefixes)
         self.waiting: collections.OrderedDict[str, GenerationRequest] = collections.OrderedDict()
         self.running: dict[str, _Running] = {}
-        self._free_slots = list(range(max_running_requests))
         self._generator = torch.Generator().manual_seed(seed)
         self._steps = 0
+        self.prefilled_tokens = 0  # prompt tokens computed
+        self.reused_tokens = 0  # prompt tokens whose keys/values a session or shared prefix already had
 
     @property
     def has_work(self) -> bool:
@@ -128,10 +151,13 @@ class ARBatchEngine:
             )
         if request.temperature < 0:
             raise ValueError(f"request {rid!r}: temperature={request.temperature} must be >= 0")
+        if not 0 < request.top_p <= 1:
+            raise ValueError(f"request {rid!r}: top_p={request.top_p} must be in (0, 1]")
         # Requests that the next step admits into a free slot do not count as waiting.
-        if len(self.waiting) >= self.max_waiting_requests + len(self._free_slots):
+        free = self.max_running_requests - len(self.running)
+        if len(self.waiting) >= self.max_waiting_requests + free:
             raise StageOverloaded(
-                f"AR engine: waiting queue is full ({len(self.waiting) - len(self._free_slots)} waiting, "
+                f"AR engine: waiting queue is full ({len(self.waiting) - free} waiting, "
                 f"max_waiting_requests={self.max_waiting_requests}); request {rid!r} rejected"
             )
         self.waiting[rid] = request
@@ -143,7 +169,7 @@ class ARBatchEngine:
         state = self.running.pop(request_id, None)
         if state is None:
             return False
-        heapq.heappush(self._free_slots, state.slot)
+        self.sessions.release(state.slot, state.request.session_id, state.cached_tokens())
         return True
 
     def step(self) -> tuple[list[TokenEvent], StepStats]:
@@ -157,29 +183,48 @@ class ARBatchEngine:
                 logits, hidden = self.model.forward(tokens, self.cache, [s.slot for s in decoding], starts)
                 self._advance(decoding, logits[:, -1], hidden[:, -1], [1] * len(decoding), events)
             admitted = self._admit()
-            if admitted:
-                lengths = [len(s.request.prompt_ids) for s in admitted]
-                width = max(lengths)
-                padded = [s.request.prompt_ids + [0] * (width - len(s.request.prompt_ids)) for s in admitted]
-                logits, hidden = self.model.forward(
-                    torch.tensor(padded), self.cache, [s.slot for s in admitted], [0] * len(admitted)
-                )
-                last = torch.tensor(lengths) - 1
-                rows = torch.arange(len(admitted))
-                self._advance(admitted, logits[rows, last], hidden[rows, last], lengths, events)
+            for group in self._prefill_groups(admitted):
+                self._prefill(group, events)
         self._steps += 1
         stats = StepStats(self._steps, len(admitted), len(decoding), len(self.running), len(self.waiting))
         return events, stats
 
     def _admit(self) -> list[_Running]:
         admitted = []
-        while self.waiting and self._free_slots:
+        while self.waiting and len(self.running) < self.max_running_requests:
             _, request = self.waiting.popitem(last=False)
-            state = _Running(request, heapq.heappop(self._free_slots), 0)
+            slot, reused = self.sessions.claim(request.session_id, request.prompt_ids, request.shared_prefix_len)
+            generator = None if request.seed is None else torch.Generator().manual_seed(request.seed)
+            state = _Running(request, slot, reused, generator=generator)
             self.running[request.request_id] = state
             admitted.append(state)
+            self.reused_tokens += reused
+            self.prefilled_tokens += len(request.prompt_ids) - reused
         admitted.sort(key=lambda s: s.slot)
         return admitted
+
+    def _prefill_groups(self, admitted: list[_Running]) -> list[list[_Running]]:
+        """One batch when every row starts at the same position, else one prefill per request."""
+        if len({s.length for s in admitted}) <= 1:
+            return [admitted] if admitted else []
+        return [[s] for s in admitted]
+
+    def _prefill(self, group: list[_Running], events: list[TokenEvent]) -> None:
+        start = group[0].length
+        todo = [s.request.prompt_ids[s.length :] for s in group]
+        lengths = [len(ids) for ids in todo]
+        width = max(lengths)
+        padded = [ids + [0] * (width - len(ids)) for ids in todo]
+        last = [n - 1 for n in lengths]
+        logits, hidden = self.model.forward(
+            torch.tensor(padded), self.cache, [s.slot for s in group], [start] * len(group), logits_at=last
+        )
+        for state in group:
+            shared = state.request.shared_prefix_len
+            if start == 0 and 0 < shared < len(state.request.prompt_ids):
+                self.sessions.remember_prefix(state.slot, state.request.prompt_ids[:shared])
+        rows = torch.arange(len(group))
+        self._advance(group, logits[:, 0], hidden[rows, torch.tensor(last)], lengths, events)
 
     def _advance(
         self,
@@ -190,7 +235,7 @@ class ARBatchEngine:
         events: list[TokenEvent],
     ) -> None:
         """Pick each row's next token, append it, and retire the finished."""
-        next_tokens = self._sample(states, logits).tolist()
+        next_tokens = self._sample(states, logits)
         for row, (state, token) in enumerate(zip(states, next_tokens, strict=True)):
             request = state.request
             state.length += consumed[row]
@@ -206,15 +251,14 @@ class ARBatchEngine:
                 events.append(TokenEvent(request.request_id, token))
                 continue
             del self.running[request.request_id]
-            heapq.heappush(self._free_slots, state.slot)
+            self.sessions.release(state.slot, request.session_id, state.cached_tokens())
             hidden_states = torch.stack(state.hidden) if request.return_hidden_states else None
             events.append(TokenEvent(request.request_id, token, reason, state.output_ids, hidden_states))
 
-    def _sample(self, states: list[_Running], logits: torch.Tensor) -> torch.Tensor:
-        greedy = logits.argmax(-1)
-        temperatures = [s.request.temperature for s in states]
-        if not any(temperatures):
-            return greedy
-        scale = torch.tensor([t or 1.0 for t in temperatures]).unsqueeze(1)
-        sampled = torch.multinomial(torch.softmax(logits / scale, -1), 1, generator=self._generator)[:, 0]
-        return torch.where(torch.tensor(temperatures) > 0, sampled, greedy)
+    def _sample(self, states: list[_Running], logits: torch.Tensor) -> list[int]:
+        return sample_rows(
+            logits,
+            [s.request.temperature for s in states],
+            [s.request.top_p for s in states],
+            [s.generator or self._generator for s in states],
+        )

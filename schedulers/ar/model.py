@@ -14,6 +14,7 @@ position is written before it is read.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import cast
 
 import attrs
@@ -36,6 +37,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     seed: int = 0
+    tie_embeddings: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.dim % self.n_heads:
@@ -67,6 +69,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         variance = x.float().pow(2).mean(-1, keepdim=True)
         return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
 
@@ -92,9 +96,7 @@ class Attention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wqkv = nn.Linear(config.dim, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
     def project(
@@ -102,10 +104,9 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q ``[B, H, T, D]``, k and v ``[B, KVH, T, D]``, RoPE applied to q and k."""
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        qkv = self.wqkv(x).view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
+        qk = apply_rope(qkv[:, : self.n_heads + self.n_kv_heads], cos, sin)
+        return qk[:, : self.n_heads], qk[:, self.n_heads :], qkv[:, self.n_heads + self.n_kv_heads :]
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool = False
@@ -119,12 +120,12 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.w_gate = nn.Linear(config.dim, config.ffn_dim, bias=False)
-        self.w_up = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.w_gate_up = nn.Linear(config.dim, 2 * config.ffn_dim, bias=False)
         self.w_down = nn.Linear(config.ffn_dim, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -147,17 +148,18 @@ class TinyLlama(nn.Module):
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, *, random_init: bool = True) -> None:
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.lm_head: nn.Module = nn.Linear(config.dim, config.vocab_size, bias=False)
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self._init_weights()
+        if random_init:
+            self._init_weights()
 
     def _init_weights(self) -> None:
         generator = torch.Generator().manual_seed(self.config.seed)
@@ -178,14 +180,21 @@ class TinyLlama(nn.Module):
         return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache, slots: list[int], starts: list[int]
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        slots: list[int],
+        starts: list[int],
+        logits_at: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``tokens [B, T]``; row ``b`` continues slot ``slots[b]`` at position ``starts[b]``.
 
         Returns ``(logits [B, T, vocab] float32, hidden [B, T, dim])`` where ``hidden`` is the final
-        normed hidden state.  Keys/values of all ``T`` tokens are written into the cache (rows padded on
-        the right write values past their end: harmless, see the module docstring).  The caller keeps
-        the lengths; ``starts[b] + T`` must not exceed ``max_seq_len``.
+        normed hidden state; with ``logits_at`` (one index into ``T`` per row) logits are
+        ``[B, 1, vocab]``, of those positions only (a prefill needs only its last).  Keys/values of
+        all ``T`` tokens are written into the cache (rows padded on the right write values past their
+        end: harmless, see the module docstring).  The caller keeps the lengths; ``starts[b] + T``
+        must not exceed ``max_seq_len``.
         """
         b, t = tokens.shape
         offsets = torch.arange(t)
@@ -231,6 +240,9 @@ class TinyLlama(nn.Module):
             x = x + layer.attn.attend(q, keys, values, mask)
             x = x + layer.ffn(layer.ffn_norm(x))
         hidden = self.norm(x)
+        if logits_at is not None:
+            picked = hidden[torch.arange(b), torch.tensor(logits_at)].unsqueeze(1)
+            return self.lm_head(picked).float(), hidden
         return self.lm_head(hidden).float(), hidden
 
     def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -246,9 +258,27 @@ class TinyLlama(nn.Module):
         return self.lm_head(self.norm(x)).float()
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype = torch.float32) -> TinyLlama:
-    """A model with the config's seeded random weights, cast to ``dtype`` and in eval mode."""
-    model = TinyLlama(config).to(dtype)
+def build_model(
+    config: ModelConfig, dtype: torch.dtype = torch.float32, weights: Callable[[str], torch.Tensor] | None = None
+) -> TinyLlama:
+    """A model cast to ``dtype`` and in eval mode, with the config's seeded random weights, or with
+    ``weights(name)`` for every parameter name (``embed.weight``, ``layers.0.attn.wqkv.weight``, ...);
+    with ``config.tie_embeddings`` the output projection shares ``embed.weight``."""
+    if weights is None:
+        model = TinyLlama(config)
+    else:
+        with torch.device("meta"):
+            model = TinyLlama(config, random_init=False)
+        names = [
+            name for name, _ in model.named_parameters() if not (config.tie_embeddings and name == "lm_head.weight")
+        ]
+        state = {name: weights(name) for name in names}
+        if config.tie_embeddings:
+            state["lm_head.weight"] = state["embed.weight"]
+        model.load_state_dict(state, strict=True, assign=True)
+        cos, sin = rope_tables(config)
+        model.rope_cos, model.rope_sin = cos, sin
+    model = model.to(dtype)
     model.rope_cos = model.rope_cos.float()
     model.rope_sin = model.rope_sin.float()
     return model.eval()

@@ -146,9 +146,7 @@ class ARScheduler(StepLoop):
                     payload = message.data
                     if self.prepare is not None and isinstance(payload, StagePayload):
                         payload = self.prepare(payload)
-                    request, wants_stream = parse_generation_request(
-                        rid, payload, self.tokenizer, self.default_max_new_tokens
-                    )
+                    request, wants_stream = self.parse(rid, payload)
                     self.engine.add(request)
                 except (ValueError, StageOverloaded) as exc:
                     self._outbox.put(OutgoingMessage(rid, "error", exc))
@@ -162,6 +160,10 @@ class ARScheduler(StepLoop):
                 self.engine.abort(rid)
                 self._live.pop(rid, None)
                 self._refuse_stream(message)
+
+    def parse(self, request_id: str, payload: Any) -> tuple[GenerationRequest, bool]:
+        """The engine request a ``new_request`` payload describes, and whether it streams (formats above)."""
+        return parse_generation_request(request_id, payload, self.tokenizer, self.default_max_new_tokens)
 
     def _step(self) -> list[OutgoingMessage]:
         batch = list(self.engine.running) + list(self.engine.waiting)[: self._free_slots()]

@@ -19,7 +19,10 @@ stage that completes each request, so the coordinator never waits for a branch t
 The responder is whatever ``factory_path`` the config names; it receives ``{"text": transcript}``
 (realtime) or chat inputs (``{"task": "chat", "messages": ...}``: the raw ones, or, for a chat whose
 messages carry audio, the ones ASR made by putting each clip's transcript in its place), and must
-return ``payload.data = {"text": answer}``. An empty answer is spoken as silence (no audio).
+return ``payload.data = {"text": answer}``. An empty answer is spoken as silence (no audio).  A
+responder that writes its answer bit by bit may stream it ahead of that result, as ``{"text": ...}``
+chunks targeted at ``tts`` (whole sentences) or ``text_out`` (deltas): both accept text before the
+payload.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ import logging
 import time
 from typing import Any
 
-from omnitrio.contract import StagePayload
+from omnitrio.contract import OutgoingMessage, StagePayload, StreamItem
 from schedulers.session import SESSION_METADATA_KEY
 from schedulers.simple import SimpleScheduler
 from schedulers.speech.requests import SpeechRequest, has_input_audio, raw_inputs, speech_request
 from schedulers.speech.tts import shared_synthesizer
 from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
+from schedulers.streaming import StreamingSimpleScheduler
 
 TASKS = ("chat", "speech", "transcription", "realtime", "asr_session")
 _ENTRY = {
@@ -115,13 +119,25 @@ def create_ingress_stage() -> SimpleScheduler:
 def _text_out(payload: StagePayload) -> StagePayload:
     data = raw_inputs(payload)
     text = data.get("text", "") if isinstance(data, dict) else str(data)
-    payload.data = {"text": text}
+    kept = {key: data[key] for key in ("finish_reason", "usage") if isinstance(data, dict) and key in data}
+    payload.data = {"text": text, **kept}
     return payload
 
 
+class _TextOut(StreamingSimpleScheduler):
+    """Passes an upstream stage's streamed ``{"text": delta}`` chunks on to the caller as they come."""
+
+    def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
+        text = item.data.get("text") if isinstance(item.data, dict) else None
+        if not isinstance(text, str):
+            raise ValueError("text_out stream chunks must be {'text': str}")
+        return [OutgoingMessage(request_id, "stream", text, metadata={"modality": "text"})]
+
+
 def create_text_output_stage() -> SimpleScheduler:
-    """The terminal of text answers (transcripts, text-only chat): ``payload.data = {"text": ...}``."""
-    return SimpleScheduler(_text_out)
+    """The terminal of text answers (transcripts, text-only chat): ``payload.data = {"text": ...}``;
+    text streamed to it ahead of the payload goes on to the caller at once."""
+    return _TextOut(_text_out)
 
 
 def _lenient_speech_request(payload: StagePayload) -> SpeechRequest:

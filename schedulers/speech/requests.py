@@ -141,11 +141,11 @@ def user_text(payload: StagePayload) -> str:
 def _last_user_message(messages: list[Any]) -> str:
     for message in reversed(messages):
         if isinstance(message, dict) and message.get("role") == "user":
-            return _content_text(message.get("content"))
+            return content_text(message.get("content"))
     raise ValueError("messages: no message with role 'user'")
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """OpenAI content: a string, or parts of which the text parts count."""
     match content:
         case str():

