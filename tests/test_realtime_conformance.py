@@ -77,7 +77,10 @@ def server() -> Iterator[Server]:
     """``python -m omnitrio serve`` on a free port, as a user starts it."""
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "omnitrio", "serve", "--port", "0", "--set", "responder.factory.mode=repeat"], cwd=ROOT, stderr=log, env=dict(os.environ)
+            [sys.executable, "-m", "omnitrio", "serve", "--port", "0", "--set", "responder.factory.mode=repeat"],
+            cwd=ROOT,
+            stderr=log,
+            env=dict(os.environ),
         )
         try:
             deadline = time.monotonic() + 110
