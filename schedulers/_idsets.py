@@ -246,7 +246,3 @@ class RequestLedger:
             newly_aborted = not life.aborted
             life.aborted = True
             return Boundary(life, newly_aborted=newly_aborted)
-
-    def live_count(self) -> int:
-        with self._lock:
-            return len(self._live)

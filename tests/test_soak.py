@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.soak import fan_pipeline, soak, stream_pipeline
+from toys.soak import fan_pipeline, soak, stream_pipeline
 
 
 @pytest.mark.slow
