@@ -148,7 +148,7 @@ def create_responder_stage(
     weight_format: WeightFormat = "int4",
     max_seq_len: int = 2048,
     max_running_requests: int = 8,
-    max_sessions: int = 16,
+    kept_sessions: int = 16,
     max_tokens: int = 256,
     temperature: float = 0.0,
     threads: int = 2,
@@ -156,8 +156,9 @@ def create_responder_stage(
     """The responder: ``llm`` answers with SmolLM2-135M-Instruct (:mod:`schedulers.speech.llm_responder`);
     ``repeat`` answers with the user's own words (a transcript or chat text), for tests that need exact text.
 
-    ``temperature`` applies to requests that give none; ``max_sessions`` conversations keep their
-    keys/values between turns (``max_seq_len`` tokens each, bfloat16: 23 KB a token for this model)."""
+    ``temperature`` applies to requests that give none. The ``kept_sessions`` most recent conversations
+    keep their keys/values between turns (``max_seq_len`` tokens each, bfloat16: 23 KB a token for this
+    model); it is a cache, not a limit on sessions: an evicted conversation is prefilled again."""
     match mode:
         case "repeat":
             return SimpleScheduler(_repeat)
@@ -168,7 +169,7 @@ def create_responder_stage(
             engine = ARBatchEngine(
                 load_model(source, weight_format),
                 max_running_requests=max_running_requests,
-                max_sessions=max_sessions,
+                max_sessions=kept_sessions,
             )
             responder = LLMResponder(
                 engine,
