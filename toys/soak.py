@@ -218,4 +218,3 @@ async def soak(
         kill_to_failure_ms=round((kill_seen[0] - killed_at[0]) * 1e3, 2) if kill_seen and killed_at else None,
         rss_curve_kib=curve,
     )
-
