@@ -35,6 +35,7 @@ from openai.types.realtime import RealtimeServerEvent as GaEvent
 
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
+from tests.test_serve_realtime import GA_AUDIO_RESPONSE
 from tests.test_speech_roundtrip import heard_as
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
@@ -45,18 +46,6 @@ SENTENCE = "Turn left at the second traffic light."
 THREE = "The train leaves at nine. The library closes at ten tonight. We need more chairs."
 GA = pydantic.TypeAdapter(GaEvent)
 BETA = pydantic.TypeAdapter(BetaEvent)
-GA_RESPONSE = [
-    "response.created",
-    "response.output_item.added",
-    "conversation.item.added",
-    "response.content_part.added",
-    "response.output_audio.done",
-    "response.output_audio_transcript.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "conversation.item.done",
-    "response.done",
-]
 DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta"}
 
 
@@ -168,7 +157,7 @@ async def test_sdk_text_in_gets_the_ga_sequence_and_speech(server: Server) -> No
 
     events = response_part(await in_thread(sdk_session, server, steps))
     types = [e["type"] for e in events]
-    assert [t for t in types if t not in DELTAS] == GA_RESPONSE
+    assert [t for t in types if t not in DELTAS] == GA_AUDIO_RESPONSE
     assert len({e["event_id"] for e in events}) == len(events)
     transcript = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
     done = events[-1]["response"]
@@ -343,7 +332,7 @@ async def test_sdk_response_cancel_reports_cancelled(server: Server) -> None:
     assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "client_cancelled")
     assert len(audio_of(events)) / 2 / RATE <= played[0] + DEFAULT_LEAD + 2 * PIECE_SECONDS
     types = [e["type"] for e in events]
-    assert [t for t in types if t not in DELTAS] == GA_RESPONSE
+    assert [t for t in types if t not in DELTAS] == GA_AUDIO_RESPONSE
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+from omnitrio.metrics import FIRST_CHUNK_BUCKETS as _SECONDS
+
 _RATIOS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 
 
