@@ -17,8 +17,8 @@ Two kinds of child run:
 * ``cpu``: no hook; ``time.process_time`` (every thread of the process: inline runs are one
   process) and wall time per workload, larger workloads, repeated ``--runs`` times.
 
-Results go to ``bench/results/wave-ab/call-count-<stamp>.{json,md}`` with the load average
-before and after each child run.  Counts still move a little between runs: how many chunks
+Results go to ``call-count-<stamp>.{json,md}`` in ``--out`` (``bench/results``) with the load
+average before and after each child run.  Counts still move a little between runs: how many chunks
 one wake-up of the trio side finds waiting depends on thread timing.
 """
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
-RESULTS = HERE.parent / "results" / "wave-ab"
+RESULTS = HERE.parent / "results"
 # (workload, unit): requests (or chunks) measured in each kind of run.
 SIZES = {
     "calls": {"stream_c1": 20, "stream_c16": 48, "chain1": 300, "chain4": 300, "fan": 300},
@@ -246,6 +246,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", nargs="+", type=Path, default=[Path.cwd()], help="checkouts to compare")
     parser.add_argument("--runs", type=int, default=3, help="interleaved runs of each kind per tree")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     parser.add_argument("--child", choices=["calls", "cpu"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -268,14 +269,14 @@ def main() -> None:
             for where, n in last[name]["top"][:12]:
                 print(f"  {n:8.2f}  {where}")
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"call-count-{stamp}.json").write_text(json.dumps({"labels": labels, "runs": runs}, indent=1))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"call-count-{stamp}.json").write_text(json.dumps({"labels": labels, "runs": runs}, indent=1))
     loads = [r["load_before"][0] for r in runs]
     header = (
         f"`python -m bench.call_count --runs {args.runs}`, {stamp}, 1-minute load average "
         f"{min(loads)}–{max(loads)}; each cell: median (min–max) over the runs.\n\n"
     )
-    (RESULTS / f"call-count-{stamp}.md").write_text(header + text + "\n")
+    (args.out / f"call-count-{stamp}.md").write_text(header + text + "\n")
 
 
 if __name__ == "__main__":
