@@ -50,6 +50,11 @@ class Mailbox(Generic[T]):
         if self._waiter is not None:
             self._waiter.set()
 
+    def discard(self) -> None:
+        """Close, and drop what is queued: the consumer gets the end at its next receive."""
+        self._items.clear()
+        self.close()
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -61,8 +66,8 @@ class Mailbox(Generic[T]):
         """The next item; raises ``trio.EndOfChannel`` once closed and drained.  Cancelled, it takes none."""
         if self._items:
             await trio.lowlevel.checkpoint()  # cancelled while it yielded: raises, the item stays
-            return self._items.popleft()
-        await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
         while not self._items:
             if self._closed:
                 raise trio.EndOfChannel

@@ -171,8 +171,13 @@ class StageRequest:
         return True
 
     def abort(self) -> None:
-        """Stop the request here; its task answers the coordinator with ``Released``."""
+        """Stop the request here; its task answers the coordinator with ``Released``.
+
+        Outputs queued for it are dropped, so its task handles none after the abort, even
+        one it was already woken for.
+        """
         self.cancel_scope.cancel()
+        self.outputs.discard()
 
     # -- 2. hand to the scheduler ---------------------------------------------------
 
