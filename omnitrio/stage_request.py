@@ -7,9 +7,10 @@ mailbox (fed by the scheduler bridge), half-collected fan-in inputs, stream chun
 counters, flow-control credits and relay leases — so its :meth:`~StageRequest._finish`
 is the one clean-up, and no second bookkeeping path can leak.
 
-Its :class:`Phase` says how far the request got.  Abort is ``cancel_scope.cancel()``:
-the request's task stops wherever it waits, and its finish tells the scheduler, gives
-the leases back and answers the coordinator with ``Released``.
+Its :class:`Phase` says how far the request got.  Abort is ``cancel_scope.cancel()``
+and its queued outputs dropped: the request's task stops wherever it waits, handles no
+output after the abort, and its finish tells the scheduler, gives the leases back and
+answers the coordinator with ``Released``.
 """
 
 from __future__ import annotations
