@@ -15,7 +15,8 @@ Two kinds of child run:
   Printed per unit: per streamed chunk, per request through 1 and 4 stages (and per extra
   hop: the difference / 3), per fan request; plus the functions called most per unit.
 * ``cpu``: no hook; ``time.process_time`` (every thread of the process: inline runs are one
-  process) and wall time per workload, larger workloads, repeated ``--runs`` times.
+  process), wall time and voluntary context switches (a thread blocking: wake-ups the call
+  count does not show) per workload, larger workloads, repeated ``--runs`` times.
 
 Results go to ``call-count-<stamp>.{json,md}`` in ``--out`` (``bench/results``) with the load
 average before and after each child run.  Counts still move a little between runs: how many chunks
@@ -29,6 +30,7 @@ import collections
 import functools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -173,16 +175,23 @@ def child(kind: str) -> dict[str, Any]:
 
     async def measure(name: str, units: int, work: Callable[[], Awaitable[None]]) -> None:
         before = counter.snapshot()
+        switches0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
         cpu0, wall0 = time.process_time(), time.perf_counter()
         await work()
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches0
         if kind == "cpu":
-            out[name] = {"units": units, "cpu_us_per_unit": cpu / units * 1e6, "wall_us_per_unit": wall / units * 1e6}
+            out[name] = {
+                "units": units,
+                "cpu_us_per_unit": cpu / units * 1e6,
+                "wall_us_per_unit": wall / units * 1e6,
+                "waits_per_unit": switches / units,
+            }
             return
         diff = counter.snapshot() - before
         py = sum(v for k, v in diff.items() if k.startswith("py "))
         c = sum(v for k, v in diff.items() if k.startswith("c "))
-        top = [[short(k), round(v / units, 3)] for k, v in diff.most_common() if v / units >= 0.05]
+        top = [[short(k), round(v / units, 3)] for k, v in diff.most_common(40)]
         ours = sum(v for k, v in diff.items() if k.startswith("py ") and AREA in k)
         out[name] = {
             "units": units,
@@ -236,6 +245,7 @@ def table(runs: list[dict[str, Any]], labels: dict[str, str]) -> str:
             ("calls", "c_per_unit", "C calls"),
             ("cpu", "cpu_us_per_unit", "CPU µs"),
             ("cpu", "wall_us_per_unit", "wall µs"),
+            ("cpu", "waits_per_unit", "voluntary context switches"),
         ):
             cells = [spread([r[name][key] for r in runs if r["tree"] == t and r["kind"] == kind]) for t in trees]
             lines.append(f"| {name} | per {unit} | {what} | " + " | ".join(cells) + " |")
@@ -270,7 +280,7 @@ def main() -> None:
                 print(f"  {n:8.2f}  {where}")
     stamp = time.strftime("%Y%m%dT%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"call-count-{stamp}.json").write_text(json.dumps({"labels": labels, "runs": runs}, indent=1))
+    (args.out / f"call-count-{stamp}.json").write_text(json.dumps({"labels": labels, "runs": runs}))
     loads = [r["load_before"][0] for r in runs]
     header = (
         f"`python -m bench.call_count --runs {args.runs}`, {stamp}, 1-minute load average "
