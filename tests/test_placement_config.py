@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from omnitrio.cli import build_parser, load_config, placement_overrides
+from omnitrio.cli import build_parser, describe, load_config, placement_overrides
 from omnitrio.config import from_dict, validate
 from omnitrio.errors import ConfigError
 from omnitrio.placement.actors import actor_options
@@ -63,3 +63,8 @@ def test_a_group_named_like_another_group_s_replica_is_refused() -> None:
     stages = [{**STAGES[0], "next": "b", "terminal": False}, {**STAGES[0], "name": "b", "process": "p.1"}]
     with pytest.raises(ConfigError, match=r"processes\.p\.replicas: its copies are named p\.0, p\.1 …; rename"):
         validate(from_dict({"processes": {"p": {"replicas": 2}}, "stages": stages}))
+
+
+def test_check_shows_how_many_copies_a_group_runs() -> None:
+    config = from_dict({"processes": {"p": {"replicas": 3}}, "stages": STAGES})
+    assert "[p x3]" in describe(config)
