@@ -58,7 +58,7 @@ async def test_requests_spread_over_the_replicas_and_health_shows_each() -> None
 async def test_concurrent_requests_go_to_the_least_loaded_replica() -> None:
     config = pid_chain()
     config.stages[0].factory_path = f"{T}.create_slow"
-    config.stages[0].factory = FactoryArgs(seconds=2.0)
+    config.stages[0].factory = FactoryArgs(seconds=5.0)
     async with open_pipeline(config) as pipeline:
         results: list[Any] = []
 
@@ -68,8 +68,10 @@ async def test_concurrent_requests_go_to_the_least_loaded_replica() -> None:
         async with trio.open_nursery() as nursery:
             for i in range(6):
                 nursery.start_soon(one, i)
-            await trio.sleep(0.5)
-            held = [r["active_requests"] for r in (await pipeline.health())["stages"]["s0"]["replicas"]]
+            held = [0, 0]
+            while sum(held) < 6:  # until all have arrived (each stays 5 s)
+                await trio.sleep(0.05)
+                held = [r["active_requests"] for r in (await pipeline.health())["stages"]["s0"]["replicas"]]
         assert held == [3, 3] and len(results) == 6
 
 
