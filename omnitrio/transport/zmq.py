@@ -28,6 +28,7 @@ the owner out of its wait, and an owner that leaves hands the fd on by waking th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -269,6 +270,9 @@ def _open(
     return sock
 
 
+_MONITORS = itertools.count()
+
+
 class ZmqLink(Link):
     """A link over a zmq PUSH socket: one multipart message per batch (sender, then messages).
 
@@ -295,7 +299,12 @@ class ZmqLink(Link):
     async def lost(self) -> None:
         """Return when zmq reports the connection to the peer dropped (its socket monitor's
         ``EVENT_DISCONNECTED``), which a peer's death causes at once over TCP and ``ipc://``."""
-        monitor = TrioZmqSocket(self.socket.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+        if self.socket.socket.closed:
+            await trio.sleep_forever()
+        # A fresh address: the default names the fd, which a later socket may reuse while
+        # zmq still unbinds the old monitor.
+        address = f"inproc://omnitrio-monitor-{next(_MONITORS)}"
+        monitor = TrioZmqSocket(self.socket.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED, address))
         try:
             while True:  # EVENT_MONITOR_STOPPED (this link closed) is followed by nothing
                 frames = await monitor.recv_multipart()
