@@ -1,8 +1,8 @@
 """``placement = "ray"``: process groups as Ray actors on a loopback-only local cluster.
 
 Runs only where the ``ray`` extra is installed.  One local cluster (2 CPUs) serves the
-module, on one pytest worker (``xdist_group``); start-up under load takes many seconds,
-so nothing here is timed.
+module, on one pytest worker (``--dist loadscope``); start-up under load takes many
+seconds, so nothing here is timed.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from toys.seed import ch4_batch, ch4_fanin, ch4_stream
 
 loopback_env()
 pytest.importorskip("ray")
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 LOOPBACK = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
 
