@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, open_pipeline
+from omnitrio.errors import RequestError
 from omnitrio.replicas import Replicas
 from tests.pipelines import T, chain_config, settled, talk_config
 from tests.test_seed_experiments import FANIN_OUTPUT
@@ -123,7 +124,7 @@ async def kill_one_replica(config: PipelineConfig) -> None:
         async def one(rid: str) -> None:
             try:
                 outcomes[rid] = await pipeline.submit(rid, rid, timeout=120)
-            except RequestFailed as exc:
+            except RequestError as exc:
                 outcomes[rid] = exc
 
         async with trio.open_nursery() as nursery:
@@ -131,8 +132,9 @@ async def kill_one_replica(config: PipelineConfig) -> None:
                 nursery.start_soon(one, f"r{i}")
             await trio.sleep(1.0)
             os.kill(victim, signal.SIGKILL)
-        failed = {rid: exc for rid, exc in outcomes.items() if isinstance(exc, RequestFailed)}
-        assert len(failed) == 2 and all(exc.error_type == "ProcessDied" for exc in failed.values())
+        failed = {rid: exc for rid, exc in outcomes.items() if isinstance(exc, RequestError)}
+        assert len(failed) == 2, outcomes
+        assert all(isinstance(exc, RequestFailed) and exc.error_type == "ProcessDied" for exc in failed.values())
         assert all("process 'p_s1.1' (stages s1) died" in str(exc) for exc in failed.values())
         assert all(outcomes[rid] == {"raw_inputs": rid} for rid in outcomes.keys() - failed.keys())
         with trio.fail_after(120):
