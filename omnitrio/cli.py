@@ -24,8 +24,6 @@ them with the values the pipeline gets.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -489,9 +487,6 @@ class _AudioSink:
 
 
 def _trace(argv: Sequence[str]) -> int:
-    if importlib.util.find_spec("omnitrio.trace") is None:
-        print("omnitrio: error: 'trace' is not available in this build (omnitrio.trace is missing)", file=sys.stderr)
-        return 2
-    trace = importlib.import_module("omnitrio.trace")
-    code: int = trace.main(list(argv))
-    return code
+    from omnitrio import trace
+
+    return trace.main(list(argv))

@@ -18,6 +18,7 @@ nothing keeps running for a caller that left.
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -79,8 +80,10 @@ class RequestHandle:
     results: dict[str, Any] = attrs.field(factory=dict)
     unacked: set[str] = attrs.field(factory=set)
     released: trio.Event = attrs.field(factory=trio.Event)
-    consumed: Consumed = attrs.field(factory=Consumed)
-    opened: float = attrs.field(factory=trio.current_time)
+    consumed: Consumed | None = None
+    """Its stream chunks the caller took, per stage; made with the first chunk."""
+    opened: float = attrs.field(factory=time.perf_counter)
+    """When it was admitted (``time.perf_counter()``: the cheaper clock, for its age alone)."""
     deadline: float = math.inf
     """When the caller's deadline passes (``trio.current_time()`` clock); inf without one."""
 
@@ -128,7 +131,7 @@ class Coordinator:
         handles = self._requests.values()
         overdue = sum(1 for handle in handles if handle.deadline < now)
         oldest = min((handle.opened for handle in handles), default=None)
-        return RequestAges(len(self._requests), overdue, None if oldest is None else now - oldest)
+        return RequestAges(len(self._requests), overdue, None if oldest is None else time.perf_counter() - oldest)
 
     def close(self) -> None:
         """Refuse new requests; fail the live ones (the pipeline is going away)."""
@@ -228,7 +231,10 @@ class Coordinator:
         return handle
 
     def _consumed(self, handle: RequestHandle, stage: str) -> None:
-        if handle.consumed.count(stage) and handle.state == "live" and not handle.finished:
+        consumed = handle.consumed
+        if consumed is None:
+            consumed = handle.consumed = Consumed()
+        if consumed.count(stage) and handle.state == "live" and not handle.finished:
             self._send(Credit(handle.request_id, handle.inc, stage, CREDIT_BATCH, COORDINATOR))
 
     def _abort_everywhere(self, handle: RequestHandle, error: RequestError) -> None:

@@ -10,7 +10,7 @@ stage processes never opens a socket or a shared-memory segment.
 Once :meth:`Switchboard.listen` has bound this process's socket, received batches are
 delivered message by message in the order of the wire, so per-edge order holds across
 processes too.  Leases on shared memory received here are tagged with the process that
-lent them and travel with the request scope that received them; when the last stage in
+lent them and travel with the request that received them; when the last stage in
 this process lets go of the request they go back to their owner in one
 :class:`~omnitrio.transport.wire.ReleaseLeases` message.
 
