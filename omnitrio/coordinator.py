@@ -280,7 +280,11 @@ class Coordinator:
                 continue
             if handle.state == "live" and not handle.finished:
                 error = error_for(handle.request_id)
-                fields = {"stage": getattr(error, "stage", ""), "error_type": getattr(error, "error_type", "")}
+                fields = {
+                    "stage": getattr(error, "stage", ""),
+                    "error_type": getattr(error, "error_type", ""),
+                    "message": getattr(error, "error_message", str(error)),
+                }
                 self._emit(handle.request_id, REQUEST_FAILED, fields)
                 self._abort_everywhere(handle, error)
             handle.unacked -= dead
