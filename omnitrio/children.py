@@ -286,6 +286,7 @@ class Children:
         env = dict(os.environ)
         env["OMNITRIO_PARENT_PID"] = str(os.getpid())  # which pipeline owns this process
         env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; the cores are shared by every process
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP workers sleep: spinning starves the others
         process = await trio.lowlevel.open_process([sys.executable, "-c", ENTRY], stdin=subprocess.PIPE, env=env)
         assert process.stdin is not None
         await process.stdin.send_all(json.dumps(sys.path).encode() + b"\n" + pickle.dumps(spec))
