@@ -16,7 +16,10 @@ In one run, eager and compiled interleaved (``--rounds`` times), per weight form
 * ``graphs_over_200_tokens``: graphs compiled during a 200-token generation after the warm-up
   (0 means no recompiles);
 * ``greedy_equal_b1`` / ``greedy_equal_b8``: whether the compiled greedy tokens equal eager's on
-  bench/llm.py's prompts (one request, then all 8 together).
+  bench/llm.py's prompts (one request, then all 8 together);
+* ``per_call_us``: one-thread CPU microseconds of one layer's two halves at batch 1, eager and
+  compiled, of that layer's products alone, and of ``x + 1`` eager and compiled (the fixed cost of
+  calling a compiled graph).
 
 Run: ``.venv/bin/python bench/llm_compile.py [--formats int4 float32]``.  Figures go to
 ``bench/results/llm_compile.json``.  Not a test: nothing is asserted.
@@ -135,6 +138,47 @@ def unique_graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
+def per_call_us(model: TinyLlama) -> dict[str, float]:
+    """One-thread CPU microseconds of layer 0's halves (batch 1, 51 cached tokens), eager and compiled."""
+    layer, dtype = model.blocks[0], model.matmul_dtype
+    x = torch.randn(1, 1, model.config.dim)
+    cos, sin = model.rope_at(torch.tensor([[50]]))
+    kv = torch.randn(2, 1, model.config.n_kv_heads, 51, model.config.head_dim)
+    bias = torch.zeros(model.config.n_kv_heads, 1, 51)
+    inner = torch.randn(1, 1, model.config.ffn_dim).to(dtype)
+    before = torch.compile(_before_write, dynamic=True)
+    after = torch.compile(_after_write, dynamic=True)
+    plus_one = torch.compile(lambda a: a + 1, dynamic=True)
+    q, _, _ = _before_write(layer, x, cos, sin, dtype)
+    work = {
+        "before_eager": lambda: _before_write(layer, x, cos, sin, dtype),
+        "before_compiled": lambda: before(layer, x, cos, sin, dtype),
+        "after_eager": lambda: _after_write(layer, x, q, kv, bias, dtype),
+        "after_compiled": lambda: after(layer, x, q, kv, bias, dtype),
+        "products_alone": lambda: (
+            layer.attn.wqkv(x.to(dtype)),
+            layer.attn.wo(x.to(dtype)),
+            layer.ffn.w_gate_up(x.to(dtype)),
+            layer.ffn.w_down(inner),
+        ),
+        "x_plus_1_eager": lambda: x + 1,
+        "x_plus_1_compiled": lambda: plus_one(x),
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    figures = {}
+    for name, call in work.items():
+        call()
+        times = []
+        for _ in range(300):
+            started = time.thread_time()
+            call()
+            times.append(time.thread_time() - started)
+        figures[name] = round(statistics.median(times) * 1e6, 1)
+    torch.set_num_threads(threads)
+    return figures
+
+
 def measure(fmt: str, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     source = read_gguf(smollm2_path(), max_seq_len=512)
     model = load_model(source, fmt)
@@ -173,6 +217,8 @@ def measure(fmt: str, prompts: list[list[int]], args: argparse.Namespace) -> dic
             torch.set_num_threads(args.threads)
             figures[label].setdefault("wall_b1_tok_s", []).append(wall_tok_s(model, prompts[0], args.tokens))
     model.forward = eager  # type: ignore[method-assign]
+    with torch.inference_mode():
+        row["per_call_us"] = per_call_us(model)
     for label, series in figures.items():
         row[label] = {name: round(statistics.median(values), 2) for name, values in series.items()}
     for batch in (1, 8):
@@ -194,6 +240,7 @@ def main() -> None:
     tokenizer = chat_tokenizer(source)
     prompts = [chat(tokenizer, text) for text in PROMPTS]
     results: dict[str, Any] = {
+        "compiled_as": "two dynamic-shape graphs per layer (before/after the eager cache write), decode only",
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
         "torch_threads": args.threads,
