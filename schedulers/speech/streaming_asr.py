@@ -17,9 +17,12 @@ Session ``config`` (the open command's ``config``):
   "audio_ms": ...}`` (see :class:`~schedulers.speech.vad.VoiceActivityDetector`);
   or ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto", "pause_ms"}``: the
   same events, but at each pause of ``pause_ms`` (default 200) the turn so far is transcribed
-  (``quick``) and judged (:mod:`schedulers.speech.turn_end`), and ``speech_stopped`` comes after
-  the silence that judgement asks for; the ``speech_paused`` event also carries ``transcript`` and
-  ``turn_complete`` (a server may reuse the transcript for the answer it prepares);
+  (``quick``) while the turn model scores its audio on another thread, the two are judged
+  together (:mod:`schedulers.speech.turn_end`), and ``speech_stopped`` comes after the silence
+  that judgement asks for; the ``speech_paused`` event also carries ``transcript``,
+  ``turn_complete`` and ``decision_ms`` (``{"asr", "model_wait", "total"}``: the transcription,
+  the wait for the model after it, and the whole decision); a server may reuse the transcript for
+  the answer it prepares;
 * ``language``: passed to the recognizer;
 * ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
   turns partials off (VAD events and the final text still come).
@@ -31,6 +34,8 @@ catches up instead of falling behind real time).
 from __future__ import annotations
 
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -85,6 +90,7 @@ class StreamingTranscriber:
         self.recognizer = recognizer
         self.partial_every = partial_every_ms * ASR_SAMPLE_RATE // 1000
         self.vad_backend = vad_backend
+        self._scoring = ThreadPoolExecutor(max_workers=2, thread_name_prefix="turn-model")
 
     def open(self, ref: SessionRef, request: OmniRequest) -> TranscriptionSession:
         config = request.metadata.get(SESSION_METADATA_KEY, {}).get("config") or {}
@@ -132,9 +138,18 @@ class StreamingTranscriber:
 
         def judge(start: int, paused_at: int) -> int:
             audio = state.audio()[start:paused_at]
+            began = time.perf_counter()
+            scored = detector.score_soon(audio, self._scoring)
             transcript = self.recognizer.transcribe(audio, state.language, quick=True)
-            decision = detector.decide(audio, transcript, silence_ms=pause_ms)
-            state.judged[paused_at] = {"transcript": transcript, "turn_complete": decision.judgement.complete}
+            transcribed = time.perf_counter()
+            decision = detector.decide(audio, transcript, silence_ms=pause_ms, scored=scored)
+            done = time.perf_counter()
+            spent = {"asr": transcribed - began, "model_wait": done - transcribed, "total": done - began}
+            state.judged[paused_at] = {
+                "transcript": transcript,
+                "turn_complete": decision.judgement.complete,
+                "decision_ms": {part: round(1000 * seconds, 1) for part, seconds in spent.items()},
+            }
             return decision.judgement.end_after_ms
 
         return VoiceActivityDetector(
