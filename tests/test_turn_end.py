@@ -89,19 +89,3 @@ def test_bad_arguments_are_named(model: Any) -> None:
         detector.decide(np.zeros(100, dtype=np.float32), "", -1)
     with pytest.raises(ValueError, match="eagerness"):
         SemanticTurnDetector("fast", model=model)  # type: ignore[arg-type]
-
-
-def test_the_model_runs_beside_the_transcription_and_its_answer_is_used_unless_the_words_veto(
-    model: Any, speak: Any
-) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    detector = SemanticTurnDetector("medium", model=model)
-    audio = speak("What is the capital of France?")
-    with ThreadPoolExecutor(1) as pool:
-        scored = detector.score_soon(audio, pool)
-        decision = detector.decide(audio, "What is the capital of France?", silence_ms=250, scored=scored)
-        assert decision.end and decision.judgement.probability == scored.result()
-        again = detector.score_soon(audio, pool)
-        vetoed = detector.decide(audio, "What is the capital of", silence_ms=250, scored=again)
-    assert not vetoed.end and vetoed.judgement.probability is None

@@ -11,8 +11,8 @@
                                                                                   having let the request go
 ``omnitrio_realtime_unplayed_audio_at_interrupt_seconds``              histogram  audio the client held unplayed
 ``omnitrio_realtime_turn_decision_seconds{part}``                      histogram  ``semantic_vad``'s judgement at a
-                                                                                  pause: ``asr``, ``model_wait``
-                                                                                  (after the ASR), ``total``
+                                                                                  pause: ``asr``, ``model``,
+                                                                                  ``total``
 =====================================================================  =========  ==================================
 
 One :class:`RealtimeMetrics` per registry (:func:`realtime_metrics`); a pipeline without a registry
@@ -71,7 +71,7 @@ class RealtimeMetrics:
         )
         self.turn_decision = Histogram(
             "omnitrio_realtime_turn_decision_seconds",
-            "semantic_vad: the time one end-of-turn judgement took, by part (asr, model_wait, total)",
+            "semantic_vad: the time one end-of-turn judgement took, by part (asr, model, total)",
             ["part"],
             buckets=_SECONDS,
             registry=r,

@@ -17,12 +17,12 @@ Session ``config`` (the open command's ``config``):
   "audio_ms": ...}`` (see :class:`~schedulers.speech.vad.VoiceActivityDetector`);
   or ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto", "pause_ms"}``: the
   same events, but at each pause of ``pause_ms`` (default 200) the turn so far is transcribed
-  (``quick``) while the turn model scores its audio on another thread, the two are judged
-  together (:mod:`schedulers.speech.turn_end`), and ``speech_stopped`` comes after the silence
+  (``quick``) and judged (:mod:`schedulers.speech.turn_end`: the turn model runs after the
+  transcription, only when the words do not object; run side by side on two threads, Whisper and
+  the ONNX model hung the server now and then), and ``speech_stopped`` comes after the silence
   that judgement asks for; the ``speech_paused`` event also carries ``transcript``,
-  ``turn_complete`` and ``decision_ms`` (``{"asr", "model_wait", "total"}``: the transcription,
-  the wait for the model after it, and the whole decision); a server may reuse the transcript for
-  the answer it prepares;
+  ``turn_complete`` and ``decision_ms`` (``{"asr", "model", "total"}``); a server may reuse the
+  transcript for the answer it prepares;
 * ``language``: passed to the recognizer;
 * ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
   turns partials off (VAD events and the final text still come).
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -90,7 +89,6 @@ class StreamingTranscriber:
         self.recognizer = recognizer
         self.partial_every = partial_every_ms * ASR_SAMPLE_RATE // 1000
         self.vad_backend = vad_backend
-        self._scoring = ThreadPoolExecutor(max_workers=2, thread_name_prefix="turn-model")
 
     def open(self, ref: SessionRef, request: OmniRequest) -> TranscriptionSession:
         config = request.metadata.get(SESSION_METADATA_KEY, {}).get("config") or {}
@@ -139,12 +137,11 @@ class StreamingTranscriber:
         def judge(start: int, paused_at: int) -> int:
             audio = state.audio()[start:paused_at]
             began = time.perf_counter()
-            scored = detector.score_soon(audio, self._scoring)
             transcript = self.recognizer.transcribe(audio, state.language, quick=True)
             transcribed = time.perf_counter()
-            decision = detector.decide(audio, transcript, silence_ms=pause_ms, scored=scored)
+            decision = detector.decide(audio, transcript, silence_ms=pause_ms)
             done = time.perf_counter()
-            spent = {"asr": transcribed - began, "model_wait": done - transcribed, "total": done - began}
+            spent = {"asr": transcribed - began, "model": done - transcribed, "total": done - began}
             state.judged[paused_at] = {
                 "transcript": transcript,
                 "turn_complete": decision.judgement.complete,

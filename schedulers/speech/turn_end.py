@@ -9,10 +9,7 @@ speaker to go on.  Two signals make the judgement, combined by one rule (:func:`
 * the audio (:mod:`schedulers.speech.turn_model`, Smart Turn v3.2): otherwise the turn is
   complete when the model's probability reaches the eagerness's threshold.
 
-So the words can only veto, and when they veto the model's answer is not used.  A caller that
-has to transcribe the turn first may start the model at once (:meth:`SemanticTurnDetector.score_soon`)
-and pass its future to :meth:`~SemanticTurnDetector.decide`: the two then run side by side, and a
-decision costs the longer of them rather than their sum.  ``eagerness``
+So the words can only veto, and when they veto the model is not run at all.  ``eagerness``
 (:func:`policy_for`) sets the threshold, the silence a complete turn waits, and the silence an
 incomplete one waits (OpenAI's maximum timeouts: 8 s, 4 s and 2 s for low, medium and high;
 ``auto`` is ``medium``).  A speaker who resumes talking before the wait is over simply continues
@@ -21,7 +18,6 @@ the turn; the next pause is judged afresh with the longer audio and transcript.
 
 from __future__ import annotations
 
-from concurrent.futures import Executor, Future
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -106,32 +102,17 @@ class SemanticTurnDetector:
             model = shared_turn_model()
         self.model = model
 
-    def score_soon(self, audio_16k: Any, executor: Executor) -> Future[float]:
-        """Start the audio model on ``executor``; its future goes to :meth:`decide` as ``scored``."""
-        return executor.submit(self.model.probability_complete, audio_16k)
-
-    def decide(
-        self, audio_16k: Any, transcript: str, silence_ms: int, *, scored: Future[float] | None = None
-    ) -> TurnDecision:
+    def decide(self, audio_16k: Any, transcript: str, silence_ms: int) -> TurnDecision:
         """The decision for a turn whose audio so far (16 kHz mono, its trailing silence
         included) is ``audio_16k``, whose transcript so far is ``transcript``, and which has been
-        silent for ``silence_ms``.  The audio model is consulted only when the words do not object:
-        through ``scored`` when given (its answer is awaited, or, after a veto, left unused), else
-        run here.
+        silent for ``silence_ms``.  The audio model runs only when the words do not object.
         """
         if isinstance(silence_ms, bool) or not isinstance(silence_ms, int) or silence_ms < 0:
             raise ValueError(f"silence_ms must be a non-negative integer, got {silence_ms!r}")
         if not isinstance(transcript, str):
             raise ValueError(f"transcript must be a string, got {type(transcript).__name__}")
         unfinished = unfinished_because(transcript)
-        probability: float | None = None
-        if unfinished is not None:
-            if scored is not None:
-                scored.cancel()
-        elif scored is not None:
-            probability = scored.result()
-        else:
-            probability = self.model.probability_complete(audio_16k)
+        probability = None if unfinished is not None else self.model.probability_complete(audio_16k)
         judgement = judge(self.policy, probability, unfinished)
         wait = max(0, judgement.end_after_ms - silence_ms)
         return TurnDecision(end=wait == 0, wait_ms=wait, judgement=judgement)
