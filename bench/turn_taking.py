@@ -18,15 +18,14 @@ first pause of ``silence_duration_ms``.  Outcomes, per detector:
   hesitation (the speaker was cut off);
 * precision = true / (true + false), recall = true / complete utterances;
 * turn latency on complete utterances: end of speech (the last sample above -40 dBFS) to the
-  decision, the decision's compute included, as the streaming ASR stage runs it: the transcript's
-  ASR with the audio model on another thread at the same time (measured so, ``decision_ms``); a
-  complete utterance judged incomplete waits the eagerness's timeout, and that wait is its
-  latency.  ``wait`` is the silence alone.
+  decision, the decision's compute included, serially as the streaming ASR stage runs it (the
+  transcript's ASR for the words, then the audio model); a complete utterance judged incomplete
+  waits the eagerness's timeout, and that wait is its latency.  ``wait`` is the silence alone.
 
 Detectors: ``server_vad`` (500 ms, OpenAI's default; and 200 ms), the audio model alone and the
 words alone (both with the ``medium`` silences), and ``semantic_vad`` at each eagerness.  Per
 decision: the words' check, the audio model, and (separately) the transcript's ASR, each run
-alone; and the decision as the stage runs it (ASR and model side by side).
+alone; and both side by side on two threads (``decision_ms``: what a concurrent stage would pay).
 
 False interruptions: short backchannels ("uh-huh", "okay", …) and a cough-like noise burst should
 let the assistant resume; real interruptions ("wait, stop", …) should cancel it.  Each is spoken
@@ -120,7 +119,7 @@ class Pause:
     asr_ms: float
     words_ms: float
     model_ms: float
-    decision_ms: float  # ASR and model side by side, as the streaming ASR stage decides
+    decision_ms: float  # ASR and model side by side on two threads
 
 
 @attrs.frozen
@@ -243,10 +242,7 @@ def semantic(policy: EagernessPolicy, *, audio: bool = True, words: bool = True)
         unfinished = pause.unfinished if words else None
         runs_model = audio and unfinished is None
         judgement = judge(policy, pause.probability if runs_model else None, unfinished)
-        if words and audio:
-            compute = pause.decision_ms
-        else:
-            compute = (pause.asr_ms + pause.words_ms if words else 0.0) + (pause.model_ms if runs_model else 0.0)
+        compute = (pause.asr_ms + pause.words_ms if words else 0.0) + (pause.model_ms if runs_model else 0.0)
         return judgement.end_after_ms, compute
 
     return wait
