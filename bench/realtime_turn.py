@@ -133,24 +133,32 @@ async def turn_session(
         start = trio.current_time() + 0.05
         ends = [start + end for end in ends]
         async with trio.open_nursery() as nursery:
+            answered = trio.Event()
 
             async def listen() -> None:
                 stopped: float | None = None
+                spoken: float | None = None
+                count = 0
                 while True:
                     event = await rt.receive()
                     now = trio.current_time()
                     match event["type"]:
                         case "input_audio_buffer.speech_stopped":
                             stopped = now
+                            spoken = max((end for end in ends if end <= now), default=None)
                         case "response.output_audio.delta" if stopped is not None:
                             figures.from_speech_stopped.append(now - stopped)
-                            spoken = max((end for end in ends if end <= now), default=None)
                             if spoken is not None:
                                 figures.from_end_of_speech.append(now - spoken)
                             stopped = None
+                            count += 1
+                            if count == len(clips):
+                                answered.set()
 
             nursery.start_soon(listen)
             await stream_like_a_microphone(rt, timeline, start, RATE * chunk_ms // 1000)
+            with trio.move_on_after(10):  # the last answer may still be on its way
+                await answered.wait()
             nursery.cancel_scope.cancel()
 
 
