@@ -50,8 +50,8 @@ from omnitrio.client import RealtimeClient, open_realtime  # noqa: E402
 
 RATE = 24_000
 CHUNK = RATE // 10  # 100 ms: barge-in and cancel sends
-DETECTIONS: dict[str, dict[str, Any]] = {
-    "server_vad": {"type": "server_vad"},
+DETECTIONS: dict[str, dict[str, Any] | None] = {
+    "server_vad": None,  # the session's default: no session.update (see turn_session)
     "semantic_auto": {"type": "semantic_vad", "eagerness": "auto"},
     "semantic_high": {"type": "semantic_vad", "eagerness": "high"},
 }
@@ -115,16 +115,21 @@ class TurnFigures:
 
 
 async def turn_session(
-    url: str, clips: list[bytes], delay: float, detection: dict[str, Any], chunk_ms: int, figures: TurnFigures
+    url: str, clips: list[bytes], delay: float, detection: dict[str, Any] | None, chunk_ms: int, figures: TurnFigures
 ) -> None:
-    """Speak each clip then 3 s of silence, in real time; time each answer's first audio."""
+    """Speak each clip then 3 s of silence, in real time; time each answer's first audio.
+
+    ``detection`` None keeps the default (server VAD) without a ``session.update``: a turn
+    detection restarted by one sometimes stops answering (a known hang, on main too).
+    """
     await trio.sleep(delay)
     async with open_realtime(url) as rt:
         await rt.receive()
-        audio = {"input": {"turn_detection": detection}}
-        await rt.send({"type": "session.update", "session": {"audio": audio}})
-        while (await rt.receive())["type"] != "session.updated":
-            pass
+        if detection is not None:
+            audio = {"input": {"turn_detection": detection}}
+            await rt.send({"type": "session.update", "session": {"audio": audio}})
+            while (await rt.receive())["type"] != "session.updated":
+                pass
         timeline, ends = b"", []
         for clip in clips:
             timeline += silence(0.3)
@@ -304,7 +309,7 @@ def start_server() -> tuple[subprocess.Popen[str], int]:
 
 
 async def turns(
-    url: str, port: int, clips: list[bytes], detection: dict[str, Any], sessions: int, turns: int, chunk_ms: int
+    url: str, port: int, clips: list[bytes], detection: dict[str, Any] | None, sessions: int, turns: int, chunk_ms: int
 ) -> dict[str, Any]:
     """One measurement: ``sessions`` concurrent sessions of ``turns`` turns each with ``detection``."""
     figures = TurnFigures()
