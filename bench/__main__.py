@@ -43,12 +43,7 @@ WARM_MODULES = ("bench.toy_stages", "bench.toy_stream", "toys.seed.ch4_batch_sta
 
 def warm_imports() -> None:
     """Import the stage modules once, so the first pipeline's start-up is not charged with them."""
-    for module in (
-        "bench.toy_stages",
-        "bench.toy_stream",
-        "toys.seed.ch4_batch_stages",
-        "toys.seed.ch4_fanin_stages",
-    ):
+    for module in WARM_MODULES:
         importlib.import_module(module)
 
 

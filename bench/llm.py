@@ -8,11 +8,16 @@ In one run, per weight format (``float32``, ``bfloat16``, ``int8``, ``int4``):
 * **8 sessions**: total tokens/s of 8 requests decoding together;
 * **prefill**: milliseconds to the first token of a 40-token prompt (chat time to first token);
 * **agreement**: the share of positions where the format's next token equals float32's, teacher-forced
-  along float32's greedy answers to a fixed prompt set.
+  along float32's greedy answers to a fixed prompt set;
+* **one core's floor** (``cpu1_*``): CPU milliseconds (``time.thread_time``, one torch thread) of a
+  decode step at batch 1 and 8 and of the 40-token prefill, next to the CPU milliseconds of their
+  matrix products alone (every projection and the output projection, same shapes).  CPU time is
+  what the work costs whatever else runs on the machine; wall-clock figures are not, on a shared one.
 
 Also, when installed, transformers (bfloat16, the same GGUF file) at batch 1, and llama.cpp
 (``llama-cpp-python``) on the same file.  Bandwidth is a 256 MB tensor copy (read + write) at the
-same thread count.  The load average is printed: the machine may be shared.
+same thread count.  The load average is printed: the machine may be shared.  OpenMP's idle workers
+sleep (``OMP_WAIT_POLICY=PASSIVE`` unless set), as in ``python -m omnitrio serve``.
 
 Run: ``.venv/bin/python bench/llm.py [--threads 2] [--formats int4 int8 ...]``.  Figures go to
 ``bench/results/llm.json``.  Not a test: nothing is asserted.
@@ -28,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 
 import torch
 
@@ -107,6 +114,60 @@ def prefill_ms(model: TinyLlama, ids: list[int]) -> float:
     return statistics.median(times) * 1e3
 
 
+def cpu_ms(work: Any, rounds: int) -> float:
+    """Median CPU milliseconds of ``work()`` on this thread, after one warm-up call."""
+    work()
+    times = []
+    for _ in range(rounds):
+        started = time.thread_time()
+        work()
+        times.append(time.thread_time() - started)
+    return statistics.median(times) * 1e3
+
+
+def matmuls(model: TinyLlama, rows: int, head_rows: int) -> Any:
+    """The matrix products of one forward over ``rows`` tokens (the output projection over ``head_rows``)."""
+    dtype = model.matmul_dtype
+    x = torch.randn(1, rows, model.config.dim).to(dtype)
+    inner = torch.randn(1, rows, model.config.ffn_dim).to(dtype)
+    head = x[:, :head_rows]
+
+    def work() -> None:
+        for block in model.blocks:
+            block.attn.wqkv(x)
+            block.attn.wo(x)
+            block.ffn.w_gate_up(x)
+            block.ffn.w_down(inner)
+        model.lm_head(head)
+
+    return work
+
+
+def one_core_floor(model: TinyLlama, prompts: list[list[int]], long_ids: list[int]) -> dict[str, float]:
+    """CPU ms at one thread: decode steps (batch 1 and 8), the 40-token prefill, and their products alone."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    figures = {}
+    with torch.inference_mode():
+        for batch in (1, 8):
+            engine = ARBatchEngine(model, max_running_requests=batch)
+            for i in range(batch):
+                engine.add(GenerationRequest(f"f{i}", prompts[i % len(prompts)], 64))
+            engine.step()
+            figures[f"cpu1_step_b{batch}_ms"] = round(cpu_ms(engine.step, 20), 2)
+            figures[f"cpu1_matmuls_b{batch}_ms"] = round(cpu_ms(matmuls(model, batch, batch), 10), 2)
+
+        def prefill() -> None:
+            engine = ARBatchEngine(model, max_running_requests=1)
+            engine.add(GenerationRequest("p", long_ids, 1))
+            engine.step()
+
+        figures["cpu1_prefill40_ms"] = round(cpu_ms(prefill, 3), 1)
+        figures["cpu1_matmuls_prefill40_ms"] = round(cpu_ms(matmuls(model, len(long_ids), 1), 3), 1)
+    torch.set_num_threads(threads)
+    return figures
+
+
 def greedy_answers(model: TinyLlama, prompts: list[list[int]], tokens: int, eos: int) -> list[list[int]]:
     engine = ARBatchEngine(model, max_running_requests=len(prompts))
     for i, ids in enumerate(prompts):
@@ -175,6 +236,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "torch_threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "load_avg_before": round(os.getloadavg()[0], 2),
         "bandwidth_gb_s": round(bandwidth, 1),
         "formats": {},
@@ -191,6 +253,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "sessions8_tok_s": round(decode_rate(model, prompts, args.tokens), 1),
             "prefill40_ms": round(prefill_ms(model, long_ids), 1),
             "agreement_vs_float32": round(agreement(model, prompts, answers), 4),
+            **one_core_floor(model, prompts, long_ids),
+            "load_avg": round(os.getloadavg()[0], 2),
         }
         results["formats"][fmt] = row
         print(fmt, row, flush=True)

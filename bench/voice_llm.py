@@ -3,8 +3,8 @@
 A client of ``python -m omnitrio serve`` (the default pipeline: Whisper, SmolLM2-135M-Instruct on the
 AR engine, Piper) streams a spoken question in real time (100 ms chunks) with server VAD at its
 default settings, and measures from sending the chunk holding the question's last voiced sample to
-receiving the answer's first ``response.output_audio.delta``.  That span holds the VAD's silence
-window (``silence_duration_ms``), ASR, the model's prefill and its first sentence, and the
+receiving the first ``response.output_audio.delta`` of a response not heard before.  That span holds
+the VAD's silence window (``silence_duration_ms``), ASR, the model's prefill and its first sentence, and the
 synthesis of that sentence.  At 1 and 4 concurrent sessions (turns 0.6 s apart).  Also chat time to
 first token over HTTP (streamed, text only).
 
@@ -56,9 +56,13 @@ async def voice_session(url: str, clips: list[bytes], delay: float, latencies: l
 
             async def listen() -> None:
                 waiting = [start + e for e in ends]
+                answered: set[str] = set()  # responses whose first audio was seen
                 while waiting:
                     event = await rt.receive()
-                    if event["type"] == "response.output_audio.delta" and trio.current_time() > waiting[0]:
+                    if event["type"] != "response.output_audio.delta" or event.get("response_id") in answered:
+                        continue
+                    answered.add(event.get("response_id", ""))
+                    if trio.current_time() > waiting[0]:
                         latencies.append(trio.current_time() - waiting.pop(0))
 
             nursery.start_soon(listen)

@@ -24,8 +24,6 @@ them with the values the pipeline gets.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -264,7 +262,10 @@ def describe(config: PipelineConfig) -> str:
         lines.append(f"  serves: {', '.join(config.serves)}")
     width = max(len(stage.name) for stage in config.stages)
     for stage in config.stages:
-        where = f"[{stage.process}]" if stage.process else "[main]"
+        where = "[main]"
+        if stage.process:
+            copies = int(config.processes.get(stage.process, {}).get("replicas", 1))
+            where = f"[{stage.process} x{copies}]" if copies > 1 else f"[{stage.process}]"
         edges = ["terminal"] if stage.terminal else [f"-> {', '.join(stage.next_stages)}"]
         if stage.route_fn:
             edges.append(f"route {stage.route_fn}")
@@ -486,9 +487,6 @@ class _AudioSink:
 
 
 def _trace(argv: Sequence[str]) -> int:
-    if importlib.util.find_spec("omnitrio.trace") is None:
-        print("omnitrio: error: 'trace' is not available in this build (omnitrio.trace is missing)", file=sys.stderr)
-        return 2
-    trace = importlib.import_module("omnitrio.trace")
-    code: int = trace.main(list(argv))
-    return code
+    from omnitrio import trace
+
+    return trace.main(list(argv))

@@ -17,6 +17,7 @@ bounds the memory, and a scheduler that outruns its consumer is slowed, not buff
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Protocol
 
 import trio
@@ -91,7 +92,7 @@ def hold_back(outbox: Outbox, backlog: int) -> None:
         outbox.pause()
 
 
-def let_through(outbox: Outbox, backlog: int) -> None:
-    """A request's backlog went down to ``backlog`` (0: it ended): resume at the low mark."""
-    if outbox.paused and backlog <= BACKLOG_LOW:
+def let_through(outbox: Outbox, backlog: Sized) -> None:
+    """A request's outputs waiting went down to ``backlog`` (empty: it ended): resume at the low mark."""
+    if outbox.paused and len(backlog) <= BACKLOG_LOW:
         outbox.resume()

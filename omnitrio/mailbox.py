@@ -34,19 +34,26 @@ class Mailbox(Generic[T]):
         self._waiter: trio.Event | None = None
         self._closed = False
 
-    def put(self, item: T) -> None:
-        """Add ``item`` (dropped once closed); never blocks."""
+    def put(self, item: T) -> int:
+        """Add ``item`` (dropped once closed); never blocks.  The number of items queued now."""
+        items = self._items
         if self._closed:
-            return
-        self._items.append(item)
+            return len(items)
+        items.append(item)
         if self._waiter is not None:
             self._waiter.set()
+        return len(items)
 
     def close(self) -> None:
         """No more items; the consumer gets what is queued, then the end."""
         self._closed = True
         if self._waiter is not None:
             self._waiter.set()
+
+    def discard(self) -> None:
+        """Close, and drop what is queued: the consumer gets the end at its next receive."""
+        self._items.clear()
+        self.close()
 
     @property
     def closed(self) -> bool:
@@ -56,10 +63,11 @@ class Mailbox(Generic[T]):
         return len(self._items)
 
     async def receive(self) -> T:
-        """The next item; raises ``trio.EndOfChannel`` once closed and drained."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+        """The next item; raises ``trio.EndOfChannel`` once closed and drained.  Cancelled, it takes none."""
         if self._items:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.lowlevel.checkpoint()  # cancelled while it yielded: raises, the item stays
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
         while not self._items:
             if self._closed:
                 raise trio.EndOfChannel

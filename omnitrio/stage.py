@@ -209,8 +209,8 @@ class Stage:
         for out in outputs:
             req = requests.get(out.request_id)
             if req is not None:
-                req.push(out)
+                backlog = req.push(out)
                 if self.bridge is not None:
-                    hold_back(self.bridge, len(req.outputs))
+                    hold_back(self.bridge, backlog)
             elif out.type == "admitted" and self._nursery is not None:
                 self._start(StageRequest(self, out.request_id, 0, Phase.SCHEDULED))

@@ -7,9 +7,10 @@ mailbox (fed by the scheduler bridge), half-collected fan-in inputs, stream chun
 counters, flow-control credits and relay leases — so its :meth:`~StageRequest._finish`
 is the one clean-up, and no second bookkeeping path can leak.
 
-Its :class:`Phase` says how far the request got.  Abort is ``cancel_scope.cancel()``:
-the request's task stops wherever it waits, and its finish tells the scheduler, gives
-the leases back and answers the coordinator with ``Released``.
+Its :class:`Phase` says how far the request got.  Abort is ``cancel_scope.cancel()``
+and its queued outputs dropped: the request's task stops wherever it waits, handles no
+output after the abort, and its finish tells the scheduler, gives the leases back and
+answers the coordinator with ``Released``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class Outcome(enum.Enum):
     """Aborted, or the stage shut down."""
 
 
+_CALLER = (COORDINATOR,)
+"""Where a terminal stage's stream outputs go: the caller, through the coordinator."""
 _HELD = (Phase.STREAMING, Phase.STREAMING_ANSWERED, Phase.SCHEDULED, Phase.PRODUCING)
 """Phases in which the scheduler holds something of the request."""
 _UNANSWERED = (Phase.ARRIVING, Phase.STREAMING, Phase.SCHEDULED)
@@ -169,8 +172,13 @@ class StageRequest:
         return True
 
     def abort(self) -> None:
-        """Stop the request here; its task answers the coordinator with ``Released``."""
+        """Stop the request here; its task answers the coordinator with ``Released``.
+
+        Outputs queued for it are dropped, so its task handles none after the abort, even
+        one it was already woken for.
+        """
         self.cancel_scope.cancel()
+        self.outputs.discard()
 
     # -- 2. hand to the scheduler ---------------------------------------------------
 
@@ -205,10 +213,10 @@ class StageRequest:
         """Whether the scheduler's first output for the request has arrived here."""
         return self.phase not in _UNANSWERED
 
-    def push(self, message: OutgoingMessage) -> None:
-        """Hand the request's task an output (or a synthetic error); never blocks."""
+    def push(self, message: OutgoingMessage) -> int:
+        """Hand the request's task an output; never blocks.  The outputs now waiting for it."""
         self.phase = _AFTER_OUTPUT.get(self.phase, self.phase)
-        self.outputs.put(message)
+        return self.outputs.put(message)
 
     def fail_with(self, error: BaseException | str) -> None:
         """Fail the request from outside its task (bad input routing, merge errors)."""
@@ -226,13 +234,12 @@ class StageRequest:
         try:
             with self.cancel_scope:
                 async for outputs in self.outputs.slices(OUTPUT_SLICE):
-                    for out in outputs:
-                        # An abort delivered while the slice was taken, or by a local send of the
-                        # output before, ends the request here rather than after the next wait.
-                        await trio.lowlevel.checkpoint_if_cancelled()
-                        bridge = self.stage.bridge
-                        if bridge is not None:
-                            let_through(bridge, len(self.outputs))
+                    bridge = self.stage.bridge
+                    if bridge is not None:
+                        let_through(bridge, self.outputs)  # the backlog shrinks only as a slice is taken
+                    for n, out in enumerate(outputs):
+                        if n:  # a local send of the output before may have aborted the request
+                            await trio.lowlevel.checkpoint_if_cancelled()
                         match out.type:
                             case "stream":
                                 await self._stream(out)
@@ -250,45 +257,39 @@ class StageRequest:
         finally:
             self._finish(outcome)
 
-    def _next_chunk_id(self, target: str) -> int:
-        ids = self._chunk_ids
-        if ids is None:
-            ids = self._chunk_ids = {}
-        n = ids.get(target, 0)
-        ids[target] = n + 1
-        return n
-
-    async def _take_credit(self, consumer: str) -> None:
-        if self._credits is None:
-            self._credits = Credits()
-        await self._credits.take(consumer)
-
     async def _stream(self, out: OutgoingMessage) -> None:
+        """One stream output to its consumers (the caller for a terminal stage), each when it has credit."""
         stage, rid = self.stage, self.request_id
         plan = stage.plan
         if out.target is not None:
+            if out.target not in plan.stream_to and out.target not in plan.next:
+                raise StageFunctionError(
+                    f"stream output of stage {stage.name!r}", "ValueError", f"target {out.target!r} is not in stream_to"
+                )
             targets: Sequence[str] = (out.target,)
         elif plan.stream_to:
             targets = plan.stream_to
         elif plan.terminal:
-            await self._take_credit(COORDINATOR)
-            chunk_id = self._next_chunk_id(COORDINATOR)
-            stage.board.send(StreamOut(rid, self.inc, stage.name, chunk_id, out.data, _modality(out)))
-            return
+            targets = _CALLER
         else:
             raise StageFunctionError(
                 f"stream output of stage {stage.name!r}", "RuntimeError", "no target, no stream_to, and not terminal"
             )
+        credits, chunk_ids = self._credits, self._chunk_ids
+        if credits is None:
+            credits = self._credits = Credits()
+        if chunk_ids is None:
+            chunk_ids = self._chunk_ids = {}
         for target in targets:
-            if target not in plan.stream_to and target not in plan.next:
-                raise StageFunctionError(
-                    f"stream output of stage {stage.name!r}", "ValueError", f"target {target!r} is not in stream_to"
-                )
-            await self._take_credit(target)  # the target stage's scheduler has room for it
-            chunk_id = self._next_chunk_id(target)
-            if stage.recorder is not None and chunk_id == 0:
-                stage.recorder.emit(rid, stage.name, STAGE_FIRST_STREAM_CHUNK_SENT, to=target)
-            stage.board.send(Chunk(rid, self.inc, target, stage.name, chunk_id, out.data, out.metadata))
+            await credits.take(target)  # the consumer has room for it
+            chunk_id = chunk_ids.get(target, 0)
+            chunk_ids[target] = chunk_id + 1
+            if targets is _CALLER:
+                stage.board.send(StreamOut(rid, self.inc, stage.name, chunk_id, out.data, _modality(out)))
+            else:
+                if stage.recorder is not None and chunk_id == 0:
+                    stage.recorder.emit(rid, stage.name, STAGE_FIRST_STREAM_CHUNK_SENT, to=target)
+                stage.board.send(Chunk(rid, self.inc, target, stage.name, chunk_id, out.data, out.metadata))
 
     def _route(self, result: Any) -> None:
         """End-of-stream signals first, then the result to each next stage (or the caller)."""
@@ -338,7 +339,7 @@ class StageRequest:
         self.outputs.close()
         bridge = stage.bridge
         if bridge is not None:
-            let_through(bridge, 0)  # the backlog that paused it may have been this request's
+            let_through(bridge, ())  # the backlog that paused it may have been this request's
             if held and outcome is not Outcome.DONE:
                 bridge.abort(rid)
         stage.board.let_go(rid, self.inc, stage.name, self.leases)

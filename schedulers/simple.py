@@ -18,7 +18,8 @@ woken).  What a caller may rely on:
   request of a batch always fits.  A lone request runs through ``compute_fn`` when there
   is one.
 * **Concurrency**: ``max_concurrency > 1`` runs ``compute_fn`` in that many worker
-  threads (it must be re-entrant); outputs then come in completion order.
+  threads (it must be re-entrant); outputs then come in completion order.  Without it,
+  the class's ``default_max_concurrency`` (1 here).
 * **Sync or async**: a compute function may return an awaitable; it runs to completion
   on an asyncio loop private to the thread that called it.
 * **Abort** (:meth:`abort`, from any thread, never blocks): see :mod:`schedulers._idsets`
@@ -138,6 +139,9 @@ def _check_positive_int(name: str, value: int) -> int:
 class SimpleScheduler:
     """One compute function behind the stage inbox/outbox contract (see the module docstring)."""
 
+    default_max_concurrency = 1
+    """``max_concurrency`` when none is given; a subclass changes its default here, not in ``__init__``."""
+
     def __init__(
         self,
         compute_fn: ComputeFn | None = None,
@@ -148,13 +152,15 @@ class SimpleScheduler:
         batch_wait_when_idle: bool = True,
         request_cost_fn: Callable[[StagePayload], int] | None = None,
         max_batch_cost: int | None = None,
-        max_concurrency: int = 1,
+        max_concurrency: int | None = None,
         abort_callback: Callable[[str], None] | None = None,
         shutdown_callback: Callable[[], None] | None = None,
     ) -> None:
         if compute_fn is None and batch_compute_fn is None and self._needs_compute():
             raise ValueError(f"{type(self).__name__} needs compute_fn or batch_compute_fn")
         self.max_batch_size = _check_positive_int("max_batch_size", max_batch_size)
+        if max_concurrency is None:
+            max_concurrency = self.default_max_concurrency
         self.max_concurrency = _check_positive_int("max_concurrency", max_concurrency)
         if isinstance(max_batch_wait_ms, bool) or not isinstance(max_batch_wait_ms, int | float):
             raise ValueError(f"max_batch_wait_ms must be a number of milliseconds, got {max_batch_wait_ms!r}")

@@ -2,7 +2,8 @@
 
 For stages whose compute blocks without holding the GIL (tokenizers, audio decoding,
 remote calls), so requests must overlap.  It is :class:`~schedulers.simple.SimpleScheduler`
-with ``max_concurrency`` workers and no batching; a caller may rely on:
+with ``max_concurrency`` workers, 8 by default (parallel workers exclude batching); a caller
+may rely on:
 
 * up to ``max_concurrency`` computes run at once; outputs come in completion order;
 * ``abort`` of a request still waiting for a worker cancels it (its compute never runs);
@@ -16,24 +17,16 @@ into ``inbox`` and the scheduler thread hands work to the pool, so none is neede
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from schedulers.simple import ComputeFn, SimpleScheduler
+from schedulers.simple import SimpleScheduler
 
 
 class ThreadedSimpleScheduler(SimpleScheduler):
-    """``compute_fn`` on ``max_concurrency`` worker threads; it must be re-entrant."""
+    """``compute_fn`` on ``max_concurrency`` worker threads (8 unless given); it must be re-entrant.
 
-    def __init__(
-        self,
-        compute_fn: ComputeFn,
-        *,
-        max_concurrency: int = 8,
-        abort_callback: Callable[[str], None] | None = None,
-    ) -> None:
-        if compute_fn is None:
-            raise ValueError("ThreadedSimpleScheduler needs compute_fn")
-        super().__init__(compute_fn, max_concurrency=max_concurrency, abort_callback=abort_callback)
+    Takes :class:`~schedulers.simple.SimpleScheduler`'s arguments.
+    """
+
+    default_max_concurrency = 8
 
 
 __all__ = ["ThreadedSimpleScheduler"]

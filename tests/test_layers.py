@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,34 @@ def test_the_runtime_has_no_import_circle() -> None:
 
     for name in sorted(graph):
         walk(name, [])
+
+
+def names_of(path: Path, roots: set[str]) -> set[str]:
+    """The top-level packages of ``roots`` that ``path`` imports (anywhere) or names in a dotted
+    import path such as a ``factory_path`` string."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        match node:
+            case ast.Import(names=names):
+                found.update(a.name.split(".")[0] for a in names)
+            case ast.ImportFrom(module=str(base), level=0):
+                found.add(base.split(".")[0])
+            case ast.Constant(value=str(text)) if re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", text):
+                found.add(text.split(".")[0])
+    return found & roots
+
+
+def test_bench_and_tests_do_not_import_each_other() -> None:
+    """What both use lives in toys/; the tests of the bench tool itself (``test_bench_*.py``) may import it."""
+    crossings = []
+    for folder, other in (("bench", "tests"), ("tests", "bench")):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            hidden = any(part.startswith(".") for part in path.relative_to(ROOT).parts)  # side venvs
+            if hidden or path.name.startswith("test_bench_"):
+                continue
+            if names_of(path, {other}):
+                crossings.append(f"{path.relative_to(ROOT)} uses {other}/")
+    assert crossings == []
 
 
 def test_importing_the_contract_loads_no_runtime() -> None:

@@ -65,3 +65,21 @@ async def test_a_cancelled_receive_takes_nothing() -> None:
         scope.cancel()
         await box.receive()
     assert len(box) == 1
+
+
+async def test_a_consumer_woken_for_an_item_gets_only_the_end_once_the_box_is_discarded() -> None:
+    box: Mailbox[str] = Mailbox()
+    got: list[str] = []
+
+    async def consume() -> None:
+        async for item in box:
+            got.append(item)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consume)
+        await trio.testing.wait_all_tasks_blocked()
+        box.put("a")  # wakes the consumer ...
+        box.discard()  # ... which has not run yet: it must not get "a"
+        box.put("b")
+    assert got == []
+    assert len(box) == 0

@@ -19,7 +19,8 @@ import torch
 import trio
 
 from omnitrio import CompleteMessage, OmniRequest, RequestFailed, StagePayload, StreamMessage, open_pipeline
-from omnitrio.config import load
+from omnitrio.config import from_dict, load, validate
+from omnitrio.errors import ConfigError
 from omnitrio.pipeline import Pipeline
 from omnitrio.serve.audio import encode_wav
 from schedulers.omni.inputs import AUDIO_RATE, parse_chat
@@ -222,6 +223,12 @@ def test_responder_answers_raw_chat_inputs() -> None:
     inputs = chat("hello")
     out = run_responder({"raw_inputs": inputs}, inputs)
     assert out.type == "result" and out.data.data["finish_reason"] == "length"
+
+
+def test_a_misspelt_responder_argument_is_refused_when_the_config_is_read() -> None:
+    stage = {"name": "responder", "factory_path": "schedulers.omni.responder.create_thinker_responder"}
+    with pytest.raises(ConfigError, match=r"'responder'.*does not accept \['dimm'\]; it accepts \['dim', "):
+        validate(from_dict({"stages": [{**stage, "factory": {"dimm": 64}, "terminal": True}]}))
 
 
 def test_realtime_llm_config_keeps_the_speech_graph_and_swaps_the_responder() -> None:

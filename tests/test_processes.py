@@ -175,7 +175,9 @@ async def test_failures_in_processes_leave_no_state_anywhere() -> None:
         await settled(pipeline)
 
 
-async def test_a_killed_stage_process_fails_its_requests_fast_and_is_restarted() -> None:
+async def test_a_killed_stage_process_fails_its_requests_fast_and_is_restarted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     config = chain_config(2, process=True)
     config.stages[1].factory_path = f"{T}.create_slow"
     config.stages[1].factory = FactoryArgs(seconds=30.0)
@@ -195,6 +197,7 @@ async def test_a_killed_stage_process_fails_its_requests_fast_and_is_restarted()
             killed_at = time.perf_counter()
             os.kill(victim, signal.SIGKILL)
         assert failed_at[0] - killed_at < 1.0
+        assert "'r' failed at stage 's1': ProcessDied: process 'p_s1' (stages s1) died" in caplog.text
         with trio.fail_after(30):
             while not (await pipeline.health())["stages"]["s1"]["alive"]:
                 await trio.sleep(0.05)

@@ -1,7 +1,8 @@
-"""Toy stages and fixtures that tests/ and bench/ share (not shipped with the package).
+"""Toy stages, fixtures and helpers that tests/ and bench/ share (not shipped with the package).
 
 ``toys.seed`` holds the seed chapter's three experiments and their stage modules, kept as
 the seed wrote them (only imports changed); ``toys.stages`` and ``toys.stream_stages`` are
 small stage factories; ``toys.speech_text`` the sentences and word error rate the speech
-round trip is judged by.
+round trip is judged by; ``toys.venvs`` builds the side virtualenvs (the peer's for bench/,
+SGLang's for tests/).
 """

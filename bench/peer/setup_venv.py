@@ -13,12 +13,12 @@ import, and otherwise setup names what does not and says what to do.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import venv as venv_module
 from pathlib import Path
+
+from toys import venvs
 
 PEER_DIR = Path(__file__).resolve().parent
 BENCH_DIR = PEER_DIR.parent
@@ -37,31 +37,11 @@ PEER_DEPS = {
     "huggingface_hub==2.4.0": "huggingface_hub",
     "torch==2.13.0": "torch",  # the CPU wheel from the local find-links; never unpinned
 }
-# Settings of the calling shell that would make pip or the peer look somewhere else.
-_FOREIGN = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_TARGET", "PIP_PREFIX", "PIP_USER")
-_PROBE = """
-import importlib, json, sys
-problems = {}
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-    except Exception as exc:
-        problems[name] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(problems))
-"""
 
 
-def python(venv: Path = VENV) -> Path:
-    """A venv's interpreter, the peer's by default (it may not exist yet)."""
-    return venv / "bin" / "python"
-
-
-def create(venv: Path) -> list[str]:
-    """Create ``venv`` unless it exists; the ``pip install`` command line of its interpreter."""
-    if not python(venv).exists():
-        print(f"creating {venv}", flush=True)
-        venv_module.EnvBuilder(with_pip=True, clear=False).create(venv)
-    return [str(python(venv)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+def python() -> Path:
+    """The peer's interpreter (it may not exist yet)."""
+    return venvs.python(VENV)
 
 
 def is_ready() -> bool:
@@ -69,30 +49,16 @@ def is_ready() -> bool:
     return READY.exists()
 
 
-def clean_env() -> dict[str, str]:
-    """This environment without what would point pip or Python at other packages."""
-    return {k: v for k, v in os.environ.items() if k not in _FOREIGN}
-
-
 def peer_env() -> dict[str, str]:
     """Environment for peer subprocesses: the stub and bench/peer/seed on PYTHONPATH, nothing else of ours."""
-    env = clean_env()
+    env = venvs.clean_env()
     env["PYTHONPATH"] = os.pathsep.join([str(PEER_DIR / "stub"), str(PEER_DIR / "seed"), str(BENCH_DIR.parent)])
     return env
 
 
 def import_problems(interpreter: Path, modules: list[str]) -> dict[str, str]:
     """``{module: error}`` for each of ``modules`` that does not import with ``interpreter`` and the peer's path."""
-    try:
-        done = subprocess.run(
-            [str(interpreter), "-c", _PROBE, *modules], env=peer_env(), capture_output=True, text=True, check=False
-        )
-    except OSError as exc:
-        return {str(interpreter): f"cannot run: {exc}"}
-    if done.returncode != 0:
-        return {str(interpreter): f"exited {done.returncode}: {done.stderr.strip()[-300:]}"}
-    problems: dict[str, str] = json.loads(done.stdout.splitlines()[-1])
-    return problems
+    return venvs.import_problems(interpreter, modules, peer_env())
 
 
 def advice(problems: dict[str, str]) -> str:
@@ -109,7 +75,7 @@ def advice(problems: dict[str, str]) -> str:
     lines.append("  then run `python -m bench.peer setup` again (it checks the imports again).")
     lines.append(
         f"  If pip says they are installed already, remove {os.path.relpath(VENV)} and run setup again "
-        f"from a shell without {', '.join(_FOREIGN)} set."
+        f"from a shell without {', '.join(venvs.FOREIGN)} set."
     )
     return "\n".join(lines)
 
@@ -117,9 +83,9 @@ def advice(problems: dict[str, str]) -> str:
 def setup() -> None:
     """Create the venv, install the peer and check that it imports (idempotent)."""
     READY.unlink(missing_ok=True)
-    pip = create(VENV)
-    subprocess.run([*pip, "--no-deps", PEER_PACKAGE], check=True, env=clean_env())
-    subprocess.run([*pip, *PEER_DEPS], check=True, env=clean_env())
+    pip = venvs.create(VENV)
+    subprocess.run([*pip, "--no-deps", PEER_PACKAGE], check=True, env=venvs.clean_env())
+    subprocess.run([*pip, *PEER_DEPS], check=True, env=venvs.clean_env())
     # pip reports sglang-omni's unmet requirements above; they are deliberately not installed.
     problems = import_problems(python(), [*PEER_DEPS.values(), PEER_MODULE])
     if problems:

@@ -19,6 +19,10 @@ that start with them; :mod:`schedulers.ar.kv_sessions` holds those rules and the
 :meth:`abort` takes effect at once: the request leaves the waiting queue or its slot is free for
 the next step's admission, and it never produces another token.
 
+The KV cache is float32 whatever the weights' format (attention reads it without a conversion):
+``layers * 2 * kv_heads * head_dim * 4`` bytes a token, for ``max_running_requests + max_sessions``
+slots of ``max_seq_len`` tokens.
+
 The engine is not thread-safe: one thread (the scheduler's) owns it.  Requests beyond the free slots
 wait, at most ``max_waiting_requests`` of them; :meth:`add` raises
 :class:`~omnitrio.contract.StageOverloaded` when that queue is full.
@@ -118,7 +122,7 @@ class ARBatchEngine:
         self.config = model.config
         self.max_running_requests = max_running_requests
         self.max_waiting_requests = max_waiting_requests
-        self.cache = KVCache(model.config, max_running_requests + max_sessions, model.embed.weight.dtype)
+        self.cache = KVCache(model.config, max_running_requests + max_sessions, torch.float32)
         self.sessions = SessionCache(self.cache, max_sessions=max_sessions, max_prefixes=max_prefixes)
         self.waiting: collections.OrderedDict[str, GenerationRequest] = collections.OrderedDict()
         self.running: dict[str, _Running] = {}

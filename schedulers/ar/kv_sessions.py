@@ -72,7 +72,7 @@ class SessionCache:
         key = tuple(prompt[:shared_prefix_len])
         if 0 < shared_prefix_len <= limit and key in self._prefixes:
             self._prefixes.move_to_end(key)
-            self.cache.data[slot, :, :, :, :shared_prefix_len] = self._prefixes[key]
+            self.cache.tokens(slot, shared_prefix_len).copy_(self._prefixes[key])
             return slot, shared_prefix_len
         return slot, 0
 
@@ -81,7 +81,7 @@ class SessionCache:
         key = tuple(prefix)
         if not key or key in self._prefixes or self.max_prefixes == 0:
             return
-        self._prefixes[key] = self.cache.data[slot, :, :, :, : len(key)].clone()
+        self._prefixes[key] = self.cache.tokens(slot, len(key)).clone()
         if len(self._prefixes) > self.max_prefixes:
             self._prefixes.popitem(last=False)
 

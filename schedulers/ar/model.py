@@ -3,12 +3,17 @@
 The weights are random, drawn from ``ModelConfig.seed``: two models built from equal configs are
 identical, so a test can build its oracle from the same config without sharing objects.
 
-The cache is one preallocated tensor ``[slots, layers, 2, kv_heads, max_seq_len, head_dim]``.  A slot
-is a request's row; :meth:`TinyLlama.forward` writes the new keys/values of each row at that row's own
-start position and masks attention per row, so requests of different lengths decode in one batch.
-Positions at or beyond a slot's length may hold stale values from an earlier request or from padding:
-they are never read, because a row only attends to positions ``<=`` its own query position and every
+The cache is one preallocated float32 tensor (:class:`KVCache`).  A slot is a request's row;
+:meth:`TinyLlama.forward` writes the new keys/values of each row at that row's own start position
+and masks attention per row, so requests of different lengths decode in one batch.  Positions at or
+beyond a slot's length may hold stale values from an earlier request or from padding: they are never
+attended to, because a row only attends to positions ``<=`` its own query position and every
 position is written before it is read.
+
+Decoding one token is a few small operations per layer around four matrix products, so the forward
+keeps the operation count low: the residual stream stays float32 (only the products' inputs are cast
+to the weights' dtype), RoPE is two fused multiplies, attention groups each key/value head's query
+heads into one batched product, and a batch of neighbouring slots reads the cache without a copy.
 """
 
 from __future__ import annotations
@@ -53,41 +58,43 @@ class ModelConfig:
 
 
 class KVCache:
-    """Preallocated keys/values for ``slots`` sequences; the engine owns slot assignment and lengths."""
+    """Preallocated keys/values for ``slots`` sequences; the engine owns slot assignment and lengths.
+
+    ``data`` is ``[layers, 2, slots, kv_heads, max_seq_len, head_dim]``: one layer's keys (or values)
+    of consecutive slots are one strided block, so a batch of neighbouring slots reads them without
+    a copy."""
 
     def __init__(self, config: ModelConfig, slots: int, dtype: torch.dtype) -> None:
-        shape = (slots, config.n_layers, 2, config.n_kv_heads, config.max_seq_len, config.head_dim)
+        shape = (config.n_layers, 2, slots, config.n_kv_heads, config.max_seq_len, config.head_dim)
         self.data = torch.zeros(shape, dtype=dtype)
         self.slots = slots
         self.max_seq_len = config.max_seq_len
 
+    def tokens(self, slot: int, length: int) -> torch.Tensor:
+        """The keys/values of a slot's first ``length`` positions (a view)."""
+        return self.data[:, :, slot, :, :length]
+
 
 class RMSNorm(nn.Module):
+    """Normalizes float32 input (the residual stream is float32 whatever the weights' format)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
 def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables ``[max_seq_len, head_dim // 2]`` (float32)."""
+    """``[max_seq_len, head_dim]`` float32 tables: cos over both halves, and sin negated on the first half,
+    so RoPE is ``x * cos + swap_halves(x) * sin``."""
     half = config.head_dim // 2
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
     angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B, H, T, D]`` by per-row positions (``cos``/``sin`` are ``[B, 1, T, D/2]``)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return rotated.to(x.dtype)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 class Attention(nn.Module):
@@ -96,25 +103,51 @@ class Attention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
         self.wqkv = nn.Linear(config.dim, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
     def project(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q ``[B, H, T, D]``, k and v ``[B, KVH, T, D]``, RoPE applied to q and k."""
-        b, t, _ = x.shape
-        qkv = self.wqkv(x).view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
-        qk = apply_rope(qkv[:, : self.n_heads + self.n_kv_heads], cos, sin)
-        return qk[:, : self.n_heads], qk[:, self.n_heads :], qkv[:, self.n_heads + self.n_kv_heads :]
+        """q ``[B, T, H, D]``, k and v ``[B, T, KVH, D]`` (float32), RoPE applied to q and k.
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool = False
-    ) -> torch.Tensor:
-        """Attention output projected back to ``[B, T, dim]``."""
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
-        b, _, t, _ = out.shape
-        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+        ``x`` is float32, multiplied in ``dtype``; ``cos``/``sin`` are ``[B, T, 1, D]`` (:func:`rope_tables`)."""
+        b, t, _ = x.shape
+        qkv = self.wqkv(x.to(dtype)).float().view(b, t, -1, self.head_dim)
+        qk = qkv[:, :, : self.n_heads + self.n_kv_heads]
+        half = self.head_dim // 2
+        swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+        qk = torch.addcmul(qk * cos, swapped, sin)
+        return qk[:, :, : self.n_heads], qk[:, :, self.n_heads :], qkv[:, :, self.n_heads + self.n_kv_heads :]
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Attention of q ``[B, T, H, D]`` over keys/values ``[B, KVH, L, D]``, as ``[B, T, H * D]``.
+
+        ``bias`` is added to the scaled scores: ``[B * KVH, 1 or G * T, L]`` with ``G = H / KVH``,
+        rows ordered by query head within a key/value head, then by position (:func:`attention_bias`)."""
+        b, t, h, d = q.shape
+        kvh = self.n_kv_heads
+        length = keys.shape[2]
+        if t == 1:
+            grouped = q.reshape(b * kvh, h // kvh, d)
+        else:
+            grouped = q.reshape(b, t, kvh, h // kvh, d).permute(0, 2, 3, 1, 4).reshape(b * kvh, -1, d)
+        scores = torch.baddbmm(bias, grouped, keys.reshape(b * kvh, length, d).transpose(1, 2), alpha=self.scale)
+        out = torch.bmm(torch.softmax(scores, dim=-1), values.reshape(b * kvh, length, d))
+        if t == 1:
+            return out.view(b, 1, h * d)
+        return out.view(b, kvh, h // kvh, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
+
+
+def attention_bias(positions: torch.Tensor, length: int, n_kv_heads: int, group: int) -> torch.Tensor:
+    """The additive mask for :meth:`Attention.attend`: the query at position ``p`` sees keys ``<= p``."""
+    b, t = positions.shape
+    allowed = torch.arange(length) <= positions.unsqueeze(-1)  # [B, T, L]
+    bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+    if t == 1:
+        return bias.expand(b, n_kv_heads, length).reshape(b * n_kv_heads, 1, length)
+    return bias.unsqueeze(1).expand(b, n_kv_heads * group, t, length).reshape(b * n_kv_heads, group * t, length)
 
 
 class FeedForward(nn.Module):
@@ -123,8 +156,9 @@ class FeedForward(nn.Module):
         self.w_gate_up = nn.Linear(config.dim, 2 * config.ffn_dim, bias=False)
         self.w_down = nn.Linear(config.ffn_dim, config.dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``x`` float32, multiplied in ``dtype``; the result is in ``dtype``."""
+        gate, up = self.w_gate_up(x.to(dtype)).chunk(2, dim=-1)
         return self.w_down(F.silu(gate) * up)
 
 
@@ -143,10 +177,15 @@ class Block(nn.Module):
 
 
 class TinyLlama(nn.Module):
-    """The decoder.  Use :meth:`forward` with a :class:`KVCache`; all calls must run under no-grad."""
+    """The decoder.  Use :meth:`forward` with a :class:`KVCache`; all calls must run under no-grad.
+
+    The residual stream, norms, RoPE and attention are float32; the projections multiply in
+    ``matmul_dtype`` (the weights' dtype, or bfloat16 for the packed formats of
+    :mod:`schedulers.ar.weight_formats`)."""
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    matmul_dtype: torch.dtype = torch.float32
 
     def __init__(self, config: ModelConfig, *, random_init: bool = True) -> None:
         super().__init__()
@@ -176,8 +215,12 @@ class TinyLlama(nn.Module):
         return cast(list[Block], list(self.layers))
 
     def rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[B, 1, T, D/2]`` for ``positions [B, T]``."""
-        return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+        """cos/sin ``[B, T, 1, D]`` for ``positions [B, T]``."""
+        return self.rope_cos[positions].unsqueeze(2), self.rope_sin[positions].unsqueeze(2)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of final hidden states."""
+        return self.lm_head(hidden.to(self.matmul_dtype)).float()
 
     def forward(
         self,
@@ -189,73 +232,74 @@ class TinyLlama(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``tokens [B, T]``; row ``b`` continues slot ``slots[b]`` at position ``starts[b]``.
 
-        Returns ``(logits [B, T, vocab] float32, hidden [B, T, dim])`` where ``hidden`` is the final
-        normed hidden state; with ``logits_at`` (one index into ``T`` per row) logits are
+        Returns ``(logits [B, T, vocab] float32, hidden [B, T, dim] float32)`` where ``hidden`` is the
+        final normed hidden state; with ``logits_at`` (one index into ``T`` per row) logits are
         ``[B, 1, vocab]``, of those positions only (a prefill needs only its last).  Keys/values of
         all ``T`` tokens are written into the cache (rows padded on the right write values past their
         end: harmless, see the module docstring).  The caller keeps the lengths; ``starts[b] + T``
         must not exceed ``max_seq_len``.
         """
         b, t = tokens.shape
-        offsets = torch.arange(t)
-        positions = torch.tensor(starts).unsqueeze(1) + offsets  # [B, T]
+        positions = torch.tensor(starts).unsqueeze(1) + torch.arange(t)  # [B, T]
         kv_len = max(starts) + t
         if kv_len > cache.max_seq_len:
             raise ValueError(f"sequence length {kv_len} exceeds max_seq_len={cache.max_seq_len}")
+        config, dtype = self.config, self.matmul_dtype
         cos, sin = self.rope_at(positions)
+        bias = attention_bias(positions, kv_len, config.n_kv_heads, config.n_heads // config.n_kv_heads)
         contiguous = slots == list(range(slots[0], slots[0] + b))
-        slot_index = torch.tensor(slots)
-        same_start = all(s == starts[0] for s in starts)
-        mask: torch.Tensor | None = None
-        if not (same_start and t == 1):
-            # Row b, query at position p may see key j <= p.
-            mask = (torch.arange(kv_len) <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, T, kv_len]
-        x = self.embed(tokens)
-        for layer_index, layer in enumerate(self.blocks):
-            h = layer.attn_norm(x)
-            q, k, v = layer.attn.project(h, cos, sin)
-            layer_cache = cache.data[:, layer_index]  # [S, 2, KVH, L, D] view
-            if same_start:
-                start = starts[0]
-                if contiguous:
-                    layer_cache[slots[0] : slots[0] + b, 0, :, start : start + t] = k
-                    layer_cache[slots[0] : slots[0] + b, 1, :, start : start + t] = v
-                else:
-                    layer_cache[slot_index, 0, :, start : start + t] = k
-                    layer_cache[slot_index, 1, :, start : start + t] = v
-            elif t == 1:
-                pos_index = torch.tensor(starts)
-                layer_cache[slot_index, 0, :, pos_index] = k[:, :, 0]
-                layer_cache[slot_index, 1, :, pos_index] = v[:, :, 0]
+        rows = slice(slots[0], slots[0] + b)
+        # Unless the rows are neighbouring slots at one start, keys/values go to flat row indices.
+        flat = None if contiguous and all(s == starts[0] for s in starts) else _flat_rows(cache, slots, starts, t)
+        x = self.embed(tokens).float()
+        for layer_cache, layer in zip(cache.data, self.blocks, strict=True):
+            q, k, v = layer.attn.project(layer.attn_norm(x), cos, sin, dtype)
+            if flat is None:
+                layer_cache[0, rows, :, starts[0] : starts[0] + t] = k.transpose(1, 2)
+                layer_cache[1, rows, :, starts[0] : starts[0] + t] = v.transpose(1, 2)
             else:
-                for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
-                    layer_cache[slot, 0, :, start : start + t] = k[row]
-                    layer_cache[slot, 1, :, start : start + t] = v[row]
+                _write_flat(layer_cache, flat, k, v)
             if contiguous:
-                keys = layer_cache[slots[0] : slots[0] + b, 0, :, :kv_len]
-                values = layer_cache[slots[0] : slots[0] + b, 1, :, :kv_len]
+                kv = layer_cache[:, rows, :, :kv_len].float()  # [2, B, KVH, L, D], a view when float32
             else:
-                keys = layer_cache[slot_index, 0, :, :kv_len]
-                values = layer_cache[slot_index, 1, :, :kv_len]
-            x = x + layer.attn.attend(q, keys, values, mask)
-            x = x + layer.ffn(layer.ffn_norm(x))
+                kv = torch.stack([layer_cache[:, slot, :, :kv_len] for slot in slots], dim=1).float()
+            x = x + layer.attn.wo(layer.attn.attend(q, kv[0], kv[1], bias).to(dtype))
+            x = x + layer.ffn(layer.ffn_norm(x), dtype)
         hidden = self.norm(x)
         if logits_at is not None:
             picked = hidden[torch.arange(b), torch.tensor(logits_at)].unsqueeze(1)
-            return self.lm_head(picked).float(), hidden
-        return self.lm_head(hidden).float(), hidden
+            return self.logits(picked), hidden
+        return self.logits(hidden), hidden
 
     def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` of a whole sequence with causal attention and no cache (the oracle's path)."""
         t = tokens.shape[1]
-        positions = torch.arange(t).expand(tokens.shape[0], t)
-        cos, sin = self.rope_at(positions)
-        x = self.embed(tokens)
+        cos, sin = self.rope_at(torch.arange(t).expand(tokens.shape[0], t))
+        x = self.embed(tokens).float()
         for layer in self.blocks:
-            q, k, v = layer.attn.project(layer.attn_norm(x), cos, sin)
-            x = x + layer.attn.attend(q, k, v, None, is_causal=True)
-            x = x + layer.ffn(layer.ffn_norm(x))
-        return self.lm_head(self.norm(x)).float()
+            q, k, v = layer.attn.project(layer.attn_norm(x), cos, sin, self.matmul_dtype)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            )
+            x = x + layer.attn.wo(out.transpose(1, 2).flatten(2).to(self.matmul_dtype))
+            x = x + layer.ffn(layer.ffn_norm(x), self.matmul_dtype)
+        return self.logits(self.norm(x))
+
+
+def _flat_rows(cache: KVCache, slots: list[int], starts: list[int], t: int) -> torch.Tensor:
+    """Row indices ``[B * KVH * T]`` into one layer's keys viewed as ``[slots * KVH * max_seq_len, D]``."""
+    heads = cache.data.shape[3]
+    slot = torch.tensor(slots).view(-1, 1, 1)
+    start = torch.tensor(starts).view(-1, 1, 1)
+    return ((slot * heads + torch.arange(heads).view(1, -1, 1)) * cache.max_seq_len + start + torch.arange(t)).view(-1)
+
+
+def _write_flat(layer_cache: torch.Tensor, flat: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store new keys/values ``[B, T, KVH, D]`` at the rows :func:`_flat_rows` computed."""
+    d = k.shape[-1]
+    for part, new in ((0, k), (1, v)):
+        source = new.transpose(1, 2).reshape(-1, d).to(layer_cache.dtype)
+        layer_cache[part].view(-1, d).index_copy_(0, flat, source)
 
 
 def build_model(
@@ -279,6 +323,10 @@ def build_model(
         cos, sin = rope_tables(config)
         model.rope_cos, model.rope_sin = cos, sin
     model = model.to(dtype)
+    model.matmul_dtype = dtype
     model.rope_cos = model.rope_cos.float()
     model.rope_sin = model.rope_sin.float()
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):  # norms stay float32 (the residual stream is float32)
+            param.data = torch.ones_like(param, dtype=torch.float32) if weights is None else weights(name).float()
     return model.eval()

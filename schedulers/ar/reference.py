@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from schedulers.ar.model import TinyLlama
+from schedulers.ar.model import TinyLlama, attention_bias
 
 
 def greedy_reference(
@@ -39,27 +39,27 @@ def handwritten_decode(model: TinyLlama, prompts: torch.Tensor, max_new_tokens: 
     config = model.config
     batch, prompt_len = prompts.shape
     total = prompt_len + max_new_tokens
-    dtype = model.embed.weight.dtype
-    caches = [
-        torch.zeros(2, batch, config.n_kv_heads, total, config.head_dim, dtype=dtype) for _ in range(config.n_layers)
-    ]
+    dtype = model.matmul_dtype
+    caches = [torch.zeros(2, batch, config.n_kv_heads, total, config.head_dim) for _ in range(config.n_layers)]
+    group = config.n_heads // config.n_kv_heads
     out = torch.empty(batch, max_new_tokens, dtype=torch.long)
     with torch.inference_mode():
         tokens = prompts
         pos = 0
         for step in range(max_new_tokens):
             t = tokens.shape[1]
-            cos = model.rope_cos[pos : pos + t].view(1, 1, t, -1)
-            sin = model.rope_sin[pos : pos + t].view(1, 1, t, -1)
-            x = model.embed(tokens)
+            positions = torch.arange(pos, pos + t).expand(batch, t)
+            cos, sin = model.rope_at(positions)
+            bias = attention_bias(positions, pos + t, config.n_kv_heads, group)
+            x = model.embed(tokens).float()
             for layer, cache in zip(model.blocks, caches, strict=True):
-                q, k, v = layer.attn.project(layer.attn_norm(x), cos, sin)
-                cache[0, :, :, pos : pos + t] = k
-                cache[1, :, :, pos : pos + t] = v
+                q, k, v = layer.attn.project(layer.attn_norm(x), cos, sin, dtype)
+                cache[0, :, :, pos : pos + t] = k.transpose(1, 2)
+                cache[1, :, :, pos : pos + t] = v.transpose(1, 2)
                 keys, values = cache[0, :, :, : pos + t], cache[1, :, :, : pos + t]
-                x = x + layer.attn.attend(q, keys, values, None, is_causal=t > 1)
-                x = x + layer.ffn(layer.ffn_norm(x))
-            logits = model.lm_head(model.norm(x[:, -1]))
+                x = x + layer.attn.wo(layer.attn.attend(q, keys, values, bias).to(dtype))
+                x = x + layer.ffn(layer.ffn_norm(x), dtype)
+            logits = model.logits(model.norm(x[:, -1]))
             tokens = logits.argmax(-1, keepdim=True)
             out[:, step] = tokens[:, 0]
             pos += t

@@ -12,12 +12,13 @@ Concurrent turns share decode steps.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from omnitrio.contract import StagePayload
 from schedulers.ar.scheduler import ARScheduler
 from schedulers.omni.inputs import parse_chat
-from schedulers.omni.stages import load_thinker, thinker_knobs
+from schedulers.omni.stages import create_thinker_stage
 
 
 def responder_prompt(payload: StagePayload) -> str:
@@ -34,33 +35,14 @@ def responder_prompt(payload: StagePayload) -> str:
     raise ValueError(f"responder needs a transcript {{'text': ...}}, chat inputs or a string, got {kind}")
 
 
-def create_thinker_responder(
-    *,
-    seed: int = 0,
-    dim: int = 128,
-    n_layers: int = 2,
-    n_heads: int = 4,
-    n_kv_heads: int = 2,
-    max_seq_len: int = 512,
-    max_running_requests: int = 16,
-    max_waiting_requests: int = 256,
-    max_new_tokens: int = 24,
-    ignore_eos: bool = True,
-    tokenizer_vocab_size: int = 2048,
-) -> ARScheduler:
-    """The thinker (tiny random Llama) answering turns; arguments as in ``create_thinker_stage``."""
-    tokenizer, engine = load_thinker(
-        seed=seed,
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        max_seq_len=max_seq_len,
-        max_running_requests=max_running_requests,
-        max_waiting_requests=max_waiting_requests,
-        tokenizer_vocab_size=tokenizer_vocab_size,
-    )
-    knobs = thinker_knobs(max_new_tokens, max_seq_len, ignore_eos)
+@functools.wraps(create_thinker_stage, assigned=())  # its signature is the thinker's: config checks the arguments
+def create_thinker_responder(**thinker_args: Any) -> ARScheduler:
+    """The thinker answering turns; it takes :func:`~schedulers.omni.stages.create_thinker_stage`'s
+    arguments.  The answer is generated whole: in the speech graph it streams to nobody
+    (``params["stream"]`` is for TTS)."""
+    thinker = create_thinker_stage(**thinker_args)
+    tokenizer, knobs = thinker.tokenizer, thinker.prepare
+    assert tokenizer is not None and knobs is not None  # create_thinker_stage gives both
 
     def prepare(payload: StagePayload) -> StagePayload:
         inputs: Any = payload.request.inputs
@@ -70,5 +52,6 @@ def create_thinker_responder(
         payload.data = data
         return knobs(payload)
 
-    # stream=False: in the speech graph the responder streams to nobody (params["stream"] is for TTS).
-    return ARScheduler(engine, tokenizer, default_max_new_tokens=max_new_tokens, stream=False, prepare=prepare)
+    thinker.prepare = prepare
+    thinker.stream = False
+    return thinker

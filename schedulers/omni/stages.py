@@ -26,10 +26,9 @@ import numpy as np
 import torch
 
 from omnitrio.contract import StagePayload
-from schedulers.ar.engine import ARBatchEngine
 from schedulers.ar.scheduler import ARScheduler, build_tiny_engine
 from schedulers.ar.talker import TalkerScheduler, TinyTalker
-from schedulers.ar.tokenizer import Tokenizer, load_tokenizer
+from schedulers.ar.tokenizer import load_tokenizer
 from schedulers.ar.vocoder import GriffinLimVocoder, GriffinLimVocoderScheduler
 from schedulers.detokenize import StreamingDetokenizeScheduler
 from schedulers.omni.encoders import CODE_OFFSET, LogMel, TinyAudioEncoder, TinyImageEncoder
@@ -162,35 +161,6 @@ def thinker_knobs(max_new_tokens: int, max_seq_len: int, ignore_eos: bool) -> An
     return prepare
 
 
-def load_thinker(
-    *,
-    seed: int,
-    dim: int,
-    n_layers: int,
-    n_heads: int,
-    n_kv_heads: int,
-    max_seq_len: int,
-    max_running_requests: int,
-    max_waiting_requests: int,
-    tokenizer_vocab_size: int,
-) -> tuple[Tokenizer, ARBatchEngine]:
-    """The locally trained tokenizer and the tiny random Llama engine sized for it (one torch thread)."""
-    torch.set_num_threads(1)
-    tokenizer = load_tokenizer(tokenizer_vocab_size)
-    engine = build_tiny_engine(
-        tokenizer,
-        seed=seed,
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        max_seq_len=max_seq_len,
-        max_running_requests=max_running_requests,
-        max_waiting_requests=max_waiting_requests,
-    )
-    return tokenizer, engine
-
-
 def create_thinker_stage(
     *,
     seed: int = 0,
@@ -205,12 +175,17 @@ def create_thinker_stage(
     ignore_eos: bool = True,
     tokenizer_vocab_size: int = 2048,
 ) -> ARScheduler:
-    """The AR thinker; it always streams its tokens (to ``detokenize``).
+    """The AR thinker (the locally trained tokenizer, a tiny random Llama on one torch thread);
+    it always streams its tokens (to ``detokenize``).
 
     ``max_new_tokens`` caps what a request may ask (``max_tokens``) and is the default.  With
     random weights ``ignore_eos=True`` keeps answers at that length, so runs are comparable.
+    These are the thinker's arguments wherever it serves (see :mod:`schedulers.omni.responder`).
     """
-    tokenizer, engine = load_thinker(
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer(tokenizer_vocab_size)
+    engine = build_tiny_engine(
+        tokenizer,
         seed=seed,
         dim=dim,
         n_layers=n_layers,
@@ -219,7 +194,6 @@ def create_thinker_stage(
         max_seq_len=max_seq_len,
         max_running_requests=max_running_requests,
         max_waiting_requests=max_waiting_requests,
-        tokenizer_vocab_size=tokenizer_vocab_size,
     )
     return ARScheduler(
         engine,

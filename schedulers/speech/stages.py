@@ -146,7 +146,7 @@ def create_responder_stage(
     *,
     mode: ResponderMode = "llm",
     weight_format: WeightFormat = "int4",
-    max_seq_len: int = 2048,
+    max_seq_len: int = 1024,
     max_running_requests: int = 8,
     kept_sessions: int = 16,
     max_tokens: int = 256,
@@ -157,7 +157,7 @@ def create_responder_stage(
     ``repeat`` answers with the user's own words (a transcript or chat text), for tests that need exact text.
 
     ``temperature`` applies to requests that give none. The ``kept_sessions`` most recent conversations
-    keep their keys/values between turns (``max_seq_len`` tokens each, bfloat16: 23 KB a token for this
+    keep their keys/values between turns (``max_seq_len`` tokens each, float32: 46 KB a token for this
     model); it is a cache, not a limit on sessions: an evicted conversation is prefilled again."""
     match mode:
         case "repeat":

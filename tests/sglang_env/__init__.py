@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.peer.setup_venv import clean_env, create, python
+from toys.venvs import clean_env, create, python
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
