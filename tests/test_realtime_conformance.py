@@ -47,6 +47,10 @@ THREE = "The train leaves at nine. The library closes at ten tonight. We need mo
 GA = pydantic.TypeAdapter(GaEvent)
 BETA = pydantic.TypeAdapter(BetaEvent)
 DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta"}
+OMNITRIO_EVENTS = {
+    "output_audio_buffer.paused": {"event_id", "response_id", "audio_end_ms", "decide_ms"},
+    "output_audio_buffer.resumed": {"event_id", "response_id", "reason", "transcript"},
+}
 
 
 class Server:
@@ -91,6 +95,9 @@ def checked(event: dict[str, Any], *, beta: bool = False) -> dict[str, Any]:
 
     The SDK lists OpenAI's own model and voice names; this server's names stand in their place.
     """
+    if event["type"] in OMNITRIO_EVENTS:  # extensions (omnitrio.serve.realtime_interruption)
+        assert OMNITRIO_EVENTS[event["type"]] <= event.keys()
+        return event
     named = json.loads(json.dumps(event))
     if isinstance(named.get("session"), dict):
         named["session"].update(model="gpt-realtime", voice="alloy")

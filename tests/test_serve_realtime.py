@@ -102,21 +102,22 @@ async def test_connect_sends_session_created_in_the_ga_shape(served: Served) -> 
     assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
 
 
-async def test_semantic_vad_is_served_by_server_vad_and_says_so(served: Served) -> None:
+async def test_semantic_vad_reads_back_with_its_eagerness(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
         await rt.receive()
-        vad = {"type": "semantic_vad", "eagerness": "auto", "create_response": False}
+        vad = {"type": "semantic_vad", "eagerness": "high", "create_response": False}
         await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
         session = (await receive_until(rt, "session.updated"))[-1]["session"]
     detection = session["audio"]["input"]["turn_detection"]
-    assert detection["type"] == "server_vad"
-    assert detection["create_response"] is False
+    assert (detection["type"], detection["eagerness"]) == ("semantic_vad", "high")
+    assert detection["create_response"] is False and detection["interrupt_response"] is True
 
 
 @pytest.mark.parametrize(
     ("update", "param"),
     [
         ({"turn_detection": {"type": "push_to_talk"}}, "session.turn_detection.type"),
+        ({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, "session.turn_detection.eagerness"),
         ({"output_modalities": ["video"]}, "session.output_modalities"),
         ({"max_output_tokens": 0}, "session.max_output_tokens"),
         ({"audio": {"output": {"speed": 9}}}, "session.audio.output.speed"),

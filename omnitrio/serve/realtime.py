@@ -7,7 +7,8 @@ transcriptions of committed audio (:mod:`.realtime_transcribe`), and at most one
 at a time (plus, with server VAD, one speculative one; :mod:`.realtime_response`). Closing the
 socket cancels the whole nursery: responses, transcriptions and the ASR session.
 
-Server events follow the order of the client's events. Audio is appended as base64 PCM16 24 kHz.
+Server events follow the order of the client's events. Audio is appended as base64 PCM16 24 kHz,
+or G.711 8 kHz when the session's format says so (:mod:`.realtime_formats`).
 ``input_audio_buffer.commit`` (or, with server VAD, the end of a turn) makes the audio a user item
 of the conversation (:mod:`.realtime_conversation`): ``input_audio_buffer.committed``, then
 ``conversation.item.added`` / ``.done``. Audio once committed or cleared never starts a turn later:
@@ -17,9 +18,10 @@ commits it by hand is not interrupted by its own sentence.
 With server VAD (the default) the audio also streams to the pipeline's ASR session
 (:mod:`.realtime_listen`); its events drive the turn:
 
-* ``speech_started``: ``input_audio_buffer.speech_started``; a response in progress is cancelled
-  (barge-in, unless ``interrupt_response`` is false: ``response.done`` says ``turn_detected``) and
-  any prepared answer is dropped;
+* ``speech_started``: ``input_audio_buffer.speech_started``; any prepared answer is dropped; a
+  response in progress (unless ``interrupt_response`` is false) is paused while the speech is
+  judged (:mod:`.realtime_interruption`: a backchannel resumes it, anything else cancels it,
+  ``response.done`` saying ``turn_detected``), or, with ``false_interruptions: null``, cancelled at once;
 * ``speech_paused``: the answer to the turn so far is prepared speculatively — transcription,
   responder and TTS start at once, their output is held back;
 * ``speech_resumed``: the prepared answer is cancelled, silently;
@@ -42,6 +44,8 @@ from omnitrio.serve.api_errors import as_api_error
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.realtime_conversation import Conversation, Item, client_item, user_audio_item
+from omnitrio.serve.realtime_formats import EdgeAudio
+from omnitrio.serve.realtime_interruption import Interruptions, Overheard
 from omnitrio.serve.realtime_listen import TurnListener
 from omnitrio.serve.realtime_metrics import realtime_metrics
 from omnitrio.serve.realtime_protocol import render, wants_beta
@@ -49,7 +53,6 @@ from omnitrio.serve.realtime_response import Response, respond
 from omnitrio.serve.realtime_session import (
     EventError,
     TurnDetection,
-    decode_audio_append,
     default_session,
     parse_event,
     transcribes_input,
@@ -93,6 +96,7 @@ class RealtimeConnection:
         self.metrics = realtime_metrics(ctx.pipeline.metrics_registry)
         self.session = default_session(new_id("sess"), ctx.pipeline.name)
         self.conversation = Conversation()
+        self.edge = EdgeAudio()  # the client's audio formats (G.711 for telephony) to and from PCM16 24 kHz
         self.buffer = bytearray()  # appended, not committed (PCM16 24 kHz)
         self.buffer_start = 0  # input offset of buffer[0], in samples since the connection opened
         self.appended = 0  # samples appended since the connection opened
@@ -102,6 +106,7 @@ class RealtimeConnection:
         self.response: Response | None = None  # released: the client has seen response.created
         self.speculative: Response | None = None  # prepared ahead of speech_stopped
         self.listening: _Listening | None = None
+        self.interruptions = Interruptions(ctx, self.emit, self._cancel)  # speech over the response
         self._outbox, self._outbox_receive = trio.open_memory_channel[tuple[dict[str, Any], Response | None]](
             OUTBOX_SIZE
         )
@@ -126,7 +131,8 @@ class RealtimeConnection:
             audio = event["type"] == "response.output_audio.delta"
             if audio and response is not None and response.silenced:
                 continue  # barge-in: audio of a cancelled response is not played
-            rendered = render(event, beta=self.beta)
+            outgoing = self.edge.outgoing(event, None if response is None else response.session)
+            rendered = None if outgoing is None else render(outgoing, beta=self.beta)
             if rendered is not None:
                 await self.websocket.send_text(json.dumps(rendered, separators=(",", ":")))
             if response is not None:
@@ -168,11 +174,12 @@ class RealtimeConnection:
             case "session.update":
                 before = self.session.get("turn_detection")
                 self.session = updated_session(self.session, event.get("session"))
+                self.edge.configure(self.session)
                 if self.session.get("turn_detection") != before:
                     self._listen()
                 await self.emit({"type": "session.updated", "session": self.session})
             case "input_audio_buffer.append":
-                self._append(decode_audio_append(event))
+                self._append(self.edge.incoming(event))
             case "input_audio_buffer.commit":
                 if not self.buffer:
                     raise EventError(
@@ -252,9 +259,10 @@ class RealtimeConnection:
         del self.buffer[: 2 * drop]
         self.buffer_start += drop
 
-    def _turn_item(self, audio: bytes) -> Item:
-        """A user audio item for the next commit, its transcription started."""
+    def _turn_item(self, audio: bytes, heard: str | None = None) -> Item:
+        """A user audio item for the next commit, its transcription started (``heard``: known already)."""
         item = user_audio_item(self.item_id, audio)
+        item.heard = heard
         self._transcribe(item)
         return item
 
@@ -319,18 +327,23 @@ class RealtimeConnection:
         offset = listening.base + _MS * int(ms)
         match event.get("type"):
             case "speech_started" if offset >= self.consumed:
-                self._drop_speculation()
-                self.turn_start = max(offset, self.buffer_start)
-                if detection.interrupt_response and self.response is not None:
-                    self.response.interrupt("turn_detected")  # before the event, so no audio follows it
-                    self._interrupted(self.response)
-                started = {"audio_start_ms": offset // _MS, "item_id": self.item_id}
-                await self.emit({"type": "input_audio_buffer.speech_started", **started})
+                await self._speech_started(detection, offset)
+            case "speech_resumed" if self.turn_start is None and self.response is not None and offset >= self.consumed:
+                await self._speech_started(detection, offset)  # more speech over a resumed response
             case "speech_paused" if self.turn_start is not None:
-                if detection.create_response and self.response is None:
+                for part, ms in event.get("decision_ms", {}).items():
+                    self.metrics.turn_decision.labels(part).observe(ms / 1000)
+                if self.interruptions.pending is not None:
+                    begin, end = self.turn_start - self.buffer_start, offset - self.buffer_start
+                    heard = bytes(self.buffer[2 * begin : 2 * end])
+                    if await self.interruptions.judge(heard, event.get("transcript")) and self.turn_start is not None:
+                        self._take_input(offset, self.turn_start)  # a backchannel is no turn
+                        return
+                ready = self.response is None and self.turn_start is not None and event.get("turn_complete", True)
+                if detection.create_response and ready:
                     self._drop_speculation()
                     begin, end = self.turn_start - self.buffer_start, offset - self.buffer_start
-                    item = self._turn_item(bytes(self.buffer[2 * begin : 2 * end]))
+                    item = self._turn_item(bytes(self.buffer[2 * begin : 2 * end]), event.get("transcript"))
                     self.speculative = self._launch(Response(dict(self.session), item, self.lead))
             case "speech_resumed":
                 self._drop_speculation()
@@ -348,12 +361,41 @@ class RealtimeConnection:
                 else:
                     self._release(self._launch(Response(dict(self.session), item, self.lead)))
 
+    async def _speech_started(self, detection: TurnDetection, offset: int) -> None:
+        self._drop_speculation()
+        self.turn_start = max(offset, self.buffer_start)
+        overheard = self._overhear(detection)  # before the event, so no audio follows it
+        started = {"audio_start_ms": offset // _MS, "item_id": self.item_id}
+        await self.emit({"type": "input_audio_buffer.speech_started", **started})
+        if overheard is not None:
+            await self.emit(overheard.paused_event())
+
     def _drop_speculation(self) -> None:
         if self.speculative is not None:
             self.speculative.scope.cancel()
             if self.speculative.turn is not None:
                 self.speculative.turn.transcription.cancel()
             self.speculative = None
+
+    def _overhear(self, detection: TurnDetection) -> Overheard | None:
+        """User speech over the released response: pause it to judge the speech, or cancel it now."""
+        response = self.response
+        if response is None or not detection.interrupt_response:
+            return None
+        if detection.false_interruptions is None or not response.audio:
+            response.interrupt("turn_detected")
+            self._interrupted(response)
+            return None
+        assert self._nursery is not None
+        return self.interruptions.overhear(response, detection.false_interruptions, self._nursery)
+
+    def _cancel(self, response: Response) -> None:
+        """Judged a real interruption: the response is cancelled (its .done events follow) and is no
+        longer in progress, so the speech, going on as a turn, may be answered at once."""
+        response.interrupt("turn_detected")
+        self._interrupted(response)
+        if self.response is response:
+            self.response = None
 
     # -- responses ---------------------------------------------------------------------------
 
@@ -394,6 +436,7 @@ class RealtimeConnection:
         """Called by the response once its work is over, before its ``.done`` events."""
         if self.response is response:
             self.response = None
+        self.interruptions.forget(response)
         if response.interrupted_at is not None and response.request_id is not None:
             assert self._nursery is not None
             self._nursery.start_soon(self._watch_release, response)
