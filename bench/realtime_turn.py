@@ -5,7 +5,8 @@ Turn latency: from receiving ``input_audio_buffer.speech_stopped`` to receiving 
 client streaming its microphone in real time (100 ms chunks: speech, then silence). Measured at 1
 and at 8 concurrent sessions (their turns start 0.6 s apart, like independent users). Barge-in:
 while an answer streams, the client starts speaking; measured from sending the first speech chunk,
-and from receiving ``speech_started``, to ``response.done`` (cancelled); plus ``response.cancel`` to
+and from receiving ``speech_started``, to ``response.done`` (cancelled), alone and in as many
+concurrent sessions as the turn figures (their p50 and max); plus ``response.cancel`` to
 ``response.done``. Audio deltas received after ``speech_started`` are counted (should be 0), and the
 audio the client held unplayed at ``speech_started`` (received minus played in real time since the
 first delta: at most the server's lead). The server's own figures come from its ``/metrics``:
@@ -154,6 +155,28 @@ async def barge_in(url: str, long_clip: bytes, interruption: bytes) -> dict[str,
         return result
 
 
+async def barge_ins(url: str, long_clip: bytes, interruption: bytes, sessions: int) -> dict[str, Any]:
+    """:func:`barge_in` in ``sessions`` concurrent sessions (started 0.6 s apart): the spread of its figures."""
+    runs: list[dict[str, float]] = []
+
+    async def one(delay: float) -> None:
+        await trio.sleep(delay)
+        runs.append(await barge_in(url, long_clip, interruption))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(sessions):
+            nursery.start_soon(one, 0.6 * i)
+    held = sorted(run["client_held_unplayed_at_speech_started_s"] for run in runs if "cancelled" in run)
+    stop = sorted(run["from_speech_started_ms"] for run in runs if "cancelled" in run)
+    return {
+        "sessions": sessions,
+        "cancelled": sum(bool(run.get("cancelled")) for run in runs),
+        "client_held_unplayed_s": {"p50": statistics.median(held), "max": held[-1]} if held else None,
+        "speech_started_to_done_ms": {"p50": statistics.median(stop), "max": stop[-1]} if stop else None,
+        "audio_deltas_after_speech_started": sum(int(run.get("audio_deltas_after_speech_started", 0)) for run in runs),
+    }
+
+
 async def cancel_time(url: str, long_clip: bytes) -> float:
     """Manual turns: commit, response.create, response.cancel at the first audio; ms until response.done."""
     async with open_realtime(url) as rt:
@@ -242,6 +265,10 @@ async def main(turns: int, session_counts: list[int]) -> dict[str, Any]:
             results[f"sessions_{sessions}"] = summary(latencies)
             print(f"{sessions} session(s): {results[f'sessions_{sessions}']}", flush=True)
         results["barge_in"] = await barge_in(url, long_clip, interruption)
+        for sessions in session_counts:
+            if sessions > 1:
+                results[f"barge_in_{sessions}"] = await barge_ins(url, long_clip, interruption, sessions)
+                print(f"barge-in, {sessions} sessions: {results[f'barge_in_{sessions}']}", flush=True)
         results["response_cancel_ms"] = round(await cancel_time(url, long_clip), 1)
         results["server"] = server_figures(port)
         results["load_avg_after"] = os.getloadavg()[0]

@@ -55,6 +55,8 @@ async def transcribe(host: Host, item: Item, *, report: bool) -> None:
 
 
 async def _text_of(ctx: ServeContext, item: Item) -> str:
+    if not item.audio:
+        return ""  # an idle timeout's commit when the client sent no audio
     samples = resample(pcm16_to_float(bytes(item.audio)), REALTIME_RATE, TRANSCRIBE_RATE)
     inputs = {"task": "transcription", "audio": samples, "quick": True}
     output = Output(audio_rate=None, want_audio=False)
