@@ -27,15 +27,13 @@ from typing import Any
 
 import httpx
 import openai
-import pydantic
 import pytest
 import trio
 import trio_websocket
-from openai.types.beta.realtime import RealtimeServerEvent as BetaEvent
-from openai.types.realtime import RealtimeServerEvent as GaEvent
 
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
+from tests.realtime_sdk_types import checked
 from tests.test_serve_realtime import GA_AUDIO_RESPONSE
 from tests.test_speech_roundtrip import heard_as
 
@@ -45,8 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RATE = 24_000
 SENTENCE = "Turn left at the second traffic light."
 THREE = "The train leaves at nine. The library closes at ten tonight. We need more chairs."
-GA = pydantic.TypeAdapter(GaEvent)
-BETA = pydantic.TypeAdapter(BetaEvent)
 DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta"}
 
 
@@ -85,39 +81,6 @@ def server() -> Iterator[Server]:
         finally:
             process.send_signal(signal.SIGINT)  # as a user stops it: the server drains, stages exit
             process.wait(30)
-
-
-def checked(event: dict[str, Any], *, beta: bool = False) -> dict[str, Any]:
-    """``event``, after checking it against the SDK's type of that name (GA or beta).
-
-    Every field the type requires is there with its type, and every field sent is one the type
-    defines (the SDK keeps any other as an "extra"), except a session's ``id`` and ``object``, which
-    the API reference's ``session.created`` shows and the SDK's session types leave out. The beta
-    types list OpenAI's own model names; this server's stands in their place.
-    """
-    named = json.loads(json.dumps(event))
-    if beta and isinstance(named.get("session"), dict):
-        named["session"]["model"] = "gpt-realtime"
-    parsed = (BETA if beta else GA).validate_python(named)
-    extra = [path for path in undefined_fields(parsed) if path not in SESSION_EXTRAS]
-    assert not extra, f"{event['type']} has fields the SDK's type does not define: {extra}"
-    return event
-
-
-SESSION_EXTRAS = {".session.id", ".session.object"}
-
-
-def undefined_fields(model: Any, path: str = "") -> list[str]:
-    """Paths of the fields of a parsed SDK model (and the models inside it) that its types do not define."""
-    match model:
-        case pydantic.BaseModel():
-            found = [f"{path}.{key}" for key in model.model_extra or {}]
-            for name in type(model).model_fields:
-                found += undefined_fields(getattr(model, name), f"{path}.{name}")
-            return found
-        case list():
-            return [field for index, value in enumerate(model) for field in undefined_fields(value, f"{path}[{index}]")]
-    return []
 
 
 async def receive_until(rt: RealtimeClient, event_type: str, *, beta: bool = False) -> list[dict[str, Any]]:

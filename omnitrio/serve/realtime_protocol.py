@@ -18,7 +18,7 @@ from starlette.websockets import WebSocket
 
 from omnitrio.serve.realtime_session import beta_session, ga_session
 
-_BETA_NAMES = {
+BETA_NAMES = {
     "response.output_audio.delta": "response.audio.delta",
     "response.output_audio.done": "response.audio.done",
     "response.output_audio_transcript.delta": "response.audio_transcript.delta",
@@ -46,7 +46,7 @@ def render(event: dict[str, Any], *, beta: bool) -> dict[str, Any] | None:
     kind = event["type"]
     if kind == "conversation.item.done":
         return None
-    out = dict(event, type=_BETA_NAMES.get(kind, kind))
+    out = dict(event, type=BETA_NAMES.get(kind, kind))
     if isinstance(out.get("session"), Mapping):
         out["session"] = beta_session(out["session"])
     if isinstance(out.get("item"), Mapping):
