@@ -13,8 +13,10 @@ first delta: at most the server's lead). The server's own figures come from its 
 interruption to the last audio byte sent and to every stage having let the request go, audio unplayed
 at the interruption, time to first audio, real-time factor and underruns of the audio sent.
 
-Run: ``.venv/bin/python bench/realtime_turn.py [--turns 4] [--sessions 1 8]``. The server runs in a
-subprocess (its own GIL), started as a user would. Figures go to ``bench/results/realtime_turn.json``.
+Run: ``.venv/bin/python bench/realtime_turn.py [--turns 4] [--sessions 1 8] [--set KEY=VALUE]``. The
+server runs in a subprocess (its own GIL), started as a user would (``--set``: its config overrides;
+``responder.factory.mode=repeat`` takes the language model's time out of the figures). Figures go to
+``bench/results/realtime_turn.json``.
 """
 
 from __future__ import annotations
@@ -237,8 +239,8 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def start_server() -> tuple[subprocess.Popen[str], int]:
-    command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0"]
+def start_server(settings: list[str]) -> tuple[subprocess.Popen[str], int]:
+    command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0", *(f"--set={s}" for s in settings)]
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert server.stderr is not None
     for line in server.stderr:
@@ -249,12 +251,12 @@ def start_server() -> tuple[subprocess.Popen[str], int]:
     raise RuntimeError(f"the server exited with {server.wait()} before serving")
 
 
-async def main(turns: int, session_counts: list[int]) -> dict[str, Any]:
+async def main(turns: int, session_counts: list[int], settings: list[str]) -> dict[str, Any]:
     clips = synthesize(UTTERANCES)
     long_clip, interruption = synthesize([LONG, "Stop, please stop."])
-    server, port = start_server()
+    server, port = start_server(settings)
     url = f"ws://127.0.0.1:{port}/v1/realtime"
-    results: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_before": os.getloadavg()[0]}
+    results: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_before": os.getloadavg()[0], "settings": settings}
     try:
         for sessions in session_counts:
             latencies: list[float] = []
@@ -282,8 +284,17 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8], help="concurrent sessions to measure")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for the server, e.g. responder.factory.mode=repeat (the realtime path alone)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"where the figures go (default {RESULTS})")
     args = parser.parse_args()
-    figures = trio.run(main, args.turns, args.sessions)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    figures = trio.run(main, args.turns, args.sessions, args.settings)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
