@@ -396,7 +396,8 @@ async def test_idle_timeout_answers_a_silent_user_once_the_answer_has_played(ser
         idle += await receive_until(rt, "response.done")
         nursery.cancel_scope.cancel()
     assert "input_audio_buffer.timeout_triggered" not in [e["type"] for e in greeting + spoken]
-    assert fired_at >= second_end + 5.0 - 0.1  # counted from the end of playback, not from response.done
+    # Counted from the end of playback (about 1.5 s after response.done here), not from response.done.
+    assert fired_at >= second_end + 5.0 - 0.5
     triggered = next(e for e in idle if e["type"] == "input_audio_buffer.timeout_triggered")
     assert 4000 <= triggered["audio_end_ms"] - triggered["audio_start_ms"] <= 6000  # the silent span, as streamed
     after = [e["type"] for e in idle[idle.index(triggered) :] if e["type"] not in DELTAS]
