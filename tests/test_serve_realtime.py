@@ -617,7 +617,7 @@ async def test_a_voice_change_once_the_assistant_has_spoken_is_refused_whole(ser
 
 async def every_kind_of_event(rt: RealtimeClient, *, beta: bool) -> list[dict[str, Any]]:
     """Drive one session through every server event the toy pipeline can cause; all events received."""
-    events = [await rt.receive()]
+    events = [await rt.receive(), await rt.receive()]
 
     async def step(event: dict[str, Any], until: str) -> None:
         await rt.send(event)
@@ -664,6 +664,7 @@ async def test_every_event_sent_is_the_sdk_type_of_its_name_with_no_field_it_lac
         *DELTAS,
         "response.output_text.done",
         "session.created",
+        "conversation.created",
         "session.updated",
         "error",
         "input_audio_buffer.committed",

@@ -27,6 +27,8 @@ With server VAD (the default) the audio also streams to the pipeline's ASR sessi
   answer is released, or, if none was prepared, a response starts now (``create_response`` false:
   the turn waits for ``response.create``).
 
+A session opens with ``session.created`` then ``conversation.created`` (its one conversation).
+
 With ``idle_timeout_ms``, a user silent that long after an answer has played gets
 ``input_audio_buffer.timeout_triggered``, the silence committed, and a response (:mod:`.realtime_idle`).
 """
@@ -118,6 +120,8 @@ class RealtimeConnection:
             self._nursery = nursery
             nursery.start_soon(self._write_events)
             await self.emit({"type": "session.created", "session": self.session})
+            conversation = {"id": self.conversation.id, "object": "realtime.conversation"}
+            await self.emit({"type": "conversation.created", "conversation": conversation})
             self._listen()
             await self._read_events()
             nursery.cancel_scope.cancel()
