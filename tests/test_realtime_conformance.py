@@ -379,14 +379,14 @@ async def receive_answer(rt: RealtimeClient) -> tuple[list[dict[str, Any]], floa
 
 
 async def test_idle_timeout_answers_a_silent_user_once_the_answer_has_played(server: Server) -> None:
-    speech = await trio.to_thread.run_sync(server.speech, SENTENCE)
+    speech = await trio.to_thread.run_sync(server.speech, "Yes, please.")
     queued = bytearray()
     async with open_realtime(server.ws_url) as rt, trio.open_nursery() as nursery:
         await rt.receive()
         vad = {"type": "server_vad", "idle_timeout_ms": 5000}
         await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
         nursery.start_soon(microphone, rt, queued)
-        await text_turn(rt, "We need more chairs.")
+        await text_turn(rt, "Hello there.")
         greeting, first_end = await receive_answer(rt)
         await trio.sleep_until(first_end + 1.0)
         queued += speech  # the user answers within the timeout: a turn of their own
