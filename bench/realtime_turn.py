@@ -79,8 +79,11 @@ async def stream_audio(rt: RealtimeClient, pcm: bytes, start: float) -> float:
     return start + len(pcm) / 2 / RATE
 
 
-async def turn_session(url: str, clips: list[bytes], delay: float, latencies: list[float]) -> None:
-    """Speak each clip then 3 s of silence, in real time; record speech_stopped → first audio."""
+async def turn_session(url: str, clips: list[bytes], delay: float, latencies: list[float], missed: list[int]) -> None:
+    """Speak each clip then 3 s of silence, in real time; record speech_stopped → first audio.
+
+    A turn whose answer has sent no audio when the next speech starts counts in ``missed``.
+    """
     await trio.sleep(delay)
     async with open_realtime(url) as rt:
         await rt.receive()
@@ -93,6 +96,9 @@ async def turn_session(url: str, clips: list[bytes], delay: float, latencies: li
                 while answered < len(clips):
                     event = await rt.receive()
                     match event["type"]:
+                        case "input_audio_buffer.speech_started" if stopped is not None:
+                            missed.append(1)
+                            stopped = None
                         case "input_audio_buffer.speech_stopped":
                             stopped = trio.current_time()
                         case "response.output_audio.delta" if stopped is not None:
@@ -173,8 +179,8 @@ async def barge_ins(url: str, long_clip: bytes, interruption: bytes, sessions: i
     return {
         "sessions": sessions,
         "cancelled": sum(bool(run.get("cancelled")) for run in runs),
-        "client_held_unplayed_s": {"p50": statistics.median(held), "max": held[-1]} if held else None,
-        "speech_started_to_done_ms": {"p50": statistics.median(stop), "max": stop[-1]} if stop else None,
+        "client_held_unplayed_s": {"p50": round(statistics.median(held), 3), "max": held[-1]} if held else None,
+        "speech_started_to_done_ms": {"p50": round(statistics.median(stop), 1), "max": stop[-1]} if stop else None,
         "audio_deltas_after_speech_started": sum(int(run.get("audio_deltas_after_speech_started", 0)) for run in runs),
     }
 
@@ -260,11 +266,12 @@ async def main(turns: int, session_counts: list[int], settings: list[str]) -> di
     try:
         for sessions in session_counts:
             latencies: list[float] = []
+            missed: list[int] = []
             async with trio.open_nursery() as nursery:
                 for i in range(sessions):
                     session_clips = [clips[(i + t) % len(clips)] for t in range(turns)]
-                    nursery.start_soon(turn_session, url, session_clips, 0.6 * i, latencies)
-            results[f"sessions_{sessions}"] = summary(latencies)
+                    nursery.start_soon(turn_session, url, session_clips, 0.6 * i, latencies, missed)
+            results[f"sessions_{sessions}"] = {**summary(latencies), "turns_unanswered_before_next_speech": len(missed)}
             print(f"{sessions} session(s): {results[f'sessions_{sessions}']}", flush=True)
         results["barge_in"] = await barge_in(url, long_clip, interruption)
         for sessions in session_counts:
