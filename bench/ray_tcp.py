@@ -5,13 +5,13 @@
   zmq over TCP on loopback) against ``"local"`` (child processes, Unix sockets).  Reports
   request p50/p99 and p50 / 3 as the per-hop figure.
 * ``tensor``: one 128 MB float32 tensor sent from one switchboard to another over TCP,
-  in one process: to a peer on another host (127.0.0.2, so inline in the TCP frames) and
-  to a peer on this host (shared memory, only the header over TCP).  Median GB/s of
+  in one process: to a peer on another host (127.0.0.2, so in the TCP frames) and to a
+  peer on this host (shared memory, only the header over TCP).  Median GB/s of
   ``--repeats`` sends after one warm-up.
 
-Run: ``python bench/ray_tcp.py [--requests 200] [--repeats 5]`` (needs the ``ray`` extra;
-starts a loopback-only local cluster).  Writes ``bench/results/ray_tcp.json``.  Not a
-test: nothing is asserted.
+Run: ``python bench/ray_tcp.py [--requests 200] [--repeats 5] [--only tensor|hop] [--out FILE]``
+(``hop`` needs the ``ray`` extra; it starts a loopback-only local cluster).  Writes
+``bench/results/ray_tcp.json`` (or ``--out``).  Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -109,11 +109,13 @@ async def tensor(far: bool, repeats: int) -> dict[str, Any]:
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"loadavg_before": loadavg()}
-    results["tensor_tcp_inline"] = await tensor(True, args.repeats)
-    results["tensor_tcp_shm"] = await tensor(False, args.repeats)
-    with ray_cluster(num_cpus=2):  # both chains run beside the cluster's own processes
-        results["hop_ray"] = await hop("ray", args.requests)
-        results["hop_local"] = await hop("local", args.requests)
+    if args.only in (None, "tensor"):
+        results["tensor_tcp_frames"] = await tensor(True, args.repeats)
+        results["tensor_tcp_shm"] = await tensor(False, args.repeats)
+    if args.only in (None, "hop"):
+        with ray_cluster(num_cpus=2):  # both chains run beside the cluster's own processes
+            results["hop_ray"] = await hop("ray", args.requests)
+            results["hop_local"] = await hop("local", args.requests)
     results["loadavg_after"] = loadavg()
     return results
 
@@ -122,8 +124,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
-    out = trio.run(main, parser.parse_args())
+    parser.add_argument("--only", choices=("tensor", "hop"), help="run one of the two measurements")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ray_tcp.json")
+    args = parser.parse_args()
+    out = trio.run(main, args)
     print(json.dumps(out, indent=2))
-    path = ROOT / "bench" / "results" / "ray_tcp.json"
+    path = args.out
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")

@@ -36,7 +36,8 @@ request's in-order ``abort`` message from the inbox belong to the aborted life a
 dropped here, even when a new request with the same id is already live at the stage (a
 producer blocked on a full outbox finishes its put after the abort).  Taking the message
 is the boundary, as it is for the scheduler's own bookkeeping (:mod:`schedulers._idsets`);
-it is seen on the scheduler thread, which then queues a fence behind those outputs.  This
+it is seen on the scheduler thread, which then queues a fence behind those outputs and
+wakes trio to drain it: a fence takes a place in a bounded outbox like an output does.  This
 needs a ``queue.Queue`` inbox and outbox; with other queues outputs are not fenced.
 
 Priority: with ``nice > 0`` (stage processes, from ``PipelineConfig.scheduler_nice``) the
@@ -264,8 +265,12 @@ class SchedulerBridge:
         if taken:
             self._in_inbox = [m for m in self._in_inbox if id(m) in queued]
             outbox = self._outbox
-            with outbox.mutex:  # no notify: the fence only orders what the next drain reads
+            with outbox.mutex:
                 outbox.queue.extend(_Fence(m) for m in taken)
+            # Fences fill a bounded outbox too: undrained, they would leave the scheduler's
+            # next put waiting for room that only a drain makes.
+            if self._drain_wanted():
+                self._soon(self._drain)
 
     def _want_flush(self) -> None:
         self._flush_wanted.set()
@@ -284,16 +289,22 @@ class SchedulerBridge:
         Returns the hand-off for the caller to run with the outbox's lock released, when
         the output just queued is a request's first and the loop is idle.
         """
-        with self._wake_lock:
-            if self._wake_pending or self._closed:
-                return None
-            self._wake_pending = True
+        if not self._drain_wanted():
+            return None
         idle = self._idle
         handoff = idle.is_set() and self._is_first_output() and threading.get_ident() != self._trio_thread
         if handoff:
             idle.clear()  # set again once the loop has run everything this wakes
         self._soon(self._drain)
         return partial(idle.wait, self._handoff_s) if handoff else None
+
+    def _drain_wanted(self) -> bool:
+        """Mark a drain pending (any thread); False when one already is, or the bridge has closed."""
+        with self._wake_lock:
+            if self._wake_pending or self._closed:
+                return False
+            self._wake_pending = True
+            return True
 
     def _is_first_output(self) -> bool:
         """Whether the output last queued (outbox lock held) is the first of its request."""

@@ -28,6 +28,7 @@ from omnitrio.config import PipelineConfig
 from omnitrio.errors import StartupError, collapse
 from omnitrio.events import flush_periodically, recorder_from_env
 from omnitrio.factory import build_stages, start_stages
+from omnitrio.replicas import Replicas
 from omnitrio.stage import Stage
 from omnitrio.switchboard import Switchboard
 from omnitrio.topology import MAIN, Topology
@@ -73,7 +74,8 @@ def main(spec: ChildSpec) -> None:
 
 
 async def _serve(spec: ChildSpec) -> None:
-    board = Switchboard(spec.process, spec.homes)
+    replicas = Replicas.of(spec.config.processes, spec.homes)
+    board = Switchboard(spec.process, spec.homes, replicas)
     stages: dict[str, Stage] = {}
     shutdown = trio.Event()
 
@@ -99,7 +101,7 @@ async def _serve(spec: ChildSpec) -> None:
             if recorder is not None:
                 nursery.start_soon(flush_periodically, recorder)
             try:
-                mine = [name for name, home in spec.homes.items() if home == spec.process]
+                mine = replicas.stages_in(board.group)
                 loop_idle = LoopIdle()
                 trio.lowlevel.add_instrument(loop_idle)
                 plans = Topology.compile(spec.config, mine).plans

@@ -1,16 +1,20 @@
 """The stage processes of a pipeline, from the caller's side: spawn, ready, watch, restart, stop.
 
 ``async with open_children(...) as children`` starts one process per distinct ``process``
-name of the config — a fresh interpreter (spawn, never a fork of a process that may have
-touched CUDA) running :mod:`omnitrio.child` — and :meth:`Children.wait_ready` waits until
-each reports every stage ready.  A child that cannot import or build its scheduler makes
+name of the config (``replicas`` of them for a replicated group: :mod:`omnitrio.replicas`)
+— a fresh interpreter (spawn, never a fork of a process that may have touched CUDA)
+running :mod:`omnitrio.child` — and :meth:`Children.wait_ready` waits until each reports
+every stage ready.  A child that cannot import or build its scheduler makes
 that wait raise :class:`StartupError` with the child's traceback.
 
-A child's death is seen at once — trio waits on its pidfd, nothing polls — and every live
-request fails within milliseconds with ``RequestFailed`` naming the process and its
-stages.  The process is restarted under ``restart="on-failure"`` (at most
-``max_restarts`` times) on a fresh socket address, so nothing queued for the dead one
-reaches the new one; later requests succeed.
+A child's death is seen at once — trio waits on its pidfd (for a Ray actor, Ray reports
+it), and over zmq the parent's connection to it reports the drop too: whichever comes
+first counts, nothing polls.  A child whose connection drops is killed.  Every live
+request bound to it fails within milliseconds with ``RequestFailed`` naming the process
+and its stages (a replica's death fails no other replica's requests).  The process is
+restarted under ``restart="on-failure"`` (at most ``max_restarts`` times) on a fresh
+socket address, so nothing queued for the dead one reaches the new one; later requests
+succeed.
 
 Leaving the block — also on SIGINT/SIGTERM of the parent — stops every child within
 :data:`STOP_GRACE` seconds (then kills it) and removes the endpoint directory and every
@@ -35,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -46,7 +50,7 @@ from omnitrio.config import PipelineConfig
 from omnitrio.coordinator import Coordinator
 from omnitrio.errors import RequestFailed, StartupError
 from omnitrio.placement.actors import ActorProcess, start_actor
-from omnitrio.placement.cluster import ray_cluster
+from omnitrio.placement.cluster import open_ray_cluster
 from omnitrio.switchboard import UNIX, Switchboard
 from omnitrio.topology import MAIN
 from omnitrio.transport import wire
@@ -61,11 +65,27 @@ def stage_health(alive: bool, pid: int, process: str, active: int, restarts: int
     return {"alive": alive, "pid": pid, "process": process, "active_requests": active, "restarts": restarts}
 
 
+def replicated_health(group: str, replicas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The entry of a stage in a replicated group: alive when every replica is, counts summed,
+    the first replica's pid, and ``replicas`` (each one's own entry, in replica order)."""
+    if len(replicas) == 1:
+        return replicas[0]
+    entry = stage_health(
+        all(r["alive"] for r in replicas),
+        replicas[0]["pid"],
+        group,
+        sum(r["active_requests"] for r in replicas),
+        sum(r["restarts"] for r in replicas),
+    )
+    return {**entry, "replicas": replicas}
+
+
 @attrs.define(eq=False)
 class _Child:
     """One stage process and its current generation."""
 
     name: str
+    group: str
     stages: list[str]
     process: trio.Process | ActorProcess | None = None
     generation: int = 0
@@ -145,11 +165,11 @@ class Children:
         self._nursery = nursery
         self._watchers = watchers
         self._children: dict[str, _Child] = {}
-        for stage, home in homes.items():
-            if home != MAIN:
-                self._children.setdefault(home, _Child(home, [])).stages.append(stage)
+        for group in dict.fromkeys(home for home in homes.values() if home != MAIN):
+            for name in board.replicas.processes(group):
+                self._children[name] = _Child(name, group, board.replicas.stages_in(group))
         self._addresses = {name: self._address(name, 0) for name in (MAIN, *self._children)} if endpoints else {}
-        self._gauges: dict[str, dict[str, int]] = {}
+        self._gauges: dict[str, dict[str, Any]] = {}
         self._health_waiters: dict[int, tuple[trio.Event, dict[str, Any]]] = {}
         self._next_qid = 0
 
@@ -171,8 +191,9 @@ class Children:
             assert self._watchers is not None
             self._watchers.start_soon(self._supervise, child)
 
-    def gauges(self) -> dict[str, dict[str, int]]:
-        """Per child stage ``{"active_requests", "queue_depth"}`` as of the last :meth:`health`."""
+    def gauges(self) -> dict[str, dict[str, Any]]:
+        """Per child stage ``{"active_requests", "queue_depth"}`` as of the last :meth:`health`;
+        a replicated stage's are summed, with ``"replicas"``: the same per replica process."""
         return dict(self._gauges)
 
     async def health(self) -> dict[str, dict[str, Any]]:
@@ -196,15 +217,20 @@ class Children:
                 done = trio.Event()
                 self._health_waiters[qid] = (done, replies)
         self._health_waiters.pop(qid, None)
-        stages: dict[str, dict[str, Any]] = {}
+        entries: dict[str, list[dict[str, Any]]] = {}
+        gauges: dict[str, dict[str, dict[str, int]]] = {}
         for child in self._children.values():
             reply = replies.get(child.name)
             for stage in child.stages:
                 active, stage_restarts, depth = reply.get(stage, (0, 0, 0)) if reply is not None else (0, 0, 0)
-                self._gauges[stage] = {"active_requests": active, "queue_depth": depth}
+                gauges.setdefault(stage, {})[child.name] = {"active_requests": active, "queue_depth": depth}
                 alive = child.alive and reply is not None
-                stages[stage] = stage_health(alive, child.pid, child.name, active, child.restarts + stage_restarts)
-        return stages
+                entry = stage_health(alive, child.pid, child.name, active, child.restarts + stage_restarts)
+                entries.setdefault(stage, []).append(entry)
+        for stage, per_process in gauges.items():
+            total = {key: sum(g[key] for g in per_process.values()) for key in ("active_requests", "queue_depth")}
+            self._gauges[stage] = {**total, "replicas": per_process} if len(per_process) > 1 else total
+        return {stage: replicated_health(self._board.homes[stage], found) for stage, found in entries.items()}
 
     # -- control messages from children -----------------------------------------------------
 
@@ -253,7 +279,7 @@ class Children:
         spec = ChildSpec(child.name, self._config, self._homes, dict(self._addresses), prefix, os.getpid())
         if self._ray is not None:
             spec = attrs.evolve(spec, addresses={MAIN: self._addresses[MAIN]})
-            resources = self._config.processes.get(child.name, {})
+            resources = self._config.resources(child.group)
             child.process = await start_actor(self._ray, spec, resources, self._config.startup_timeout)
             self._nursery.start_soon(_reap, child.process, child.exited)
             return
@@ -292,9 +318,12 @@ class Children:
         """Watch one child; on death fail its requests and restart it per policy."""
         config = self._config
         while True:
-            await child.exited.wait()
+            how = await self._until_gone(child)
             child.alive = False
-            self._on_death(child)
+            self._on_death(child, how)
+            if child.exit_code is None and child.process is not None:
+                child.process.kill()
+                await child.exited.wait()
             if config.restart != "on-failure" or child.restarts >= config.max_restarts:
                 return
             child.restarts += 1
@@ -308,10 +337,26 @@ class Children:
             if self._ray is None:  # a Ray-placed group said where it listens in its Ready message
                 self._board.peer_up(child.name, address)
                 self._tell_others(child, wire.PeerUp(child.name, address))
-            self._coordinator.stages_up(child.stages)
+            self._coordinator.process_up(child.name)
 
-    def _on_death(self, child: _Child) -> None:
-        detail = f"process {child.name!r} (stages {', '.join(child.stages)}) died with exit code {child.exit_code}"
+    async def _until_gone(self, child: _Child) -> str:
+        """Wait until ``child`` exits or the connection to it drops; say which, as "died …" ends."""
+        how = ""
+        async with trio.open_nursery() as race:
+
+            async def connection() -> None:
+                nonlocal how
+                await self._board.lost(child.name)
+                how = "(its connection closed)"
+                race.cancel_scope.cancel()
+
+            race.start_soon(connection)
+            await child.exited.wait()
+            race.cancel_scope.cancel()
+        return how or f"with exit code {child.exit_code}"
+
+    def _on_death(self, child: _Child, how: str) -> None:
+        detail = f"process {child.name!r} (stages {', '.join(child.stages)}) died {how}"
 
         def error_for(request_id: str) -> RequestFailed:
             return RequestFailed(request_id, child.stages[0], "ProcessDied", detail)
@@ -320,7 +365,7 @@ class Children:
         self._board.peer_down(child.name)
         remove_segments(f"{self._endpoints.prefix}{child.name}-")
         self._tell_others(child, wire.PeerDown(child.name))
-        self._coordinator.stage_gone(child.stages, error_for)
+        self._coordinator.process_gone(child.name, error_for)
 
     def _joined(self, child: _Child, address: str) -> None:
         """A Ray-placed group listens on ``address``: connect to it, and it and the live groups to each other."""
@@ -374,10 +419,10 @@ async def open_children(
     if all(home == MAIN for home in homes.values()):
         yield Children(config, homes, board, coordinator, None, None, None)
         return
-    with ExitStack() as stack:
+    async with AsyncExitStack() as stack:
         ray = host = None
         if config.placement == "ray":
-            ray = stack.enter_context(ray_cluster(config.ray_address))
+            ray = await stack.enter_async_context(open_ray_cluster(config.ray_address))
             host = ray.util.get_node_ip_address()
         endpoints = _Endpoints.create(config, host or "")
         stack.callback(endpoints.remove)

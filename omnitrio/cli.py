@@ -264,7 +264,10 @@ def describe(config: PipelineConfig) -> str:
         lines.append(f"  serves: {', '.join(config.serves)}")
     width = max(len(stage.name) for stage in config.stages)
     for stage in config.stages:
-        where = f"[{stage.process}]" if stage.process else "[main]"
+        where = "[main]"
+        if stage.process:
+            copies = int(config.processes.get(stage.process, {}).get("replicas", 1))
+            where = f"[{stage.process} x{copies}]" if copies > 1 else f"[{stage.process}]"
         edges = ["terminal"] if stage.terminal else [f"-> {', '.join(stage.next_stages)}"]
         if stage.route_fn:
             edges.append(f"route {stage.route_fn}")

@@ -22,6 +22,7 @@ import msgspec
 
 from omnitrio.errors import ConfigError
 from omnitrio.importing import ImportPathError, import_object
+from omnitrio.replicas import REPLICAS_KEY
 
 SERVED_TASKS = ("chat", "speech", "transcription", "realtime")
 
@@ -132,8 +133,10 @@ class PipelineConfig:
     ray_address: str | None = None
     """With ``placement = "ray"``: the cluster to join; None starts a loopback-only local one."""
     processes: dict[str, dict[str, float]] = attrs.field(factory=dict)
-    """Ray resources per process group, e.g. ``{"thinker": {"num_gpus": 1, "num_cpus": 2}}``;
-    any other key is a custom resource.  A group asks for nothing it does not name (0 CPUs)."""
+    """Per process group: ``replicas`` (how many copies run, default 1; see
+    :mod:`omnitrio.replicas`) and the Ray resources each copy asks for, e.g.
+    ``{"thinker": {"num_gpus": 1, "num_cpus": 2}, "encoder": {"replicas": 2}}``; any other
+    key is a custom resource.  A group asks for nothing it does not name (0 CPUs)."""
     serves: list[str] | None = None
     """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
     ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
@@ -148,6 +151,10 @@ class PipelineConfig:
     @property
     def terminal_stages(self) -> list[StageConfig]:
         return [s for s in self.stages if s.terminal]
+
+    def resources(self, group: str) -> dict[str, float]:
+        """The Ray resources one copy of process group ``group`` asks for."""
+        return {k: v for k, v in self.processes.get(group, {}).items() if k != REPLICAS_KEY}
 
     def stage(self, name: str) -> StageConfig:
         for s in self.stages:
@@ -322,6 +329,14 @@ def _check_processes(config: PipelineConfig) -> None:
         for key, amount in resources.items():
             if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
                 raise ConfigError(f"processes.{name}.{key}: must be a number >= 0, got {amount!r}")
+        replicas = resources.get(REPLICAS_KEY, 1)
+        if replicas < 1 or replicas != int(replicas):
+            raise ConfigError(f"processes.{name}.replicas: must be a whole number >= 1, got {replicas!r}")
+        taken = [g for g in groups if g.startswith(f"{name}.") and g.removeprefix(f"{name}.").isdigit()]
+        if replicas > 1 and taken:
+            raise ConfigError(
+                f"processes.{name}.replicas: its copies are named {name}.0, {name}.1 …; rename group {taken[0]!r}"
+            )
 
 
 def _validate_stage(i: int, stage: StageConfig, config: PipelineConfig, names: Mapping[str, int]) -> None:

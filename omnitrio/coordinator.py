@@ -6,6 +6,10 @@ after a failure, abort or deadline — until every stage has answered the broadc
 with ``Released``.  Only then may its id be used again, so a reused id never meets a
 stage or scheduler that still holds its previous life.
 
+A request is bound to one replica of each replicated process group when it is opened
+(:class:`~omnitrio.replicas.Bindings`: the least loaded); everything sent for it goes
+there, and a replica that dies fails only the requests bound to it.
+
 Cancelling the caller of :meth:`Coordinator.submit` or :meth:`Coordinator.stream`
 (a cancel scope, a timeout, a client that went away) aborts the request at every stage;
 nothing keeps running for a caller that left.
@@ -55,7 +59,8 @@ from omnitrio.events import (
 from omnitrio.flow import CREDIT_BATCH, Consumed
 from omnitrio.mailbox import Mailbox
 from omnitrio.messages import CompleteMessage, StreamMessage
-from omnitrio.topology import StageFunctionError, Topology
+from omnitrio.replicas import Bindings, Replicas
+from omnitrio.topology import MAIN, StageFunctionError, Topology
 
 State = Literal["live", "releasing"]
 Event = StreamMessage | CompleteMessage | RequestError
@@ -99,13 +104,14 @@ class Coordinator:
         topology: Topology,
         send: Callable[[ToStage], None],
         stage_names: Iterable[str],
+        replicas: Replicas | None = None,
     ) -> None:
+        """``replicas``: where each stage lives per request (every stage in one place when None)."""
         self.topology = topology
         self._send = send
         self._stages = tuple(stage_names)
         self._requests: dict[str, RequestHandle] = {}
-        self._down: set[str] = set()
-        self._next_inc = 0
+        self._bindings = Bindings(replicas or Replicas(dict.fromkeys(self._stages, MAIN)))
         self._closed = False
         config = topology.config
         self.max_in_flight = config.max_in_flight
@@ -131,8 +137,7 @@ class Coordinator:
             if handle.state == "live" and not handle.finished:
                 self._emit(handle.request_id, REQUEST_ABORTED, {"reason": "shutdown"})
             self._finish_with(handle, RequestAborted(handle.request_id, "aborted: the pipeline shut down"))
-            handle.released.set()
-        self._requests.clear()
+            self._forget(handle)
 
     # -- public API -----------------------------------------------------------------
 
@@ -210,8 +215,7 @@ class Coordinator:
             terminals = self.topology.expected_terminals(request_id, inputs)
         except StageFunctionError as exc:
             raise RequestFailed(request_id, COORDINATOR, exc.error_type, str(exc)) from exc
-        self._next_inc += 1
-        handle = RequestHandle(request_id, self._next_inc, terminals)
+        handle = RequestHandle(request_id, self._bindings.open(), terminals)
         self._requests[request_id] = handle
         request = OmniRequest(inputs=inputs, params=dict(params or {}), metadata=dict(metadata or {}))
         payload = StagePayload(request_id, request, {"raw_inputs": inputs})
@@ -219,7 +223,7 @@ class Coordinator:
         try:
             self._send(Payload(request_id, handle.inc, self.topology.entry, COORDINATOR, payload))
         except StageFunctionError as exc:
-            del self._requests[request_id]
+            self._forget(handle)
             raise RequestFailed(request_id, self.topology.entry, exc.error_type, str(exc)) from exc
         return handle
 
@@ -233,7 +237,7 @@ class Coordinator:
         if handle.state == "releasing":
             return
         handle.state = "releasing"
-        handle.unacked = set(self._stages) - self._down
+        handle.unacked = {stage for stage in self._stages if self._bindings.reachable(stage, handle.inc)}
         for stage in handle.unacked.copy():
             self._send(Abort(handle.request_id, handle.inc, stage))
         self._maybe_released(handle)
@@ -250,15 +254,24 @@ class Coordinator:
             reason = "timeout" if isinstance(error, RequestTimeout) else "client"
             self._emit(handle.request_id, REQUEST_ABORTED, {"reason": reason})
             self._abort_everywhere(handle, error or RequestAborted(handle.request_id, "aborted: the caller left"))
-        elif handle.state == "live" and self._requests.get(handle.request_id) is handle:
-            del self._requests[handle.request_id]
-            handle.released.set()
+        elif handle.state == "live":
+            self._forget(handle)
 
-    def stage_gone(self, stages: Iterable[str], error_for: Callable[[str], RequestError]) -> None:
-        """Stages died: fail every live request and stop waiting for their releases."""
-        dead = set(stages)
-        self._down |= dead
+    def _forget(self, handle: RequestHandle) -> None:
+        """The request is finished everywhere: its id may be used again."""
+        if self._requests.get(handle.request_id) is handle:
+            del self._requests[handle.request_id]
+            self._bindings.close(handle.inc)
+        handle.released.set()
+
+    def process_gone(self, process: str, error_for: Callable[[str], RequestError]) -> None:
+        """A stage process died: fail every live request bound to it and stop waiting for its releases."""
+        self._bindings.gone(process)
+        group = self._bindings.replicas.group_of(process)[0]
+        dead = set(self._bindings.replicas.stages_in(group, self._stages))
         for handle in list(self._requests.values()):
+            if not self._bindings.holds(process, handle.inc):
+                continue
             if handle.state == "live" and not handle.finished:
                 error = error_for(handle.request_id)
                 fields = {"stage": getattr(error, "stage", ""), "error_type": getattr(error, "error_type", "")}
@@ -267,15 +280,13 @@ class Coordinator:
             handle.unacked -= dead
             self._maybe_released(handle)
 
-    def stages_up(self, stages: Iterable[str]) -> None:
-        """Restarted stages answer aborts again."""
-        self._down -= set(stages)
+    def process_up(self, process: str) -> None:
+        """A restarted stage process answers aborts again and takes new requests."""
+        self._bindings.up(process)
 
     def _maybe_released(self, handle: RequestHandle) -> None:
         if handle.state == "releasing" and not handle.unacked:
-            if self._requests.get(handle.request_id) is handle:
-                del self._requests[handle.request_id]
-            handle.released.set()
+            self._forget(handle)
 
     def deliver(self, envelope: ToCoordinator) -> None:
         """Accept one message from a stage (synchronous; never blocks)."""

@@ -19,6 +19,8 @@ Metric names and labels::
     omnitrio_stage_active_requests{stage}              gauge      (from stage_health)
     omnitrio_stage_queue_depth{stage}                  gauge      (from stage_health)
     omnitrio_stage_aborts_total{stage}                 counter    (from stage_health "aborts", optional)
+    omnitrio_replica_active_requests{stage, process}   gauge      (from stage_health "replicas", optional:
+    omnitrio_replica_queue_depth{stage, process}       gauge       {process: {...}} of a replicated stage)
     omnitrio_request_latency_seconds                   histogram  submit → result, completed requests only
     omnitrio_time_to_first_token_seconds               histogram  submit → first text/tokens chunk
     omnitrio_time_to_first_audio_seconds               histogram  submit → first audio chunk
@@ -234,7 +236,7 @@ class _StageCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = self._families()
-        active, depth, aborts = families
+        active, depth, aborts, replica_active, replica_depth = families
         health = self.stage_health
         if health is not None:
             try:
@@ -246,13 +248,18 @@ class _StageCollector(Collector):
                         depth.add_metric([stage], float(values["queue_depth"]))
                     if "aborts" in values:
                         aborts.add_metric([stage], float(values["aborts"]))
+                    for process, figures in values.get("replicas", {}).items():
+                        replica_active.add_metric([stage, process], float(figures["active_requests"]))
+                        replica_depth.add_metric([stage, process], float(figures["queue_depth"]))
             except Exception:
                 log.exception("metrics: stage_health() failed; the stage gauges are empty for this scrape")
                 families = self._families()
         yield from families
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
+    def _families() -> tuple[
+        GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily
+    ]:
         return (
             GaugeMetricFamily(
                 "omnitrio_stage_active_requests", "Requests a stage holds any state for", labels=["stage"]
@@ -261,4 +268,14 @@ class _StageCollector(Collector):
                 "omnitrio_stage_queue_depth", "Requests waiting at a stage before its scheduler", labels=["stage"]
             ),
             CounterMetricFamily("omnitrio_stage_aborts", "Requests aborted at a stage", labels=["stage"]),
+            GaugeMetricFamily(
+                "omnitrio_replica_active_requests",
+                "Requests one replica of a stage holds any state for",
+                labels=["stage", "process"],
+            ),
+            GaugeMetricFamily(
+                "omnitrio_replica_queue_depth",
+                "Requests waiting at one replica of a stage before its scheduler",
+                labels=["stage", "process"],
+            ),
         )

@@ -77,6 +77,8 @@ class Pipeline:
 
         ``overdue_requests`` counts requests still held past their deadline (see
         ``Coordinator.request_ages``); ``oldest_request_age_s`` is the age of the oldest live one.
+        A stage of a replicated process group also has ``replicas``: each copy's own entry, in
+        order; its ``alive`` is True only when every copy is alive, its counts are summed.
         Stage processes are asked (each has a few seconds to answer, or counts as not alive).
         """
         pid = os.getpid()

@@ -3,7 +3,8 @@
 One start-up path whatever the placement: validate and compile the config; one
 :class:`~omnitrio.switchboard.Switchboard` for this process, with the coordinator and
 this process's stages; and a stage process per distinct ``process`` name
-(:mod:`omnitrio.children`) — none with ``inline=True`` or when no stage names one.
+(:mod:`omnitrio.children`; ``replicas`` of them for a replicated group) — none with
+``inline=True`` or when no stage names one.
 Stages here and stage processes start in parallel.  Leaving the ``async with`` block
 stops every stage and process and removes the pipeline's sockets and shared memory,
 whatever the exit; an error raised inside reaches the caller as itself, not wrapped in
@@ -24,6 +25,7 @@ from omnitrio.errors import collapse
 from omnitrio.events import flush_periodically, recorder_from_env
 from omnitrio.factory import build_stages, start_stages
 from omnitrio.pipeline import Pipeline
+from omnitrio.replicas import Replicas
 from omnitrio.switchboard import Switchboard
 from omnitrio.topology import MAIN, Topology
 
@@ -38,8 +40,8 @@ async def open_pipeline(config: PipelineConfig, *, inline: bool = False) -> Asyn
     validate(config)
     topology = Topology.compile(config)
     homes = topology.homes(inline)
-    board = Switchboard(MAIN, homes)
-    coordinator = Coordinator(topology, board.send, topology.plans)
+    board = Switchboard(MAIN, homes, Replicas.of(config.processes, homes))
+    coordinator = Coordinator(topology, board.send, topology.plans, board.replicas)
     board.coordinator = coordinator
     recorder = recorder_from_env(MAIN)
     here = {name: plan for name, plan in topology.plans.items() if homes[name] == MAIN}

@@ -13,13 +13,19 @@ processes too.  Leases on shared memory received here are tagged with the proces
 lent them and travel with the request scope that received them; when the last stage in
 this process lets go of the request they go back to their owner in one
 :class:`~omnitrio.transport.wire.ReleaseLeases` message.
+
+A message for a stage goes to the process that holds that stage *for that request*: a
+stage of a replicated process group lives in several processes, and the request's
+incarnation number says which one it is bound to (:mod:`omnitrio.replicas`; the
+coordinator binds each request when it is submitted).  Every message of a request —
+payloads, fan-in inputs, stream chunks, credits, aborts — therefore reaches the same
+replica, whichever process sends it.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,9 +45,10 @@ from omnitrio.envelopes import (
     ToCoordinator,
     ToStage,
 )
+from omnitrio.replicas import Replicas
 from omnitrio.topology import MAIN, StageFunctionError
 from omnitrio.transport import wire
-from omnitrio.transport.link import Link
+from omnitrio.transport.link import Framed, Link
 from omnitrio.transport.relay import RelayError, ShmPool, ShmReader
 from omnitrio.transport.unix import UnixInbound, UnixLink
 
@@ -81,11 +88,14 @@ def _drop_control(src: str, message: Any) -> None:
 class Switchboard:
     """Routes the messages of one process; see the module docstring."""
 
-    def __init__(self, name: str, homes: dict[str, str]) -> None:
-        """``name``: this process; ``homes``: the process of every stage of the pipeline."""
+    def __init__(self, name: str, homes: dict[str, str], replicas: Replicas | None = None) -> None:
+        """``name``: this process; ``homes``: the process group of every stage of the pipeline;
+        ``replicas``: how many copies of each group run (one each when None)."""
         self.name = name
         self._name_frame = name.encode()
         self.homes = homes
+        self.replicas = Replicas(homes) if replicas is None else replicas
+        self.group = self.replicas.group_of(name)[0]
         self.stages: dict[str, LocalStage] = {}
         """This process's stages by name (filled in before they run)."""
         self.coordinator: LocalCoordinator | None = None
@@ -119,7 +129,7 @@ class Switchboard:
                     return
                 dest = MAIN
             case _:
-                dest = self.homes[envelope.to]
+                dest = self.replicas.process_of(envelope.to, envelope.inc)
                 if dest == self.name:
                     self.stages[envelope.to].deliver(envelope)
                     return
@@ -133,15 +143,17 @@ class Switchboard:
                 )
             return
         if wire.carries_body(envelope):
-            envelope = self._pack(dest, envelope)
-        self.send_control(dest, envelope)
+            envelope, buffers = self._pack(dest, envelope)
+            self.send_control(dest, envelope, buffers)
+        else:
+            self.send_control(dest, envelope)
 
-    def _pack(self, dest: str, envelope: Any) -> Any:
+    def _pack(self, dest: str, envelope: Any) -> tuple[Any, tuple[memoryview, ...]]:
+        """The envelope with its user data packed for ``dest``, and the out-of-band buffers to send with it."""
         assert self._pool is not None, "listen() before sending to another process"
         body = (envelope.body, envelope.metadata) if isinstance(envelope, Chunk) else envelope.body
         try:
-            inline = {"inline_limit": sys.maxsize} if dest in self._far else {}
-            packed = self._pool.pack(body, peer=dest, **inline)
+            packed = self._pool.pack(body, peer=dest, out_of_band=dest in self._far)
         except Exception as exc:
             target = getattr(envelope, "to", "the caller")
             raise StageFunctionError(
@@ -150,20 +162,21 @@ class Switchboard:
                 f"the data cannot cross a process boundary: {exc}",
             ) from exc
         if isinstance(envelope, Chunk):
-            return msgspec.structs.replace(envelope, body=packed.header, metadata=None)
-        return msgspec.structs.replace(envelope, body=packed.header)
+            return msgspec.structs.replace(envelope, body=packed.header, metadata=None), packed.buffers
+        return msgspec.structs.replace(envelope, body=packed.header), packed.buffers
 
     def transport_to(self, stage: str) -> str:
         """``"local"`` for a stage in this process, ``"ipc"`` for one in another."""
-        return "local" if self.homes.get(stage) == self.name else "ipc"
+        return "local" if self.homes.get(stage) == self.group else "ipc"
 
-    def send_control(self, dest: str, message: Any) -> None:
-        """Send an encoded message to process ``dest``; dropped when no link to it is open."""
+    def send_control(self, dest: str, message: Any, buffers: tuple[memoryview, ...] = ()) -> None:
+        """Send an encoded message (and the out-of-band buffers of its user data) to process
+        ``dest``; dropped when no link to it is open."""
         link = self._links.get(dest)
         if link is None:
             log.debug("switchboard %r: dropping %s for unknown process %r", self.name, type(message).__name__, dest)
             return
-        link.send(wire.encode(message))
+        link.send(wire.encode(message), buffers)
 
     def let_go(self, request_id: str, inc: int, stage: str, leases: Sequence[Lease]) -> None:
         """``stage`` has let go of the request: free its leases, unless a stage here still holds it.
@@ -194,13 +207,17 @@ class Switchboard:
 
     # -- inbound --------------------------------------------------------------------
 
-    def _dispatch(self, src: str, frame: bytes) -> None:
+    def _dispatch(self, src: str, frame: bytes | Framed) -> None:
+        buffers: Sequence[memoryview] = ()
+        if isinstance(frame, Framed):
+            buffers = frame.buffers
+            frame = frame.message
         message = wire.decode(frame)
         match message:
             case Payload() | Chunk() | Done() | Abort() | Credit():
-                self._to_stage(src, message)
+                self._to_stage(src, message, buffers)
             case Complete() | StreamOut() | Failed() | Released():
-                self._to_coordinator(src, message)
+                self._to_coordinator(src, message, buffers)
             case wire.ReleaseLeases(leases=ids):
                 if self._pool is not None:
                     self._pool.release(ids)
@@ -211,20 +228,20 @@ class Switchboard:
             case _:
                 self.on_control(src, message)
 
-    def _unpack(self, src: str, message: Any) -> tuple[Any, list[Lease]] | None:
+    def _unpack(self, src: str, message: Any, buffers: Sequence[memoryview]) -> tuple[Any, list[Lease]] | None:
         """User data of ``message`` and the leases it holds; None (leases returned) if unreadable."""
         try:
-            body, ids = self._reader.unpack(message.body)
+            body, ids = self._reader.unpack(message.body, buffers)
         except RelayError as exc:
             self.release([(src, i) for i in exc.leases])
             log.error("switchboard %r: unreadable data from %r: %s", self.name, src, exc)
             return None
         return body, [(src, i) for i in ids]
 
-    def _to_stage(self, src: str, message: ToStage) -> None:
+    def _to_stage(self, src: str, message: ToStage, buffers: Sequence[memoryview]) -> None:
         leases: list[Lease] = []
         if wire.carries_body(message):
-            unpacked = self._unpack(src, message)
+            unpacked = self._unpack(src, message, buffers)
             if unpacked is None:
                 self.send(Failed(message.rid, message.inc, message.to, "RelayError", "received data was unreadable"))
                 return
@@ -239,11 +256,11 @@ class Switchboard:
             return
         stage.deliver(message, leases)
 
-    def _to_coordinator(self, src: str, message: ToCoordinator) -> None:
+    def _to_coordinator(self, src: str, message: ToCoordinator, buffers: Sequence[memoryview]) -> None:
         if self.coordinator is None:
             return
         if wire.carries_body(message):
-            unpacked = self._unpack(src, message)
+            unpacked = self._unpack(src, message, buffers)
             if unpacked is None:
                 return
             body, leases = unpacked
@@ -254,7 +271,7 @@ class Switchboard:
             message.body = body  # type: ignore[union-attr]
         self.coordinator.deliver(message)
 
-    async def _dispatch_batch(self, src: str, frames: list[bytes]) -> None:
+    async def _dispatch_batch(self, src: str, frames: Sequence[bytes | Framed]) -> None:
         """Deliver a received batch in order, letting other tasks run every few messages.
 
         A burst of 100 stream chunks must not hold back the output the first one already
@@ -295,6 +312,15 @@ class Switchboard:
             self._far.discard(process)
         self._nursery.start_soon(link.pump)
         self.down.discard(process)
+
+    async def lost(self, process: str) -> None:
+        """Return when the connection to ``process`` drops (see :meth:`Link.lost`); never
+        when there is no link to it or its transport cannot tell."""
+        link = self._links.get(process)
+        if link is None:
+            await trio.sleep_forever()
+        else:
+            await link.lost()
 
     def _zmq_peers(self) -> ZmqPeers:
         if self._zmq is None:

@@ -1,7 +1,8 @@
 """``placement = "ray"``: process groups as Ray actors on a loopback-only local cluster.
 
 Runs only where the ``ray`` extra is installed.  One local cluster (2 CPUs) serves the
-module; start-up under load takes many seconds, so nothing here is timed.
+module, on one pytest worker (``--dist loadscope``); start-up under load takes many
+seconds, so nothing here is timed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import trio
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, open_pipeline
 from omnitrio.placement.cluster import loopback_env, ray_cluster
 from tests.pipelines import T, chain_config, settled
+from tests.test_replicas import kill_one_replica, slow_replicated_chain
 from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPUT
 from toys.seed import ch4_batch, ch4_fanin, ch4_stream
 
@@ -178,3 +180,37 @@ async def test_without_a_cluster_the_pipeline_starts_one_and_leaves_nothing_behi
     assert result == "{'raw_inputs': 'x'}"
     assert not os.path.exists(temp)
     assert processes_mentioning(temp) == []
+
+
+async def test_replicas_on_ray_share_requests_and_fail_alone(cluster: Any) -> None:
+    await kill_one_replica(attrs.evolve(slow_replicated_chain(), placement="ray"))
+
+
+TICKING = """
+import trio
+from omnitrio.placement.cluster import open_ray_cluster
+
+async def main():
+    ticks = 0
+
+    async def tick():
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.01)
+            ticks += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        async with open_ray_cluster(num_cpus=1) as ray:
+            print(ticks, ray.is_initialized())
+        nursery.cancel_scope.cancel()
+
+trio.run(main)
+"""
+
+
+async def test_the_event_loop_keeps_running_while_a_cluster_starts() -> None:
+    run = await trio.run_process([sys.executable, "-c", TICKING], capture_stdout=True, capture_stderr=True)
+    ticks, initialized = run.stdout.decode().split()[-2:]
+    assert initialized == "True"
+    assert int(ticks) >= 20  # importing Ray and starting a cluster take seconds; a blocked loop ticks 0 times

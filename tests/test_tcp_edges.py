@@ -1,4 +1,5 @@
-"""Switchboards over TCP: tensors go inline to a peer on another host, through shared memory to one on this host.
+"""Switchboards over TCP: tensors go as zmq frames of their own to a peer on another host, through shared
+memory to one on this host; a peer that goes away is noticed through the connection.
 
 Both hosts here are loopback addresses (127.0.0.1 and 127.0.0.2), so nothing leaves the machine.
 """
@@ -10,11 +11,14 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy
 import torch
 import trio
 
 from omnitrio.envelopes import Payload, ToStage
 from omnitrio.switchboard import Lease, Switchboard
+from omnitrio.transport import wire
+from omnitrio.transport.relay import ShmPool, ShmReader
 
 
 class Sink:
@@ -58,13 +62,29 @@ async def two_boards(host_a: str, host_b: str) -> AsyncIterator[tuple[Switchboar
         nursery.cancel_scope.cancel()
 
 
-async def test_a_tensor_to_another_host_rides_inline_over_tcp() -> None:
+async def test_a_tensor_to_another_host_rides_in_tcp_frames() -> None:
     tensor = torch.arange(1 << 20, dtype=torch.float32)
     async with two_boards("127.0.0.1", "127.0.0.2") as (a, sink):
         a.send(Payload("r", 0, "s", "src", {"t": tensor}))
         body, leases = await sink.received.receive()
         assert torch.equal(body["t"], tensor)
         assert leases == [] and our_shm() == []
+
+
+def address(buffer: Any) -> int:
+    return int(numpy.frombuffer(buffer, dtype=numpy.uint8).ctypes.data)
+
+
+def test_tensors_for_another_host_are_packed_out_of_band_without_a_copy() -> None:
+    tensor, array = torch.arange(1 << 20, dtype=torch.float32), numpy.arange(1 << 18, dtype=numpy.int64)
+    with ShmPool(f"{PREFIX}oob-") as pool, ShmReader() as reader:
+        packed = pool.pack({"t": tensor, "a": array, "small": torch.ones(4)}, out_of_band=True)
+        assert len(packed.header) < 1024 and packed.leases == () and our_shm() == []
+        assert [address(b) for b in packed.buffers] == [tensor.data_ptr(), array.ctypes.data]
+        received = [bytearray(b) for b in packed.buffers]  # as the frames arrive
+        body, leases = reader.unpack(packed.header, received)
+    assert torch.equal(body["t"], tensor) and numpy.array_equal(body["a"], array) and leases == ()
+    assert body["t"].data_ptr() == address(received[0]) and body["a"].ctypes.data == address(received[1])
 
 
 async def test_a_tensor_to_this_host_goes_through_shared_memory() -> None:
@@ -75,3 +95,33 @@ async def test_a_tensor_to_this_host_goes_through_shared_memory() -> None:
         assert torch.equal(body["t"], tensor)
         assert [owner for owner, _ in leases] == ["a"]
     assert our_shm() == []
+
+
+async def test_a_peer_that_goes_away_is_noticed_through_the_connection() -> None:
+    a, b = Switchboard("a", {}), Switchboard("b", {})
+    heard, lost = trio.Event(), trio.Event()
+    b.on_control = lambda src, message: heard.set()
+    b_alive = trio.CancelScope()
+
+    async def run_b(task_status: trio.TaskStatus[None]) -> None:
+        with b_alive:
+            await b.run(task_status=task_status)
+
+    async def watch() -> None:
+        await a.lost("b")
+        lost.set()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(run_b)
+            await a.listen("tcp://127.0.0.1:*", f"{PREFIX}a-")
+            a.peer_up("b", await b.listen("tcp://127.0.0.2:*", f"{PREFIX}b-"))
+            a.send_control("b", wire.HealthQuery(1))
+            await heard.wait()  # connected
+            nursery.start_soon(watch)
+            await trio.sleep(0.2)
+            assert not lost.is_set()
+            b_alive.cancel()  # b closes its sockets, as a process does when it dies
+            await lost.wait()
+            nursery.cancel_scope.cancel()

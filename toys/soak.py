@@ -75,6 +75,11 @@ def stream_pipeline() -> PipelineConfig:
     )
 
 
+class SoakStalled(Exception):
+    """Requests of the soak were still waiting at its deadline; the message says which, and
+    which stages held requests then."""
+
+
 @attrs.define
 class SoakReport:
     pipeline: str
@@ -115,8 +120,16 @@ def _our_shm() -> set[str]:
 
 
 async def soak(
-    config: PipelineConfig, requests: int, concurrency: int, kill_stage: str, seed: int = 1, samples: int = 10
+    config: PipelineConfig,
+    requests: int,
+    concurrency: int,
+    kill_stage: str,
+    seed: int = 1,
+    samples: int = 10,
+    deadline: float | None = None,
 ) -> SoakReport:
+    """Run the soak; raises :class:`SoakStalled` when its requests have not all finished
+    ``deadline`` seconds after the first was sent (no limit with None)."""
     rng = random.Random(seed)
     outcomes: Counter[str] = Counter()
     unexpected: list[str] = []
@@ -128,6 +141,8 @@ async def soak(
     sample_every = max(requests // max(samples, 1), 1)
     kill_seen: list[float] = []
     killed_at: list[float] = []
+    waiting: set[str] = set()
+    stalled: list[str] = []
     streaming = any(s.stream_to for s in config.stages)
     started = time.perf_counter()
     async with open_pipeline(config) as pipeline:
@@ -138,8 +153,19 @@ async def soak(
             found = {name: s["pid"] for name, s in health["stages"].items()}
             return {"parent": os.getpid(), **found}
 
+        async def watchdog(guarded: trio.CancelScope) -> None:
+            assert deadline is not None
+            await trio.sleep(deadline)
+            held = {name: s["active_requests"] for name, s in (await pipeline.health())["stages"].items()}
+            stalled.append(
+                f"not done after {deadline:g} s: {len(waiting)} requests still waiting (first: {sorted(waiting)[:8]}); "
+                f"live at the coordinator: {pipeline.request_health()['requests']}; held per stage: {held}"
+            )
+            guarded.cancel()
+
         async def one(i: int) -> None:
             rid = f"q{i}"
+            waiting.add(rid)
             kind = rng.choices(["ok", "fail", "abort", "deadline", "cancel"], [55, 15, 10, 10, 10])[0]
             text = f"boom {i}" if kind == "fail" and not streaming else f"hello {i}"
             try:
@@ -178,23 +204,30 @@ async def soak(
             except* Overloaded as group:
                 unexpected.append(f"{rid}: {group.exceptions[0]}")
             finally:
+                waiting.discard(rid)
                 limiter.release()
 
-        async with trio.open_nursery() as nursery:
-            for i in range(requests):
-                await limiter.acquire()
-                if i == kill_at:
-                    victim = (await pids())[kill_stage]
-                    killed_at.append(time.perf_counter())
-                    os.kill(victim, signal.SIGKILL)
-                if i == rss_mark:
-                    with trio.fail_after(30):
-                        while not all(s["alive"] for s in (await pipeline.health())["stages"].values()):
-                            await trio.sleep(0.05)
-                    rss_first = {name: _rss_kib(pid) for name, pid in (await pids()).items()}
-                if i % sample_every == 0:
-                    curve.append({"requests": i} | {name: _rss_kib(pid) for name, pid in (await pids()).items()})
-                nursery.start_soon(one, i)
+        async with trio.open_nursery() as guard:
+            if deadline is not None:
+                guard.start_soon(watchdog, guard.cancel_scope)
+            async with trio.open_nursery() as nursery:
+                for i in range(requests):
+                    await limiter.acquire()
+                    if i == kill_at:
+                        victim = (await pids())[kill_stage]
+                        killed_at.append(time.perf_counter())
+                        os.kill(victim, signal.SIGKILL)
+                    if i == rss_mark:
+                        with trio.fail_after(30):
+                            while not all(s["alive"] for s in (await pipeline.health())["stages"].values()):
+                                await trio.sleep(0.05)
+                        rss_first = {name: _rss_kib(pid) for name, pid in (await pids()).items()}
+                    if i % sample_every == 0:
+                        curve.append({"requests": i} | {name: _rss_kib(pid) for name, pid in (await pids()).items()})
+                    nursery.start_soon(one, i)
+            guard.cancel_scope.cancel()
+        if stalled:
+            raise SoakStalled(stalled[0])
         with trio.fail_after(30):
             while True:
                 health = await pipeline.health()

@@ -1,6 +1,8 @@
 """A Ray cluster for one pipeline: connect to a given address, or start a loopback-only local one.
 
-:func:`ray_cluster` is the only place this project calls ``ray.init``/``ray.shutdown``.
+:func:`ray_cluster` is the only place this project calls ``ray.init``/``ray.shutdown``;
+:func:`open_ray_cluster` runs it from trio, in a worker thread: importing Ray and
+starting a local cluster take seconds, during which the event loop keeps serving.
 With an address it connects and leaves the cluster running on exit.  Without one it
 starts a local cluster that keeps every socket and connection on 127.0.0.1: usage stats
 off and pointed at a closed loopback port, no dashboard (its process probes cloud
@@ -19,9 +21,11 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
+
+import trio
 
 from omnitrio.errors import ConfigError
 
@@ -108,3 +112,18 @@ def ray_cluster(address: str | None = None, *, num_cpus: int | None = None) -> I
             ray.shutdown()
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@asynccontextmanager
+async def open_ray_cluster(address: str | None = None, *, num_cpus: int | None = None) -> AsyncIterator[Any]:
+    """:func:`ray_cluster` for trio code: its start and stop run in a worker thread.
+
+    Leaving the block (cancelled or not) waits, shielded, until the cluster has stopped.
+    """
+    cluster = ray_cluster(address, num_cpus=num_cpus)
+    ray = await trio.to_thread.run_sync(cluster.__enter__)
+    try:
+        yield ray
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(cluster.__exit__, None, None, None)

@@ -9,14 +9,27 @@ Messages leave in the order ``send`` was called; the pump waits only on the tran
 (zmq's high-water mark, the kernel's socket buffer): backpressure.  Connections stay
 open for the pipeline's life (a PUSH socket closed while its peer is slow can lose its
 last messages).
+
+A message may come with out-of-band buffers (tensor bytes for a peer on another host):
+it is queued as a :class:`Framed`, in order with the others, and a transport that
+supports it (zmq) sends the buffers as frames of their own, without copying them.
 """
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 MAX_FRAMES = 4096
 """Most messages in one batch; a longer queue goes out in several."""
+
+
+@attrs.frozen
+class Framed:
+    """One encoded message and the out-of-band buffers its user data was packed with."""
+
+    message: bytes
+    buffers: tuple[memoryview, ...]
 
 
 class Link:
@@ -24,20 +37,20 @@ class Link:
 
     def __init__(self, sender: bytes) -> None:
         self._sender = sender
-        self._queue: list[bytes] = []
+        self._queue: list[bytes | Framed] = []
         self._wake = trio.Event()
         self._drained = trio.Event()
         self._drained.set()
         self._closed = False
 
-    def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes, buffers: tuple[memoryview, ...] = ()) -> None:
         if self._closed:
             return
         if not self._queue:
             self._wake.set()
             if self._drained.is_set():
                 self._drained = trio.Event()
-        self._queue.append(frame)
+        self._queue.append(Framed(frame, buffers) if buffers else frame)
 
     async def flush(self) -> None:
         """Wait until every queued message has been handed to the transport."""
@@ -60,10 +73,18 @@ class Link:
             self._queue.clear()
             self._drained.set()
 
+    async def lost(self) -> None:
+        """Return when the connection, once made, drops: the peer closed it, or died.
+
+        Transports that cannot tell never return (a process watcher still sees deaths);
+        neither does a link closed from this side.
+        """
+        await trio.sleep_forever()
+
     async def _open(self) -> None:
         """Make the connection usable (nothing to do for zmq, which connects in the background)."""
 
-    async def _write(self, sender: bytes, batch: list[bytes]) -> None:
+    async def _write(self, sender: bytes, batch: list[bytes | Framed]) -> None:
         raise NotImplementedError
 
     def close(self, linger: int = 0) -> None:

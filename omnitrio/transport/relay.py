@@ -37,6 +37,14 @@ What crosses how:
   scalars…) pickles itself; the plain CPU tensors its pickling produces (a Parameter's
   data, a sparse tensor's indices and values) still go through shared memory.
 
+For a peer on another host there is no shared memory: ``pack(..., out_of_band=True)``
+keeps every tensor and array bigger than ``inline_limit`` out of the header as a
+pickle protocol 5 out-of-band buffer — a view of the object's own bytes, no copy — which
+the caller sends as a frame of its own (:attr:`Packed.buffers`); the receiver passes the
+frames it got to ``unpack(header, buffers)`` and the tensors are rebuilt on them, again
+without a copy.  Such a buffer is read while the transport sends it: like an object
+handed to a stage in the same process, it must not be changed after it was output.
+
 torch is never imported here unless a tensor is met: the packer looks for it in
 ``sys.modules`` and the receiver imports it only to rebuild a tensor.
 """
@@ -49,7 +57,7 @@ import pickle
 import struct
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -93,12 +101,14 @@ class Packed:
 
     ``header`` is the bytes to send (the pickled object with refs, plus the lease ids it
     holds); ``leases`` are those ids, for the sender's bookkeeping; ``shm_bytes`` is how
-    many tensor bytes went through shared memory.
+    many tensor bytes went through shared memory; ``buffers`` are the out-of-band
+    buffers, in order (with ``out_of_band=True`` only).
     """
 
     header: bytes
     leases: tuple[int, ...]
     shm_bytes: int
+    buffers: tuple[memoryview, ...] = ()
 
 
 def header_leases(header: bytes | memoryview) -> tuple[int, ...]:
@@ -128,7 +138,7 @@ class ShmPool:
 
     def __init__(self, prefix: str, *, slot_bytes: int = DEFAULT_SLOT_BYTES, slots: int = DEFAULT_SLOTS) -> None:
         self._arena = SlotArena(prefix, slot_bytes=slot_bytes, slots=slots)
-        self._packer = _Packer(self._arena)
+        self._packers = {False: _Packer(self._arena), True: _Packer(self._arena, out_of_band=True)}
         self._idle = threading.Lock()
 
     def __enter__(self) -> ShmPool:
@@ -150,21 +160,24 @@ class ShmPool:
     def free_slots(self) -> int:
         return self._arena.free_slots
 
-    def pack(self, obj: object, *, peer: str = "", inline_limit: int = DEFAULT_INLINE_LIMIT) -> Packed:
+    def pack(
+        self, obj: object, *, peer: str = "", inline_limit: int = DEFAULT_INLINE_LIMIT, out_of_band: bool = False
+    ) -> Packed:
         """Pickle ``obj`` with its big tensors copied into shared memory; see the module doc.
 
         ``peer`` names the receiver, for :meth:`release_all_for`.  Tensors of at most
-        ``inline_limit`` bytes ride inline in the header.  If pickling fails, every lease
-        taken so far is released before the error propagates.
+        ``inline_limit`` bytes ride inline in the header.  With ``out_of_band`` no shared
+        memory is used: bigger ones become :attr:`Packed.buffers`.  If pickling fails,
+        every lease taken so far is released before the error propagates.
         """
         if type(inline_limit) is not int or inline_limit < 0:
             raise ValueError(f"inline_limit must be a non-negative int, got {inline_limit!r}")
         if self._arena.closed:
             raise RuntimeError(f"shared-memory pool {self.prefix!r} is closed")
         if not self._idle.acquire(blocking=False):  # another thread is packing: use a pickler of our own
-            return _Packer(self._arena).run(obj, peer, inline_limit)
+            return _Packer(self._arena, out_of_band=out_of_band).run(obj, peer, inline_limit)
         try:
-            return self._packer.run(obj, peer, inline_limit)
+            return self._packers[out_of_band].run(obj, peer, inline_limit)
         finally:
             self._idle.release()
 
@@ -201,14 +214,20 @@ class _Packer(pickle.Pickler):
     """Pickler that moves big tensors to the arena as it meets them (one pass, one copy).
 
     Reused across packs (building a pickler costs more than pickling a small dict).
+    ``out_of_band``: no shared memory; big buffers are collected for frames of their own.
     """
 
-    def __init__(self, arena: SlotArena) -> None:
+    def __init__(self, arena: SlotArena, *, out_of_band: bool = False) -> None:
         self.chunks: list[bytes] = []
-        super().__init__(_Sink(self.chunks.append), protocol=5)
+        callback = self._buffer if out_of_band else None
+        super().__init__(_Sink(self.chunks.append), protocol=5, buffer_callback=callback)
         self.arena = arena
         self.peer = ""
         self.inline_limit = 0
+        self.buffers: list[memoryview] | None = [] if out_of_band else None
+        """Out-of-band buffers of the current pack (None: in-band packer)."""
+        self.band_limit = 0
+        """Buffers of at most this many bytes still go in-band."""
         self.leases: list[int] = []
         self.shm_bytes = 0
         self.region: Region | None = None
@@ -218,12 +237,33 @@ class _Packer(pickle.Pickler):
         self._tensor: TensorKinds | None = None
 
     def run(self, obj: object, peer: str, inline_limit: int) -> Packed:
+        if self.buffers is None:
+            return self._run_reducing(obj, peer, inline_limit)
+        self.band_limit = inline_limit
+        try:
+            packed = self._run_reducing(obj, peer, sys.maxsize)
+            return attrs.evolve(packed, buffers=tuple(self.buffers))
+        finally:
+            self.buffers.clear()
+
+    def _run_reducing(self, obj: object, peer: str, inline_limit: int) -> Packed:
         try:
             return self._run(obj, peer, inline_limit, _CONTRACT_REDUCERS)
         except RecursionError:
             # A contract object inside its own arguments (payload.data = payload): a constructor
             # call cannot build that; the generic reduction (object first, then its state) can.
+            if self.buffers:
+                self.buffers.clear()
             return self._run(obj, peer, inline_limit, {})
+
+    def _buffer(self, buffer: pickle.PickleBuffer) -> bool:
+        """In-band (True) unless the buffer is big."""
+        assert self.buffers is not None
+        raw = buffer.raw()
+        if raw.nbytes <= self.band_limit:
+            return True
+        self.buffers.append(raw)
+        return False
 
     def _dispatch_table(self, reducers: dict[type, Any]) -> dict[type, Any]:
         """Exact-type reducers: a C dict lookup per object, not a Python call per object (as
@@ -352,19 +392,20 @@ class ShmReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def unpack(self, header: bytes | memoryview) -> tuple[Any, tuple[int, ...]]:
+    def unpack(self, header: bytes | memoryview, buffers: Sequence[Any] = ()) -> tuple[Any, tuple[int, ...]]:
         """Rebuild the packed object; return it and the lease ids to send back when done.
 
         Tensors that crossed through shared memory are views into the sender's segment,
-        valid until those leases are released.  Raises :class:`RelayError` (carrying the
+        valid until those leases are released; ``buffers`` are the out-of-band buffers
+        the header was packed with (the tensors are rebuilt on them).  Raises :class:`RelayError` (carrying the
         leases) when a segment is gone or the header is corrupt.
         """
         leases = header_leases(header)
         body = memoryview(header)[: len(header) - _COUNT.size - 8 * len(leases)]
         try:
             if not leases:
-                return pickle.loads(body), ()
-            return _Unpacker(io.BytesIO(body), self).load(), leases
+                return pickle.loads(body, buffers=buffers), ()
+            return _Unpacker(io.BytesIO(body), self, buffers).load(), leases
         except RelayError as error:
             error.leases = leases
             raise
@@ -409,8 +450,8 @@ class ShmReader:
 
 
 class _Unpacker(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, reader: ShmReader) -> None:
-        super().__init__(file)
+    def __init__(self, file: io.BytesIO, reader: ShmReader, buffers: Sequence[Any]) -> None:
+        super().__init__(file, buffers=buffers)
         self.reader = reader
 
     def find_class(self, module: str, name: str) -> Any:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from omnitrio.transport.link import Link
+from omnitrio.transport.link import Framed, Link
 
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
@@ -72,10 +72,11 @@ class UnixLink(Link):
                         raise
                     await trio.sleep(0.005)  # the peer has not bound yet
 
-    async def _write(self, sender: bytes, batch: list[bytes]) -> None:
+    async def _write(self, sender: bytes, batch: list[bytes | Framed]) -> None:
         if self._stream is None:
             raise trio.ClosedResourceError("the link was closed")
-        await self._stream.send_all(encode_batch(sender, batch))
+        # Never a Framed: a peer on this host gets tensors through shared memory.
+        await self._stream.send_all(encode_batch(sender, batch))  # type: ignore[arg-type]
 
     def close(self, linger: int = 0) -> None:
         super().close(linger)

@@ -28,15 +28,18 @@ the owner out of its wait, and an owner that leaves hands the fd on by waking th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, Self, TypeVar, cast
 
 import trio
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
-from omnitrio.transport.link import Link
+from omnitrio.transport.link import Framed, Link
 
 Frame = bytes | bytearray | memoryview
 Message = Frame | Sequence[Frame]
@@ -62,17 +65,21 @@ class TrioZmqSocket:
         self._owner: tuple[int, trio.CancelScope] | None = None  # (flag awaited, scope of its wait_readable)
         self._ipc_file: str | None = None  # set by bind(): libzmq 4.3 leaves the file behind, close() removes it
 
-    async def send(self, message: Message) -> None:
-        """Send one message: ``bytes`` is one frame, a sequence of bytes is a multipart message."""
-        await self.send_batch((message,))
+    async def send(self, message: Message, *, copy: bool = True) -> None:
+        """Send one message: ``bytes`` is one frame, a sequence of bytes is a multipart message.
 
-    async def send_batch(self, messages: Iterable[Message]) -> None:
+        ``copy=False``: zmq sends big frames from the caller's buffers, which must not
+        change until they are sent (pyzmq keeps them alive until then).
+        """
+        await self.send_batch((message,), copy=copy)
+
+    async def send_batch(self, messages: Iterable[Message], *, copy: bool = True) -> None:
         """Send many messages in order, waiting only on the HWM (one checkpoint, not one per message)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         yielded = False
         try:
             for message in messages:
-                while not self._send_nowait(message):
+                while not self._send_nowait(message, copy):
                     yielded |= await self._wait(_POLLOUT)
         finally:
             self._wake_others()
@@ -100,6 +107,11 @@ class TrioZmqSocket:
     async def recv_multipart_batch(self, max_messages: int = 1024) -> list[list[bytes]]:
         """Every multipart message available now (at least one, at most ``max_messages``)."""
         return await self._recv_many(self.socket.recv_multipart, max_messages)
+
+    async def recv_batch_with(self, read: Callable[[int], _T], max_messages: int = 1024) -> list[_T]:
+        """Every message available now, each taken by ``read(flags)`` (which reads all of
+        its frames from :attr:`socket` and raises ``zmq.Again`` when there is none)."""
+        return await self._recv_many(read, max_messages)
 
     def close(self, linger: int | None = None) -> None:
         """Close the socket (idempotent); pending and later calls raise ``trio.ClosedResourceError``."""
@@ -144,18 +156,18 @@ class TrioZmqSocket:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
-    def _send_nowait(self, message: Message) -> bool:
+    def _send_nowait(self, message: Message, copy: bool = True) -> bool:
         self._check_open()
         try:
             match message:
                 case bytes() | bytearray() | memoryview():
-                    self.socket.send(message, zmq.NOBLOCK)
+                    self.socket.send(message, zmq.NOBLOCK, copy=copy)
                 case str():
                     raise TypeError("a zmq frame is bytes, got str: encode it first")
                 case []:
                     raise ValueError("a zmq message needs at least one frame, got an empty sequence")
                 case _:
-                    self.socket.send_multipart(message, zmq.NOBLOCK)
+                    self.socket.send_multipart(message, zmq.NOBLOCK, copy=copy)
         except zmq.Again:
             return False
         return True
@@ -258,15 +270,48 @@ def _open(
     return sock
 
 
+_MONITORS = itertools.count()
+
+
 class ZmqLink(Link):
-    """A link over a zmq PUSH socket: one multipart message per batch (sender, then messages)."""
+    """A link over a zmq PUSH socket: one multipart message per batch (sender, then messages).
+
+    A message with out-of-band buffers goes as a multipart message of its own: sender, an
+    empty frame (no encoded message is empty), the message, then one frame per buffer,
+    sent zero-copy.
+    """
 
     def __init__(self, socket: TrioZmqSocket, sender: bytes) -> None:
         super().__init__(sender)
         self.socket = socket
 
-    async def _write(self, sender: bytes, batch: list[bytes]) -> None:
-        await self.socket.send([sender, *batch])
+    async def _write(self, sender: bytes, batch: list[bytes | Framed]) -> None:
+        start = 0
+        for i, item in enumerate(batch):
+            if type(item) is Framed:
+                if start < i:
+                    await self.socket.send([sender, *batch[start:i]])  # type: ignore[list-item]
+                await self.socket.send([sender, b"", item.message, *item.buffers], copy=False)
+                start = i + 1
+        if start < len(batch):
+            await self.socket.send([sender, *batch[start:]])  # type: ignore[list-item]
+
+    async def lost(self) -> None:
+        """Return when zmq reports the connection to the peer dropped (its socket monitor's
+        ``EVENT_DISCONNECTED``), which a peer's death causes at once over TCP and ``ipc://``."""
+        if self.socket.socket.closed:
+            await trio.sleep_forever()
+        # A fresh address: the default names the fd, which a later socket may reuse while
+        # zmq still unbinds the old monitor.
+        address = f"inproc://omnitrio-monitor-{next(_MONITORS)}"
+        monitor = TrioZmqSocket(self.socket.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED, address))
+        try:
+            while True:  # EVENT_MONITOR_STOPPED (this link closed) is followed by nothing
+                frames = await monitor.recv_multipart()
+                if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+                    return
+        finally:
+            monitor.close()
 
     def close(self, linger: int = 0) -> None:
         super().close(linger)
@@ -275,7 +320,25 @@ class ZmqLink(Link):
 
 HWM = 100_000
 RECV_BATCH = 4096
-Dispatch = Callable[[str, list[bytes]], Awaitable[None]]
+Dispatch = Callable[[str, list[bytes | Framed]], Awaitable[None]]
+
+
+def _read_batch(socket: zmq.Socket[Any], flags: int) -> tuple[str, list[bytes | Framed]]:
+    """One batch as :class:`ZmqLink` wrote it: the sender's name and its messages."""
+    sender = socket.recv(flags).decode()
+    frames: list[bytes | Framed] = []
+    more = partial(socket.getsockopt, zmq.RCVMORE)
+    while more():
+        frame = socket.recv()
+        if frame:
+            frames.append(frame)
+            continue
+        message = socket.recv()
+        buffers = []
+        while more():
+            buffers.append(socket.recv(copy=False).buffer)
+        frames.append(Framed(message, tuple(buffers)))
+    return sender, frames
 
 
 class ZmqPeers:
@@ -294,12 +357,17 @@ class ZmqPeers:
     async def serve(
         self, address: str, dispatch: Dispatch, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Bind ``address`` and hand each received batch to ``dispatch`` until cancelled."""
+        """Bind ``address`` and hand each received batch to ``dispatch`` until cancelled.
+
+        A message that came with out-of-band buffers is handed over as a :class:`Framed`
+        whose buffers are views of the received frames (no copy).
+        """
         self._inbound, self.address = bind(self._ctx, zmq.PULL, address, options={zmq.RCVHWM: HWM})
         task_status.started()
+        read = partial(_read_batch, self._inbound.socket)
         while True:
-            for frames in await self._inbound.recv_multipart_batch(RECV_BATCH):
-                await dispatch(frames[0].decode(), frames[1:])
+            for sender, frames in await self._inbound.recv_batch_with(read, RECV_BATCH):
+                await dispatch(sender, frames)
 
     def link(self, address: str, sender: bytes) -> ZmqLink:
         socket = connect(self._ctx, zmq.PUSH, address, options={zmq.SNDHWM: HWM}, linger=2000)
