@@ -12,16 +12,19 @@ OpenAI's default 500 ms of silence, ``semantic_vad`` at ``auto`` and ``high`` ea
 per-decision cost of ``semantic_vad`` (transcript, turn model, total) comes from
 its ``/metrics``. Barge-in:
 while an answer streams, the client starts speaking; measured from sending the first speech chunk,
-and from receiving ``speech_started``, to ``response.done`` (cancelled); plus ``response.cancel`` to
+and from receiving ``speech_started``, to ``response.done`` (cancelled), alone and in as many
+concurrent sessions as the turn figures (their p50 and max); plus ``response.cancel`` to
 ``response.done``. Audio deltas received after ``speech_started`` are counted (should be 0), and the
 audio the client held unplayed at ``speech_started`` (received minus played in real time since the
 first delta: at most the server's lead). The server's own figures come from its ``/metrics``:
 interruption to the last audio byte sent and to every stage having let the request go, audio unplayed
 at the interruption, time to first audio, real-time factor and underruns of the audio sent.
 
-Run: ``.venv/bin/python bench/realtime_turn.py [--turns 4] [--sessions 1 8] [--detections server_vad semantic_auto]``.
-The server runs in a subprocess (its own GIL), started as a user would. The load average (1 min) is
-recorded before and after each measurement. Figures go to ``bench/results/realtime_turn.json``.
+Run: ``.venv/bin/python bench/realtime_turn.py [--turns 4] [--sessions 1 8] [--detections server_vad semantic_auto]
+[--set KEY=VALUE] [--out PATH]``. The server runs in a subprocess (its own GIL), started as a user would
+(``--set``: its config overrides; ``responder.factory.mode=repeat`` takes the language model's time out of
+the figures). The load average (1 min) is recorded before and after each measurement. Figures go to
+``bench/results/realtime_turn.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ class TurnFigures:
 
     from_end_of_speech: list[float] = attrs.field(factory=list)
     from_speech_stopped: list[float] = attrs.field(factory=list)
+    missed: int = 0  # turns whose answer had sent no audio when the next speech started
 
 
 async def turn_session(
@@ -119,8 +123,7 @@ async def turn_session(
 ) -> None:
     """Speak each clip then 3 s of silence, in real time; time each answer's first audio.
 
-    ``detection`` None keeps the default (server VAD) without a ``session.update``: a turn
-    detection restarted by one sometimes stops answering (a known hang, on main too).
+    ``detection`` None keeps the default (server VAD) without a ``session.update``.
     """
     await trio.sleep(delay)
     async with open_realtime(url) as rt:
@@ -148,6 +151,9 @@ async def turn_session(
                     event = await rt.receive()
                     now = trio.current_time()
                     match event["type"]:
+                        case "input_audio_buffer.speech_started" if stopped is not None:
+                            figures.missed += 1
+                            stopped = None
                         case "input_audio_buffer.speech_stopped":
                             stopped = now
                             spoken = max((end for end in ends if end <= now), default=None)
@@ -214,6 +220,28 @@ async def barge_in(url: str, long_clip: bytes, interruption: bytes) -> dict[str,
                         break
             nursery.cancel_scope.cancel()
         return result
+
+
+async def barge_ins(url: str, long_clip: bytes, interruption: bytes, sessions: int) -> dict[str, Any]:
+    """:func:`barge_in` in ``sessions`` concurrent sessions (started 0.6 s apart): the spread of its figures."""
+    runs: list[dict[str, float]] = []
+
+    async def one(delay: float) -> None:
+        await trio.sleep(delay)
+        runs.append(await barge_in(url, long_clip, interruption))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(sessions):
+            nursery.start_soon(one, 0.6 * i)
+    held = sorted(run["client_held_unplayed_at_speech_started_s"] for run in runs if "cancelled" in run)
+    stop = sorted(run["from_speech_started_ms"] for run in runs if "cancelled" in run)
+    return {
+        "sessions": sessions,
+        "cancelled": sum(bool(run.get("cancelled")) for run in runs),
+        "client_held_unplayed_s": {"p50": round(statistics.median(held), 3), "max": held[-1]} if held else None,
+        "speech_started_to_done_ms": {"p50": round(statistics.median(stop), 1), "max": stop[-1]} if stop else None,
+        "audio_deltas_after_speech_started": sum(int(run.get("audio_deltas_after_speech_started", 0)) for run in runs),
+    }
 
 
 async def cancel_time(url: str, long_clip: bytes) -> float:
@@ -296,8 +324,8 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def start_server() -> tuple[subprocess.Popen[str], int]:
-    command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0"]
+def start_server(settings: list[str]) -> tuple[subprocess.Popen[str], int]:
+    command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0", *(f"--set={s}" for s in settings)]
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert server.stderr is not None
     for line in server.stderr:
@@ -324,18 +352,26 @@ async def turns(
         "end_of_speech_to_first_audio": summary(figures.from_end_of_speech),
         "speech_stopped_to_first_audio": summary(figures.from_speech_stopped),
         "turns_sent": sessions * turns,
+        "turns_unanswered_before_next_speech": figures.missed,
         "server_decision_mean": decisions,
         "load_avg_before": round(load_before, 2),
         "load_avg_after": round(os.getloadavg()[0], 2),
     }
 
 
-async def main(turn_count: int, session_counts: list[int], detections: list[str], chunk_ms: int) -> dict[str, Any]:
+async def main(
+    turn_count: int, session_counts: list[int], detections: list[str], chunk_ms: int, settings: list[str]
+) -> dict[str, Any]:
     clips = synthesize(UTTERANCES)
     long_clip, interruption = synthesize([LONG, "Stop, please stop."])
-    server, port = start_server()
+    server, port = start_server(settings)
     url = f"ws://127.0.0.1:{port}/v1/realtime"
-    results: dict[str, Any] = {"cpus": os.cpu_count(), "chunk_ms": chunk_ms, "load_avg_before": os.getloadavg()[0]}
+    results: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "chunk_ms": chunk_ms,
+        "settings": settings,
+        "load_avg_before": os.getloadavg()[0],
+    }
     try:
         for name in detections:
             for sessions in session_counts:
@@ -343,6 +379,10 @@ async def main(turn_count: int, session_counts: list[int], detections: list[str]
                 results[f"{name}_sessions_{sessions}"] = figures
                 print(f"{name}, {sessions} session(s): {json.dumps(figures)}", flush=True)
         results["barge_in"] = await barge_in(url, long_clip, interruption)
+        for sessions in session_counts:
+            if sessions > 1:
+                results[f"barge_in_{sessions}"] = await barge_ins(url, long_clip, interruption, sessions)
+                print(f"barge-in, {sessions} sessions: {results[f'barge_in_{sessions}']}", flush=True)
         results["response_cancel_ms"] = round(await cancel_time(url, long_clip), 1)
         results["server"] = server_figures(port)
         results["load_avg_after"] = os.getloadavg()[0]
@@ -360,8 +400,17 @@ if __name__ == "__main__":
         "--detections", nargs="+", default=list(DETECTIONS), choices=list(DETECTIONS), help="turn detections to measure"
     )
     parser.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk length in ms (default 20)")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for the server, e.g. responder.factory.mode=repeat (the realtime path alone)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"where the figures go (default {RESULTS})")
     args = parser.parse_args()
-    figures = trio.run(main, args.turns, args.sessions, args.detections, args.chunk_ms)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    figures = trio.run(main, args.turns, args.sessions, args.detections, args.chunk_ms, args.settings)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))

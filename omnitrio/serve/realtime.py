@@ -28,6 +28,11 @@ With server VAD (the default) the audio also streams to the pipeline's ASR sessi
 * ``speech_stopped``: ``input_audio_buffer.speech_stopped`` and the commit, then the prepared
   answer is released, or, if none was prepared, a response starts now (``create_response`` false:
   the turn waits for ``response.create``).
+
+A session opens with ``session.created`` then ``conversation.created`` (its one conversation).
+
+With ``idle_timeout_ms``, a user silent that long after an answer has played gets
+``input_audio_buffer.timeout_triggered``, the silence committed, and a response (:mod:`.realtime_idle`).
 """
 
 from __future__ import annotations
@@ -45,14 +50,17 @@ from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.realtime_conversation import Conversation, Item, client_item, user_audio_item
 from omnitrio.serve.realtime_formats import EdgeAudio
+from omnitrio.serve.realtime_idle import IdleTimeout
 from omnitrio.serve.realtime_interruption import Interruptions, Overheard
 from omnitrio.serve.realtime_listen import TurnListener
 from omnitrio.serve.realtime_metrics import realtime_metrics
 from omnitrio.serve.realtime_protocol import render, wants_beta
 from omnitrio.serve.realtime_response import Response, respond
+from omnitrio.serve.realtime_response_create import requested_response
 from omnitrio.serve.realtime_session import (
     EventError,
     TurnDetection,
+    asked_voice,
     default_session,
     parse_event,
     transcribes_input,
@@ -65,9 +73,6 @@ IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than
 OUTBOX_SIZE = 64
 RELEASE_TIMEOUT = 10.0  # how long an interrupted response's release is watched, for the metric
 _MS = REALTIME_RATE // 1000  # samples per millisecond at the API rate
-_RESPONSE_FIELDS = frozenset(
-    {"instructions", "output_modalities", "modalities", "max_output_tokens", "max_response_output_tokens", "voice"}
-)
 
 
 @attrs.define(eq=False)
@@ -107,6 +112,8 @@ class RealtimeConnection:
         self.speculative: Response | None = None  # prepared ahead of speech_stopped
         self.listening: _Listening | None = None
         self.interruptions = Interruptions(ctx, self.emit, self._cancel)  # speech over the response
+        self.idle = IdleTimeout(lambda: self.appended, self._idle_timeout)
+        self.voice_asked: Any = "default"  # the voice name the client last set (every name plays one voice)
         self._outbox, self._outbox_receive = trio.open_memory_channel[tuple[dict[str, Any], Response | None]](
             OUTBOX_SIZE
         )
@@ -118,6 +125,8 @@ class RealtimeConnection:
             self._nursery = nursery
             nursery.start_soon(self._write_events)
             await self.emit({"type": "session.created", "session": self.session})
+            conversation = {"id": self.conversation.id, "object": "realtime.conversation"}
+            await self.emit({"type": "conversation.created", "conversation": conversation})
             self._listen()
             await self._read_events()
             nursery.cancel_scope.cancel()
@@ -173,8 +182,10 @@ class RealtimeConnection:
         match event["type"]:
             case "session.update":
                 before = self.session.get("turn_detection")
+                asked = self._check_voice_lock(event.get("session"))
                 self.session = updated_session(self.session, event.get("session"))
                 self.edge.configure(self.session)
+                self.voice_asked = asked
                 if self.session.get("turn_detection") != before:
                     self._listen()
                 await self.emit({"type": "session.updated", "session": self.session})
@@ -266,9 +277,10 @@ class RealtimeConnection:
         self._transcribe(item)
         return item
 
-    def _transcribe(self, item: Item) -> None:
+    def _transcribe(self, item: Item, *, report: bool | None = None) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(partial(transcribe, self, item, report=transcribes_input(self.session)))
+        report = transcribes_input(self.session) if report is None else report
+        self._nursery.start_soon(partial(transcribe, self, item, report=report))
 
     async def _commit(self, audio: bytes, item: Item | None = None) -> Item:
         """Make ``audio`` a user item (``item``: one prepared for it) and tell the client."""
@@ -296,6 +308,8 @@ class RealtimeConnection:
         self._drop_speculation()
         self.turn_start = None
         detection = turn_detection(self.session)
+        if detection is None or detection.idle_timeout_ms is None:
+            self.idle.disarm()
         if detection is None:
             return
         assert self._nursery is not None
@@ -362,6 +376,7 @@ class RealtimeConnection:
                     self._release(self._launch(Response(dict(self.session), item, self.lead)))
 
     async def _speech_started(self, detection: TurnDetection, offset: int) -> None:
+        self.idle.disarm()
         self._drop_speculation()
         self.turn_start = max(offset, self.buffer_start)
         overheard = self._overhear(detection)  # before the event, so no audio follows it
@@ -400,23 +415,17 @@ class RealtimeConnection:
     # -- responses ---------------------------------------------------------------------------
 
     def _start_response(self, overrides: Any) -> None:
-        if overrides is not None and not isinstance(overrides, dict):
-            raise EventError("response.create's 'response' must be an object", "response")
         if self.response is not None:
             raise EventError(
                 f"response {self.response.id!r} is still in progress; cancel it or wait",
                 code="conversation_already_has_active_response",
             )
-        session = self.session
-        chosen = {key: value for key, value in (overrides or {}).items() if key in _RESPONSE_FIELDS}
-        if chosen:
-            try:
-                session = updated_session(session, chosen)
-            except EventError as error:
-                param = error.param.replace("session.", "response.", 1) if error.param else None
-                raise EventError(error.message.replace("session.", "response.", 1), param, error.code) from None
+        response = requested_response(self.session, overrides, self.conversation, self.lead)
+        for item in response.context or ():
+            if not item.transcribed.is_set():
+                self._transcribe(item, report=False)  # an input item of this response only
         self._drop_speculation()
-        self._release(self._launch(Response(dict(session), None, self.lead)))
+        self._release(self._launch(response))
 
     def _launch(self, response: Response) -> Response:
         """Start preparing ``response``; it stays silent until :meth:`_release`."""
@@ -425,6 +434,7 @@ class RealtimeConnection:
         return response
 
     def _release(self, response: Response) -> None:
+        self.idle.disarm()
         self.response = response
         response.released.set()
 
@@ -436,6 +446,7 @@ class RealtimeConnection:
         """Called by the response once its work is over, before its ``.done`` events."""
         if self.response is response:
             self.response = None
+            self._arm_idle(response)
         self.interruptions.forget(response)
         if response.interrupted_at is not None and response.request_id is not None:
             assert self._nursery is not None
@@ -447,3 +458,37 @@ class RealtimeConnection:
         with trio.move_on_after(RELEASE_TIMEOUT):
             await self.ctx.pipeline.abort(response.request_id, wait=True)
             self.metrics.to_released.observe(trio.current_time() - response.interrupted_at)
+
+    # -- idle timeout and voice ----------------------------------------------------------------
+
+    def _arm_idle(self, response: Response) -> None:
+        """With ``idle_timeout_ms``, start counting once the client has played ``response``'s audio."""
+        detection = turn_detection(self.session)
+        if detection is None or detection.idle_timeout_ms is None or self.turn_start is not None:
+            return
+        assert self._nursery is not None
+        now = trio.current_time()
+        self.idle.arm(self._nursery, now + response.pacer.held(now), detection.idle_timeout_ms / 1000)
+
+    async def _idle_timeout(self, start: int) -> None:
+        """No speech for ``idle_timeout_ms`` after the last answer played: commit the silence and answer."""
+        end = self.appended
+        span = {"audio_start_ms": start // _MS, "audio_end_ms": end // _MS, "item_id": self.item_id}
+        await self.emit({"type": "input_audio_buffer.timeout_triggered", **span})
+        await self._commit(self._take_input(end, start))
+        detection = turn_detection(self.session)
+        if detection is not None and detection.create_response and self.response is None:
+            self._release(self._launch(Response(dict(self.session), None, self.lead)))
+
+    def _check_voice_lock(self, update: Any) -> Any:
+        """The voice name ``update`` leaves set; a new one once assistant audio exists is refused, as OpenAI does."""
+        asked = asked_voice(update)
+        if asked is None:
+            return self.voice_asked
+        if asked != self.voice_asked and self.conversation.has_assistant_audio():
+            raise EventError(
+                "Cannot update a conversation's voice if assistant audio is present.",
+                "session.audio.output.voice",
+                code="cannot_update_voice",
+            )
+        return asked

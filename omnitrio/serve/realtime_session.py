@@ -18,10 +18,16 @@ with every field filled in. Either VAD object may carry the omnitrio extension
 :class:`~omnitrio.serve.backchannel.FalseInterruptions`) or ``null``, when user speech should
 cancel a response at once as OpenAI's does; without it the defaults apply.
 
+``idle_timeout_ms`` is null (the default) or 5000–30000, as OpenAI allows it.
+
 The rest of OpenAI's GA session is checked here too: ``output_modalities`` (``["audio"]`` or
 ``["text"]``), ``instructions``, ``max_output_tokens`` (1–4096 or ``"inf"``), ``audio.output.voice`` and
 ``.speed`` (0.25–1.5), ``audio.input.transcription`` (an object or null); a value that cannot be served
 is an :class:`EventError` naming its ``param``. :func:`beta_session` renders a session in the beta shape.
+
+The pipeline has one voice. ``voice`` may be ``"default"`` or any of OpenAI's voice names (the same
+list the HTTP endpoints take); each plays that one voice, so the session reads back ``"default"``:
+what plays, not the name asked for.
 """
 
 from __future__ import annotations
@@ -37,10 +43,13 @@ import attrs
 
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.backchannel import FalseInterruptions
+from omnitrio.serve.openai_types import VOICES
 
 _PCM = {"type": "audio/pcm", "rate": REALTIME_RATE}
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 _FIXED = frozenset({"id", "object", "model"})
+_BETA_MIRRORS = frozenset({"voice", "turn_detection"})  # copies of audio.output.voice, audio.input.turn_detection
+PLAYED_VOICE = "default"  # the pipeline has one voice; every voice name a client may send selects it
 
 
 @attrs.define
@@ -67,6 +76,7 @@ SERVER_VAD: dict[str, Any] = {
 EAGERNESS = ("low", "medium", "high", "auto")
 MAX_OUTPUT_TOKENS = 4096
 MIN_SPEED, MAX_SPEED = 0.25, 1.5
+MIN_IDLE_TIMEOUT_MS, MAX_IDLE_TIMEOUT_MS = 5_000, 30_000
 
 
 @attrs.frozen
@@ -81,6 +91,7 @@ class TurnDetection:
     type: str = "server_vad"
     eagerness: str = "auto"  # semantic_vad only
     false_interruptions: FalseInterruptions | None = attrs.field(factory=FalseInterruptions)
+    idle_timeout_ms: int | None = None
 
 
 def turn_detection(session: Mapping[str, Any]) -> TurnDetection | None:
@@ -99,6 +110,7 @@ def turn_detection(session: Mapping[str, Any]) -> TurnDetection | None:
         type=fields["type"],
         eagerness=fields.get("eagerness", "auto"),
         false_interruptions=None if interruptions is None else FalseInterruptions.from_settings(interruptions),
+        idle_timeout_ms=fields["idle_timeout_ms"],
     )
 
 
@@ -110,7 +122,7 @@ def default_session(session_id: str, model: str) -> dict[str, Any]:
         "model": model,
         "output_modalities": ["audio"],
         "instructions": "",
-        "voice": "default",
+        "voice": PLAYED_VOICE,
         "max_output_tokens": "inf",
         "tools": [],
         "tool_choice": "auto",
@@ -122,7 +134,7 @@ def default_session(session_id: str, model: str) -> dict[str, Any]:
                 "noise_reduction": None,
                 "turn_detection": dict(SERVER_VAD),
             },
-            "output": {"format": dict(_PCM), "voice": "default", "speed": 1.0},
+            "output": {"format": dict(_PCM), "voice": PLAYED_VOICE, "speed": 1.0},
         },
     }
 
@@ -142,6 +154,11 @@ def transcribes_input(session: Mapping[str, Any]) -> bool:
     return session["audio"]["input"].get("transcription") is not None
 
 
+def ga_session(session: Mapping[str, Any]) -> dict[str, Any]:
+    """``session`` as a GA client reads it: without the beta spellings kept beside (``voice``, ``turn_detection``)."""
+    return {key: value for key, value in session.items() if key not in _BETA_MIRRORS}
+
+
 def beta_session(session: Mapping[str, Any]) -> dict[str, Any]:
     """``session`` in the beta protocol's shape (``modalities``, ``input_audio_format``, ...)."""
     audio = session["audio"]
@@ -156,11 +173,18 @@ def beta_session(session: Mapping[str, Any]) -> dict[str, Any]:
         "input_audio_format": _beta_format(audio["input"]["format"]),
         "output_audio_format": _beta_format(audio["output"]["format"]),
         "input_audio_transcription": audio["input"].get("transcription"),
-        "turn_detection": session.get("turn_detection"),
+        "turn_detection": _beta_turn_detection(session.get("turn_detection")),
         "tools": session.get("tools", []),
         "tool_choice": session.get("tool_choice", "auto"),
         "max_response_output_tokens": session.get("max_output_tokens", "inf"),
     }
+
+
+def _beta_turn_detection(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The beta protocol has no ``idle_timeout_ms``: it is shown to a beta client only if it set one."""
+    if value is None:
+        return None
+    return {key: item for key, item in value.items() if key != "idle_timeout_ms" or item is not None}
 
 
 def parse_event(text: str) -> dict[str, Any]:
@@ -318,10 +342,13 @@ def _checked_turn_detection(value: Any, param: str) -> dict[str, Any]:
             case "threshold":
                 ok = isinstance(item, int | float) and not isinstance(item, bool) and 0.0 <= item <= 1.0
                 expected = "a number between 0 and 1"
-            case "prefix_padding_ms" | "silence_duration_ms" | "idle_timeout_ms":
-                ok = item is None if key == "idle_timeout_ms" else False
-                ok = ok or (isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= 10_000)
+            case "prefix_padding_ms" | "silence_duration_ms":
+                ok = isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= 10_000
                 expected = "an integer number of milliseconds between 0 and 10000"
+            case "idle_timeout_ms":
+                low, high = MIN_IDLE_TIMEOUT_MS, MAX_IDLE_TIMEOUT_MS
+                ok = item is None or (isinstance(item, int) and not isinstance(item, bool) and low <= item <= high)
+                expected = f"null or an integer number of milliseconds between {low} and {high}"
             case "create_response" | "interrupt_response":
                 ok, expected = isinstance(item, bool), "true or false"
             case "eagerness":
@@ -360,9 +387,26 @@ def _checked_speed(value: Any, param: str) -> float:
 
 
 def _checked_voice(value: Any, param: str) -> str:
-    if isinstance(value, str) and value:
-        return value
-    raise EventError(f"{param} must be a non-empty string, got {value!r}", param)
+    """The voice that plays for ``value``: every accepted name plays the pipeline's one voice, ``default``."""
+    if isinstance(value, str) and value in VOICES:
+        return PLAYED_VOICE
+    raise EventError(
+        f"{param} {value!r} is not a voice of this server; use one of {', '.join(VOICES)}"
+        f" (each plays the pipeline's one voice, read back as {PLAYED_VOICE!r})",
+        param,
+        code="invalid_voice",
+    )
+
+
+def asked_voice(update: Any) -> Any:
+    """The voice name a ``session.update``'s ``session`` asks for (``audio.output.voice`` or ``voice``), or None."""
+    if not isinstance(update, Mapping):
+        return None
+    audio = update.get("audio")
+    output = audio.get("output") if isinstance(audio, Mapping) else None
+    if isinstance(output, Mapping) and output.get("voice") is not None:
+        return output["voice"]
+    return update.get("voice")
 
 
 def _checked_transcription(value: Any, param: str) -> dict[str, Any] | None:

@@ -57,7 +57,9 @@ async def transcribe(host: Host, item: Item, *, report: bool) -> None:
 
 
 async def transcript_of(ctx: ServeContext, audio: bytes | bytearray) -> str:
-    """What the pipeline's ASR hears in ``audio`` (PCM16 24 kHz), quick decoding."""
+    """What the pipeline's ASR hears in ``audio`` (PCM16 24 kHz), quick decoding; nothing in no audio."""
+    if not audio:
+        return ""  # an idle timeout's commit when the client sent no audio
     samples = resample(pcm16_to_float(bytes(audio)), REALTIME_RATE, TRANSCRIBE_RATE)
     inputs = {"task": "transcription", "audio": samples, "quick": True}
     output = Output(audio_rate=None, want_audio=False)
