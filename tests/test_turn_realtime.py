@@ -95,6 +95,11 @@ def sdk_speaks_over_the_answer(url: str, over: bytes) -> list[Any]:
     events: list[Any] = []
     with client.realtime.connect(model="omnitrio-speech") as connection:
         connection.recv()
+        # A decide window no load can run out: what is judged is the words, not how fast they are heard.
+        detection = {"type": "server_vad", "false_interruptions": {"decide_ms": 10_000}}
+        connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}})  # type: ignore[typeddict-item,arg-type]
+        while connection.recv().type != "session.updated":
+            continue
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ANSWER}]}
         connection.conversation.item.create(item=item)  # type: ignore[arg-type]
         connection.response.create()
