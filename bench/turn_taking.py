@@ -24,7 +24,8 @@ first pause of ``silence_duration_ms``.  Outcomes, per detector:
 
 Detectors: ``server_vad`` (500 ms, OpenAI's default; and 200 ms), the audio model alone and the
 words alone (both with the ``medium`` silences), and ``semantic_vad`` at each eagerness.  Per
-decision: the words' check, the audio model, and (separately) the transcript's ASR.
+decision: the words' check, the audio model, and (separately) the transcript's ASR, each run
+alone; and both side by side on two threads (``decision_ms``: what a concurrent stage would pay).
 
 False interruptions: short backchannels ("uh-huh", "okay", …) and a cough-like noise burst should
 let the assistant resume; real interruptions ("wait, stop", …) should cancel it.  Each is spoken
@@ -43,6 +44,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,7 @@ from schedulers.speech.turn_end import EagernessPolicy, judge, policy_for  # noq
 from schedulers.speech.turn_words import unfinished_because  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "turn_taking.json"
+SCORING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turn-model")
 PAUSE_MS = 200
 LEAD_S = 0.3
 HESITATION_MS = 1000  # a cut utterance's pause before the speaker would go on
@@ -116,6 +119,7 @@ class Pause:
     asr_ms: float
     words_ms: float
     model_ms: float
+    decision_ms: float  # ASR and model side by side on two threads
 
 
 @attrs.frozen
@@ -204,6 +208,10 @@ def measure(
         words_done = time.perf_counter()
         probability = model.probability_complete(turn)
         model_done = time.perf_counter()
+        scored = SCORING.submit(model.probability_complete, turn)
+        recognizer.transcribe(turn, quick=True)
+        scored.result()
+        decided = time.perf_counter()
         pauses.append(
             Pause(
                 speech_end,
@@ -215,6 +223,7 @@ def measure(
                 (asr_done - began) * 1000,
                 (words_done - asr_done) * 1000,
                 (model_done - words_done) * 1000,
+                (decided - model_done) * 1000,
             )
         )
     return Utterance(text, complete, how, voice, lead.size + end, pauses)
@@ -304,7 +313,7 @@ def detectors() -> dict[str, Detector]:
 def per_decision(utterances: list[Utterance]) -> dict[str, Any]:
     pauses = [pause for u in utterances for pause in u.pauses]
     figures: dict[str, Any] = {"decisions": len(pauses)}
-    for name in ("words_ms", "model_ms", "asr_ms"):
+    for name in ("words_ms", "model_ms", "asr_ms", "decision_ms"):
         values = [getattr(pause, name) for pause in pauses]
         figures[name] = {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9)}
     return figures
@@ -398,7 +407,8 @@ def report(figures: dict[str, Any]) -> None:
     print(
         f"per decision ({decision['decisions']}): words p50 {decision['words_ms']['p50']} ms,"
         f" audio model p50 {decision['model_ms']['p50']} ms (p90 {decision['model_ms']['p90']}),"
-        f" transcript ASR p50 {decision['asr_ms']['p50']} ms"
+        f" transcript ASR p50 {decision['asr_ms']['p50']} ms; both side by side p50 {decision['decision_ms']['p50']} ms"
+        f" (p90 {decision['decision_ms']['p90']})"
     )
     print("complete-turn latency: end of speech -> decision (with compute; silence waited alone)")
     for cut, rows in figures["detectors"].items():

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
-from omnitrio.serve.backchannel import InterruptionPolicy, words_of
+import pytest
+import trio
+
+from omnitrio.serve.backchannel import FalseInterruptions, InterruptionPolicy, words_of
+from omnitrio.serve.realtime_pacing import Pacer
 
 
 @pytest.mark.parametrize(
@@ -42,3 +46,47 @@ def test_bad_settings_name_what_is_wrong() -> None:
 
 def test_spelling_is_normalised() -> None:
     assert words_of("Mm-hmm, OK!") == ("mm", "hmm", "ok")
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"decide_ms": 0}, "decide_ms"),
+        ({"decide_ms": "1s"}, "decide_ms"),
+        ({"backchannels": "uh-huh"}, "backchannels"),
+        ({"backchannels": ["ok", ""]}, "backchannels[1]"),
+        ({"max_words": 0}, "max_words"),
+        ({"window": 500}, "window"),
+        ("on", "object"),
+    ],
+)
+def test_a_bad_false_interruption_setting_names_its_field(settings: object, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        FalseInterruptions.from_settings(settings)
+
+
+def test_false_interruption_settings_keep_what_was_given() -> None:
+    settings = FalseInterruptions.from_settings({"decide_ms": 600, "backchannels": ["uh-huh"]})
+    assert settings.decide_ms == 600 and settings.policy.decide("yeah") == "cancel"
+    assert FalseInterruptions.from_settings({}) == FalseInterruptions()
+
+
+async def test_a_paused_pacer_sends_nothing_until_resumed_and_playback_skips_the_pause(autojump_clock: object) -> None:
+    pacer = Pacer(lead=0.2)
+    pacer.sent(2 * 24_000)  # one second of audio sent: the player holds it
+    await trio.sleep(0.3)
+    pacer.pause()
+    held = pacer.held(trio.current_time())
+    sent = trio.Event()
+
+    async def send_next() -> None:
+        await pacer.wait_to_send()
+        sent.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_next)
+        await trio.sleep(2.0)  # long past when the piece would have gone
+        assert not sent.is_set() and pacer.held(trio.current_time()) == held
+        pacer.resume()
+        await trio.sleep(held - pacer.lead + 0.05)
+        assert sent.is_set()

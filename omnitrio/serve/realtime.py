@@ -7,7 +7,8 @@ transcriptions of committed audio (:mod:`.realtime_transcribe`), and at most one
 at a time (plus, with server VAD, one speculative one; :mod:`.realtime_response`). Closing the
 socket cancels the whole nursery: responses, transcriptions and the ASR session.
 
-Server events follow the order of the client's events. Audio is appended as base64 PCM16 24 kHz.
+Server events follow the order of the client's events. Audio is appended as base64 PCM16 24 kHz,
+or G.711 8 kHz when the session's format says so (:mod:`.realtime_formats`).
 ``input_audio_buffer.commit`` (or, with server VAD, the end of a turn) makes the audio a user item
 of the conversation (:mod:`.realtime_conversation`): ``input_audio_buffer.committed``, then
 ``conversation.item.added`` / ``.done``. Audio once committed or cleared never starts a turn later:
@@ -17,15 +18,21 @@ commits it by hand is not interrupted by its own sentence.
 With server VAD (the default) the audio also streams to the pipeline's ASR session
 (:mod:`.realtime_listen`); its events drive the turn:
 
-* ``speech_started``: ``input_audio_buffer.speech_started``; a response in progress is cancelled
-  (barge-in, unless ``interrupt_response`` is false: ``response.done`` says ``turn_detected``) and
-  any prepared answer is dropped;
+* ``speech_started``: ``input_audio_buffer.speech_started``; any prepared answer is dropped; a
+  response in progress (unless ``interrupt_response`` is false) is paused while the speech is
+  judged (:mod:`.realtime_interruption`: a backchannel resumes it, anything else cancels it,
+  ``response.done`` saying ``turn_detected``), or, with ``false_interruptions: null``, cancelled at once;
 * ``speech_paused``: the answer to the turn so far is prepared speculatively — transcription,
   responder and TTS start at once, their output is held back;
 * ``speech_resumed``: the prepared answer is cancelled, silently;
 * ``speech_stopped``: ``input_audio_buffer.speech_stopped`` and the commit, then the prepared
   answer is released, or, if none was prepared, a response starts now (``create_response`` false:
   the turn waits for ``response.create``).
+
+A session opens with ``session.created`` then ``conversation.created`` (its one conversation).
+
+With ``idle_timeout_ms``, a user silent that long after an answer has played gets
+``input_audio_buffer.timeout_triggered``, the silence committed, and a response (:mod:`.realtime_idle`).
 """
 
 from __future__ import annotations
@@ -42,14 +49,18 @@ from omnitrio.serve.api_errors import as_api_error
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.realtime_conversation import Conversation, Item, client_item, user_audio_item
+from omnitrio.serve.realtime_formats import EdgeAudio
+from omnitrio.serve.realtime_idle import IdleTimeout
+from omnitrio.serve.realtime_interruption import Interruptions, Overheard
 from omnitrio.serve.realtime_listen import TurnListener
 from omnitrio.serve.realtime_metrics import realtime_metrics
 from omnitrio.serve.realtime_protocol import render, wants_beta
 from omnitrio.serve.realtime_response import Response, respond
+from omnitrio.serve.realtime_response_create import requested_response
 from omnitrio.serve.realtime_session import (
     EventError,
     TurnDetection,
-    decode_audio_append,
+    asked_voice,
     default_session,
     parse_event,
     transcribes_input,
@@ -62,9 +73,6 @@ IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than
 OUTBOX_SIZE = 64
 RELEASE_TIMEOUT = 10.0  # how long an interrupted response's release is watched, for the metric
 _MS = REALTIME_RATE // 1000  # samples per millisecond at the API rate
-_RESPONSE_FIELDS = frozenset(
-    {"instructions", "output_modalities", "modalities", "max_output_tokens", "max_response_output_tokens", "voice"}
-)
 
 
 @attrs.define(eq=False)
@@ -93,6 +101,7 @@ class RealtimeConnection:
         self.metrics = realtime_metrics(ctx.pipeline.metrics_registry)
         self.session = default_session(new_id("sess"), ctx.pipeline.name)
         self.conversation = Conversation()
+        self.edge = EdgeAudio()  # the client's audio formats (G.711 for telephony) to and from PCM16 24 kHz
         self.buffer = bytearray()  # appended, not committed (PCM16 24 kHz)
         self.buffer_start = 0  # input offset of buffer[0], in samples since the connection opened
         self.appended = 0  # samples appended since the connection opened
@@ -102,6 +111,9 @@ class RealtimeConnection:
         self.response: Response | None = None  # released: the client has seen response.created
         self.speculative: Response | None = None  # prepared ahead of speech_stopped
         self.listening: _Listening | None = None
+        self.interruptions = Interruptions(ctx, self.emit, self._cancel)  # speech over the response
+        self.idle = IdleTimeout(lambda: self.appended, self._idle_timeout)
+        self.voice_asked: Any = "default"  # the voice name the client last set (every name plays one voice)
         self._outbox, self._outbox_receive = trio.open_memory_channel[tuple[dict[str, Any], Response | None]](
             OUTBOX_SIZE
         )
@@ -113,6 +125,8 @@ class RealtimeConnection:
             self._nursery = nursery
             nursery.start_soon(self._write_events)
             await self.emit({"type": "session.created", "session": self.session})
+            conversation = {"id": self.conversation.id, "object": "realtime.conversation"}
+            await self.emit({"type": "conversation.created", "conversation": conversation})
             self._listen()
             await self._read_events()
             nursery.cancel_scope.cancel()
@@ -126,7 +140,8 @@ class RealtimeConnection:
             audio = event["type"] == "response.output_audio.delta"
             if audio and response is not None and response.silenced:
                 continue  # barge-in: audio of a cancelled response is not played
-            rendered = render(event, beta=self.beta)
+            outgoing = self.edge.outgoing(event, None if response is None else response.session)
+            rendered = None if outgoing is None else render(outgoing, beta=self.beta)
             if rendered is not None:
                 await self.websocket.send_text(json.dumps(rendered, separators=(",", ":")))
             if response is not None:
@@ -167,12 +182,15 @@ class RealtimeConnection:
         match event["type"]:
             case "session.update":
                 before = self.session.get("turn_detection")
+                asked = self._check_voice_lock(event.get("session"))
                 self.session = updated_session(self.session, event.get("session"))
+                self.edge.configure(self.session)
+                self.voice_asked = asked
                 if self.session.get("turn_detection") != before:
                     self._listen()
                 await self.emit({"type": "session.updated", "session": self.session})
             case "input_audio_buffer.append":
-                self._append(decode_audio_append(event))
+                self._append(self.edge.incoming(event))
             case "input_audio_buffer.commit":
                 if not self.buffer:
                     raise EventError(
@@ -252,15 +270,17 @@ class RealtimeConnection:
         del self.buffer[: 2 * drop]
         self.buffer_start += drop
 
-    def _turn_item(self, audio: bytes) -> Item:
-        """A user audio item for the next commit, its transcription started."""
+    def _turn_item(self, audio: bytes, heard: str | None = None) -> Item:
+        """A user audio item for the next commit, its transcription started (``heard``: known already)."""
         item = user_audio_item(self.item_id, audio)
+        item.heard = heard
         self._transcribe(item)
         return item
 
-    def _transcribe(self, item: Item) -> None:
+    def _transcribe(self, item: Item, *, report: bool | None = None) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(partial(transcribe, self, item, report=transcribes_input(self.session)))
+        report = transcribes_input(self.session) if report is None else report
+        self._nursery.start_soon(partial(transcribe, self, item, report=report))
 
     async def _commit(self, audio: bytes, item: Item | None = None) -> Item:
         """Make ``audio`` a user item (``item``: one prepared for it) and tell the client."""
@@ -288,6 +308,8 @@ class RealtimeConnection:
         self._drop_speculation()
         self.turn_start = None
         detection = turn_detection(self.session)
+        if detection is None or detection.idle_timeout_ms is None:
+            self.idle.disarm()
         if detection is None:
             return
         assert self._nursery is not None
@@ -319,18 +341,23 @@ class RealtimeConnection:
         offset = listening.base + _MS * int(ms)
         match event.get("type"):
             case "speech_started" if offset >= self.consumed:
-                self._drop_speculation()
-                self.turn_start = max(offset, self.buffer_start)
-                if detection.interrupt_response and self.response is not None:
-                    self.response.interrupt("turn_detected")  # before the event, so no audio follows it
-                    self._interrupted(self.response)
-                started = {"audio_start_ms": offset // _MS, "item_id": self.item_id}
-                await self.emit({"type": "input_audio_buffer.speech_started", **started})
+                await self._speech_started(detection, offset)
+            case "speech_resumed" if self.turn_start is None and self.response is not None and offset >= self.consumed:
+                await self._speech_started(detection, offset)  # more speech over a resumed response
             case "speech_paused" if self.turn_start is not None:
-                if detection.create_response and self.response is None:
+                for part, ms in event.get("decision_ms", {}).items():
+                    self.metrics.turn_decision.labels(part).observe(ms / 1000)
+                if self.interruptions.pending is not None:
+                    begin, end = self.turn_start - self.buffer_start, offset - self.buffer_start
+                    heard = bytes(self.buffer[2 * begin : 2 * end])
+                    if await self.interruptions.judge(heard, event.get("transcript")) and self.turn_start is not None:
+                        self._take_input(offset, self.turn_start)  # a backchannel is no turn
+                        return
+                ready = self.response is None and self.turn_start is not None and event.get("turn_complete", True)
+                if detection.create_response and ready:
                     self._drop_speculation()
                     begin, end = self.turn_start - self.buffer_start, offset - self.buffer_start
-                    item = self._turn_item(bytes(self.buffer[2 * begin : 2 * end]))
+                    item = self._turn_item(bytes(self.buffer[2 * begin : 2 * end]), event.get("transcript"))
                     self.speculative = self._launch(Response(dict(self.session), item, self.lead))
             case "speech_resumed":
                 self._drop_speculation()
@@ -348,6 +375,16 @@ class RealtimeConnection:
                 else:
                     self._release(self._launch(Response(dict(self.session), item, self.lead)))
 
+    async def _speech_started(self, detection: TurnDetection, offset: int) -> None:
+        self.idle.disarm()
+        self._drop_speculation()
+        self.turn_start = max(offset, self.buffer_start)
+        overheard = self._overhear(detection)  # before the event, so no audio follows it
+        started = {"audio_start_ms": offset // _MS, "item_id": self.item_id}
+        await self.emit({"type": "input_audio_buffer.speech_started", **started})
+        if overheard is not None:
+            await self.emit(overheard.paused_event())
+
     def _drop_speculation(self) -> None:
         if self.speculative is not None:
             self.speculative.scope.cancel()
@@ -355,26 +392,40 @@ class RealtimeConnection:
                 self.speculative.turn.transcription.cancel()
             self.speculative = None
 
+    def _overhear(self, detection: TurnDetection) -> Overheard | None:
+        """User speech over the released response: pause it to judge the speech, or cancel it now."""
+        response = self.response
+        if response is None or not detection.interrupt_response:
+            return None
+        if detection.false_interruptions is None or not response.audio:
+            response.interrupt("turn_detected")
+            self._interrupted(response)
+            return None
+        assert self._nursery is not None
+        return self.interruptions.overhear(response, detection.false_interruptions, self._nursery)
+
+    def _cancel(self, response: Response) -> None:
+        """Judged a real interruption: the response is cancelled (its .done events follow) and is no
+        longer in progress, so the speech, going on as a turn, may be answered at once."""
+        response.interrupt("turn_detected")
+        self._interrupted(response)
+        if self.response is response:
+            self.response = None
+
     # -- responses ---------------------------------------------------------------------------
 
     def _start_response(self, overrides: Any) -> None:
-        if overrides is not None and not isinstance(overrides, dict):
-            raise EventError("response.create's 'response' must be an object", "response")
         if self.response is not None:
             raise EventError(
                 f"response {self.response.id!r} is still in progress; cancel it or wait",
                 code="conversation_already_has_active_response",
             )
-        session = self.session
-        chosen = {key: value for key, value in (overrides or {}).items() if key in _RESPONSE_FIELDS}
-        if chosen:
-            try:
-                session = updated_session(session, chosen)
-            except EventError as error:
-                param = error.param.replace("session.", "response.", 1) if error.param else None
-                raise EventError(error.message.replace("session.", "response.", 1), param, error.code) from None
+        response = requested_response(self.session, overrides, self.conversation, self.lead)
+        for item in response.context or ():
+            if not item.transcribed.is_set():
+                self._transcribe(item, report=False)  # an input item of this response only
         self._drop_speculation()
-        self._release(self._launch(Response(dict(session), None, self.lead)))
+        self._release(self._launch(response))
 
     def _launch(self, response: Response) -> Response:
         """Start preparing ``response``; it stays silent until :meth:`_release`."""
@@ -383,6 +434,7 @@ class RealtimeConnection:
         return response
 
     def _release(self, response: Response) -> None:
+        self.idle.disarm()
         self.response = response
         response.released.set()
 
@@ -394,6 +446,8 @@ class RealtimeConnection:
         """Called by the response once its work is over, before its ``.done`` events."""
         if self.response is response:
             self.response = None
+            self._arm_idle(response)
+        self.interruptions.forget(response)
         if response.interrupted_at is not None and response.request_id is not None:
             assert self._nursery is not None
             self._nursery.start_soon(self._watch_release, response)
@@ -404,3 +458,37 @@ class RealtimeConnection:
         with trio.move_on_after(RELEASE_TIMEOUT):
             await self.ctx.pipeline.abort(response.request_id, wait=True)
             self.metrics.to_released.observe(trio.current_time() - response.interrupted_at)
+
+    # -- idle timeout and voice ----------------------------------------------------------------
+
+    def _arm_idle(self, response: Response) -> None:
+        """With ``idle_timeout_ms``, start counting once the client has played ``response``'s audio."""
+        detection = turn_detection(self.session)
+        if detection is None or detection.idle_timeout_ms is None or self.turn_start is not None:
+            return
+        assert self._nursery is not None
+        now = trio.current_time()
+        self.idle.arm(self._nursery, now + response.pacer.held(now), detection.idle_timeout_ms / 1000)
+
+    async def _idle_timeout(self, start: int) -> None:
+        """No speech for ``idle_timeout_ms`` after the last answer played: commit the silence and answer."""
+        end = self.appended
+        span = {"audio_start_ms": start // _MS, "audio_end_ms": end // _MS, "item_id": self.item_id}
+        await self.emit({"type": "input_audio_buffer.timeout_triggered", **span})
+        await self._commit(self._take_input(end, start))
+        detection = turn_detection(self.session)
+        if detection is not None and detection.create_response and self.response is None:
+            self._release(self._launch(Response(dict(self.session), None, self.lead)))
+
+    def _check_voice_lock(self, update: Any) -> Any:
+        """The voice name ``update`` leaves set; a new one once assistant audio exists is refused, as OpenAI does."""
+        asked = asked_voice(update)
+        if asked is None:
+            return self.voice_asked
+        if asked != self.voice_asked and self.conversation.has_assistant_audio():
+            raise EventError(
+                "Cannot update a conversation's voice if assistant audio is present.",
+                "session.audio.output.voice",
+                code="cannot_update_voice",
+            )
+        return asked

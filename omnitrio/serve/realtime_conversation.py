@@ -12,7 +12,7 @@ What a caller may rely on:
   transcript to what was said up to there. The synthesizer reports the text of each sentence with
   that sentence's audio (:class:`Spoken`), not word timings, so within the sentence being played
   the heard text is taken in proportion of characters to samples, cut back to a word boundary.
-* :meth:`Conversation.messages` renders the conversation for the responder as chat messages
+* :func:`messages_of` renders items (the conversation, or a response's own ``input``) for the responder as chat messages
   (``instructions`` first, assistant audio as heard, function calls as text); items with no text
   (an audio item whose transcription failed or was empty) are left out.
 """
@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from omnitrio.serve.audio import REALTIME_RATE, b64
+from omnitrio.serve.context import new_id
 from omnitrio.serve.realtime_session import EventError, decode_audio_append
 
 _MS = REALTIME_RATE // 1000
@@ -164,6 +165,7 @@ class Conversation:
     """The items of one session, in order."""
 
     items: list[Item] = attrs.field(factory=list)
+    id: str = attrs.field(factory=lambda: new_id("conv"))
 
     def insert(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Place ``item`` after ``previous_item_id``; returns the id it follows (None: it is first)."""
@@ -181,8 +183,11 @@ class Conversation:
         self.items.insert(index, item)
         return self.items[index - 1].id if index else None
 
-    def get(self, item_id: Any) -> Item:
-        return self.items[self._index(item_id, "item_id")]
+    def get(self, item_id: Any, param: str = "item_id") -> Item:
+        return self.items[self._index(item_id, param)]
+
+    def has_assistant_audio(self) -> bool:
+        return any(item.audio and item.body.get("role") == "assistant" for item in self.items)
 
     def delete(self, item_id: Any) -> None:
         del self.items[self._index(item_id, "item_id")]
@@ -211,15 +216,15 @@ class Conversation:
         content[content_index]["transcript"] = heard_text(item.spoken, end)
         item.spoken = [s for s in item.spoken if s.start < end]
 
-    def messages(self, instructions: str, pending: Item | None = None) -> list[dict[str, str]]:
-        """The conversation (and ``pending``, a turn not added yet) as chat messages for the responder."""
-        messages = [{"role": "system", "content": instructions}] if instructions else []
-        items = self.items if pending is None or pending in self.items else [*self.items, pending]
-        for item in items:
-            rendered = _message(item.body, item.heard)
-            if rendered is not None and rendered["content"]:
-                messages.append(rendered)
-        return messages
+
+def messages_of(items: list[Item], instructions: str) -> list[dict[str, str]]:
+    """``items`` as chat messages for the responder, ``instructions`` first (see the module docstring)."""
+    messages = [{"role": "system", "content": instructions}] if instructions else []
+    for item in items:
+        rendered = _message(item.body, item.heard)
+        if rendered is not None and rendered["content"]:
+            messages.append(rendered)
+    return messages
 
 
 def heard_text(spoken: list[Spoken], end: int) -> str:

@@ -11,7 +11,8 @@ pipeline may run its stages in other processes. The cost is one small request pe
 one is in flight, further audio is coalesced into the next, so the listener never falls behind.
 
 Besides OpenAI's ``speech_started`` / ``speech_stopped`` the listener asks for ``speech_paused``
-(the turn *may* be ending, ``PAUSE_LEAD_MS`` before ``speech_stopped`` could confirm it) and
+(the turn *may* be ending: ``PAUSE_LEAD_MS`` before server VAD's ``speech_stopped`` could confirm it,
+or, with ``semantic_vad``, once the turn was judged at ``SEMANTIC_PAUSE_MS`` of silence) and
 ``speech_resumed`` (it did not): the connection uses them to prepare its answer speculatively.
 
 What a caller may rely on: :meth:`TurnListener.run` raises if the session cannot be opened (the
@@ -36,13 +37,21 @@ from omnitrio.serve.context import ServedPipeline
 from omnitrio.serve.realtime_session import TurnDetection
 
 PAUSE_LEAD_MS = 400  # start preparing the answer when this much silence is still needed to end the turn
+SEMANTIC_PAUSE_MS = 200  # semantic_vad judges a turn (and prepares its answer) after this much silence
 CLOSE_TIMEOUT = 2.0
 
 OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def session_config(detection: TurnDetection) -> dict[str, Any]:
-    """The ``open`` command's config: 24 kHz PCM16 in, server VAD with a speculation point, no partials."""
+    """The ``open`` command's config: 24 kHz PCM16 in, VAD with a speculation point, no partials.
+
+    ``semantic_vad`` is judged at a pause of ``SEMANTIC_PAUSE_MS``; the ``speech_paused`` event then
+    carries the transcript of the turn so far, which the connection reuses for the answer it prepares.
+    """
+    if detection.type == "semantic_vad":
+        semantic = {"type": "semantic_vad", "eagerness": detection.eagerness, "pause_ms": SEMANTIC_PAUSE_MS}
+        return {"sample_rate": REALTIME_RATE, "turn_detection": semantic, "partial_every_ms": None}
     vad = {
         "type": "server_vad",
         "threshold": detection.threshold,

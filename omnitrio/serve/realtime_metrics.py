@@ -10,6 +10,9 @@
 ``omnitrio_realtime_interrupt_to_released_seconds``                    histogram  barge-in / cancel to every stage
                                                                                   having let the request go
 ``omnitrio_realtime_unplayed_audio_at_interrupt_seconds``              histogram  audio the client held unplayed
+``omnitrio_realtime_turn_decision_seconds{part}``                      histogram  ``semantic_vad``'s judgement at a
+                                                                                  pause: ``asr``, ``model``,
+                                                                                  ``total``
 =====================================================================  =========  ==================================
 
 One :class:`RealtimeMetrics` per registry (:func:`realtime_metrics`); a pipeline without a registry
@@ -63,6 +66,13 @@ class RealtimeMetrics:
         self.unplayed = Histogram(
             "omnitrio_realtime_unplayed_audio_at_interrupt_seconds",
             "Audio a client playing in real time held unplayed when the response was interrupted",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.turn_decision = Histogram(
+            "omnitrio_realtime_turn_decision_seconds",
+            "semantic_vad: the time one end-of-turn judgement took, by part (asr, model, total)",
+            ["part"],
             buckets=_SECONDS,
             registry=r,
         )

@@ -6,7 +6,7 @@ client speaks, so a client gets one protocol only and every event once. For a be
 ``response.audio_transcript.*``, ``response.output_text.*`` is ``response.text.*``,
 ``conversation.item.added`` is ``conversation.item.created`` and ``conversation.item.done`` is not
 sent; sessions, items and responses take their beta field names (``modalities``, content types
-``audio`` / ``text``).
+``audio`` / ``text``, a response's ``voice`` and ``output_audio_format``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from omnitrio.serve.realtime_session import beta_session
+from omnitrio.serve.realtime_session import beta_session, ga_session
 
-_BETA_NAMES = {
+BETA_NAMES = {
     "response.output_audio.delta": "response.audio.delta",
     "response.output_audio.done": "response.audio.done",
     "response.output_audio_transcript.delta": "response.audio_transcript.delta",
@@ -28,6 +28,7 @@ _BETA_NAMES = {
     "conversation.item.added": "conversation.item.created",
 }
 _BETA_CONTENT = {"output_audio": "audio", "output_text": "text"}
+_BETA_FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
 
 
 def wants_beta(websocket: WebSocket) -> bool:
@@ -39,11 +40,13 @@ def wants_beta(websocket: WebSocket) -> bool:
 def render(event: dict[str, Any], *, beta: bool) -> dict[str, Any] | None:
     """``event`` as sent to a GA or a beta client; None when that protocol has no such event."""
     if not beta:
+        if isinstance(event.get("session"), Mapping):
+            return dict(event, session=ga_session(event["session"]))
         return event
     kind = event["type"]
     if kind == "conversation.item.done":
         return None
-    out = dict(event, type=_BETA_NAMES.get(kind, kind))
+    out = dict(event, type=BETA_NAMES.get(kind, kind))
     if isinstance(out.get("session"), Mapping):
         out["session"] = beta_session(out["session"])
     if isinstance(out.get("item"), Mapping):
@@ -51,6 +54,9 @@ def render(event: dict[str, Any], *, beta: bool) -> dict[str, Any] | None:
     if isinstance(out.get("response"), Mapping):
         response = dict(out["response"])
         response["modalities"] = ["text", "audio"] if "audio" in response.pop("output_modalities", ()) else ["text"]
+        output = response.pop("audio", {})["output"]
+        response["voice"] = output["voice"]
+        response["output_audio_format"] = _BETA_FORMATS.get(output["format"]["type"], output["format"]["type"])
         response["output"] = [_beta_item(item) for item in response.get("output") or ()]
         out["response"] = response
     return out

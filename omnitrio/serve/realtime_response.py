@@ -11,11 +11,13 @@ never released leaves no trace). Once released, the client gets, in this order a
 
 (``response.output_text.*`` instead of the audio pair for a text-only session). The ``.done`` events
 come for a cancelled or failed response too; ``response.done`` then says ``cancelled`` (with the
-reason: ``turn_detected`` or ``client_cancelled``) or ``failed`` (with the error).
+reason: ``turn_detected`` or ``client_cancelled``) or ``failed`` (with the error). An out-of-band
+response (``in_conversation`` false) sends no ``conversation.item.*`` event: its item is never added.
 
 The work: when the response answers a user audio turn, it waits for that turn's transcript (see
-:mod:`.realtime_transcribe`); then one pipeline request, task ``chat``, with the conversation as
-messages (:meth:`Conversation.messages`), the ``session_id`` and ``max_tokens``. Its audio is paced
+:mod:`.realtime_transcribe`); then one pipeline request, task ``chat``, with the conversation (or
+the response's own ``context``) as messages (:func:`messages_of`), ``max_tokens``, and the
+``session_id`` when it answers the session's own conversation. Its audio is paced
 (:mod:`.realtime_pacing`); the assistant item keeps the audio actually sent, with the text of each
 sentence against its samples, so a later ``conversation.item.truncate`` can cut both.
 Everything runs in ``response.scope``: cancelling it aborts the request at every stage.
@@ -33,7 +35,14 @@ from omnitrio.serve.api_errors import as_api_error
 from omnitrio.serve.audio import REALTIME_RATE, b64
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.output import Delta, Output
-from omnitrio.serve.realtime_conversation import Conversation, Item, Spoken, assistant_item, heard_text
+from omnitrio.serve.realtime_conversation import (
+    Conversation,
+    Item,
+    Spoken,
+    assistant_item,
+    heard_text,
+    messages_of,
+)
 from omnitrio.serve.realtime_metrics import RealtimeMetrics
 from omnitrio.serve.realtime_pacing import Pacer, pieces
 from omnitrio.serve.realtime_session import max_tokens, wants_audio
@@ -46,6 +55,9 @@ class Response:
     session: dict[str, Any]
     turn: Item | None  # the user audio turn it answers, if any
     lead: float
+    in_conversation: bool = True  # False: out of band (``conversation: "none"``), its item is never added
+    context: list[Item] | None = None  # what the responder sees instead of the conversation (``input``)
+    metadata: dict[str, str] | None = None
     id: str = attrs.field(factory=lambda: new_id("resp"))
     item: Item = attrs.field(factory=lambda: assistant_item(new_id("item")))
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
@@ -126,15 +138,20 @@ async def _produce(host: Host, response: Response, output: Output, deltas: trio.
     ctx, session = host.ctx, response.session
     with deltas:
         try:
-            for item in [*host.conversation.items, *([response.turn] if response.turn else [])]:
-                await item.transcribed.wait()
+            own = response.context is None
             turn = response.turn
+            context = [*(host.conversation.items if response.context is None else response.context)]
+            if turn is not None and turn not in context:
+                context.append(turn)
+            for item in context:
+                await item.transcribed.wait()
             if turn is not None and not turn.heard:
                 return  # nothing was said (noise, a cough): an empty answer
             inputs = {
                 "task": "chat",
-                "messages": host.conversation.messages(session.get("instructions") or "", turn),
-                "session_id": session["id"],
+                "messages": messages_of(context, session.get("instructions") or ""),
+                # The responder may keep the session's conversation between turns; another context is not it.
+                "session_id": session["id"] if own and response.in_conversation else None,
                 "max_tokens": max_tokens(session),
                 "modalities": ["text", "audio"] if response.audio else ["text"],
                 "speed": session["audio"]["output"].get("speed", 1.0),
@@ -166,13 +183,15 @@ def _part(response: Response) -> dict[str, Any]:
 
 async def _announce(host: Host, response: Response) -> str | None:
     """``response.created`` and the assistant item's arrival; returns the id the item follows."""
-    await host.emit({"type": "response.created", "response": body(response, "in_progress")})
+    created = body(response, "in_progress", _conversation_id(host, response))
+    await host.emit({"type": "response.created", "response": created})
     item = response.item
-    previous = host.conversation.insert(item)
+    previous = host.conversation.insert(item) if response.in_conversation else None
     await host.emit(
         {"type": "response.output_item.added", "response_id": response.id, "output_index": 0, "item": item.public()}
     )
-    await host.emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.public()})
+    if response.in_conversation:
+        await host.emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.public()})
     item.announced.set()
     content = {"type": "output_audio", "transcript": ""} if response.audio else {"type": "output_text", "text": ""}
     item.body["content"] = [content]
@@ -222,12 +241,20 @@ async def _finish(
     await host.emit(
         {"type": "response.output_item.done", "response_id": response.id, "output_index": 0, "item": item.public()}
     )
-    await host.emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item.public()})
+    if response.in_conversation:
+        await host.emit({"type": "conversation.item.done", "previous_item_id": previous, "item": item.public()})
     host.metrics.underruns.inc(response.pacer.underruns)
-    await host.emit({"type": "response.done", "response": body(response, status, details, output)}, response)
+    done = body(response, status, _conversation_id(host, response), details, output)
+    await host.emit({"type": "response.done", "response": done}, response)
 
 
-def body(response: Response, status: str, details: Any = None, output: Output | None = None) -> dict[str, Any]:
+def _conversation_id(host: Host, response: Response) -> str | None:
+    return host.conversation.id if response.in_conversation else None
+
+
+def body(
+    response: Response, status: str, conversation_id: str | None, details: Any = None, output: Output | None = None
+) -> dict[str, Any]:
     """The ``response`` object of ``response.created`` / ``response.done``."""
     session = response.session
     return {
@@ -236,12 +263,12 @@ def body(response: Response, status: str, details: Any = None, output: Output | 
         "status": status,
         "status_details": details,
         "output": [response.item.public()] if output is not None else [],
-        "conversation_id": session["id"],
+        "conversation_id": conversation_id,
         "output_modalities": session.get("output_modalities", ["audio"]),
         "max_output_tokens": session.get("max_output_tokens", "inf"),
         "audio": {"output": {"format": session["audio"]["output"]["format"], "voice": session.get("voice")}},
         "usage": _usage(output.usage if output is not None else None),
-        "metadata": None,
+        "metadata": response.metadata,
     }
 
 

@@ -3,20 +3,31 @@
 The session is a plain dict in OpenAI's GA shape (``audio.input/output.format``, ``voice``,
 ``turn_detection``), with the beta spellings (top-level ``turn_detection``, ``voice``,
 ``input_audio_format``) accepted on update and mirrored, so clients of either API read back
-what they set. Audio is PCM16 mono at 24 kHz both ways; any other format is refused with an
-``error`` event naming the field.
+what they set. Audio is PCM16 mono at 24 kHz (``{"type": "audio/pcm", "rate": 24000}``, the
+default) or G.711 at 8 kHz for telephony (``{"type": "audio/pcmu"}`` µ-law, ``{"type": "audio/pcma"}``
+A-law; beta ``g711_ulaw`` / ``g711_alaw``), chosen for input and output separately
+(:func:`audio_format`); any other format is refused with an ``error`` event naming the field.
 
 ``turn_detection`` is ``{"type": "server_vad", "threshold", "prefix_padding_ms", "silence_duration_ms",
 "create_response", "interrupt_response", "idle_timeout_ms"}`` (the default, with OpenAI's default
-values) or ``null`` (the client commits turns and asks for responses itself); :func:`turn_detection`
-reads it with every field filled in. ``semantic_vad`` (asked for by default by some official clients)
-is served by server VAD with its ``create_response`` / ``interrupt_response``, and the session says so:
-it reads back as ``server_vad``.
+values), ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto", "create_response",
+"interrupt_response"}`` (the turn model judges each pause; see ``schedulers.speech.turn_end``) or
+``null`` (the client commits turns and asks for responses itself); :func:`turn_detection` reads it
+with every field filled in. Either VAD object may carry the omnitrio extension
+``false_interruptions``: ``{"decide_ms", "backchannels", "max_words"}`` (each optional; see
+:class:`~omnitrio.serve.backchannel.FalseInterruptions`) or ``null``, when user speech should
+cancel a response at once as OpenAI's does; without it the defaults apply.
+
+``idle_timeout_ms`` is null (the default) or 5000–30000, as OpenAI allows it.
 
 The rest of OpenAI's GA session is checked here too: ``output_modalities`` (``["audio"]`` or
 ``["text"]``), ``instructions``, ``max_output_tokens`` (1–4096 or ``"inf"``), ``audio.output.voice`` and
 ``.speed`` (0.25–1.5), ``audio.input.transcription`` (an object or null); a value that cannot be served
 is an :class:`EventError` naming its ``param``. :func:`beta_session` renders a session in the beta shape.
+
+The pipeline has one voice. ``voice`` may be ``"default"`` or any of OpenAI's voice names (the same
+list the HTTP endpoints take); each plays that one voice, so the session reads back ``"default"``:
+what plays, not the name asked for.
 """
 
 from __future__ import annotations
@@ -31,9 +42,14 @@ from typing import Any
 import attrs
 
 from omnitrio.serve.audio import REALTIME_RATE
+from omnitrio.serve.backchannel import FalseInterruptions
+from omnitrio.serve.openai_types import VOICES
 
 _PCM = {"type": "audio/pcm", "rate": REALTIME_RATE}
+_BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 _FIXED = frozenset({"id", "object", "model"})
+_BETA_MIRRORS = frozenset({"voice", "turn_detection"})  # copies of audio.output.voice, audio.input.turn_detection
+PLAYED_VOICE = "default"  # the pipeline has one voice; every voice name a client may send selects it
 
 
 @attrs.define
@@ -57,8 +73,10 @@ SERVER_VAD: dict[str, Any] = {
     "interrupt_response": True,
     "idle_timeout_ms": None,
 }
+EAGERNESS = ("low", "medium", "high", "auto")
 MAX_OUTPUT_TOKENS = 4096
 MIN_SPEED, MAX_SPEED = 0.25, 1.5
+MIN_IDLE_TIMEOUT_MS, MAX_IDLE_TIMEOUT_MS = 5_000, 30_000
 
 
 @attrs.frozen
@@ -70,6 +88,10 @@ class TurnDetection:
     silence_duration_ms: int
     create_response: bool
     interrupt_response: bool
+    type: str = "server_vad"
+    eagerness: str = "auto"  # semantic_vad only
+    false_interruptions: FalseInterruptions | None = attrs.field(factory=FalseInterruptions)
+    idle_timeout_ms: int | None = None
 
 
 def turn_detection(session: Mapping[str, Any]) -> TurnDetection | None:
@@ -78,12 +100,17 @@ def turn_detection(session: Mapping[str, Any]) -> TurnDetection | None:
     if value is None:
         return None
     fields = {**SERVER_VAD, **value}
+    interruptions = fields.get("false_interruptions", {})
     return TurnDetection(
         threshold=fields["threshold"],
         prefix_padding_ms=fields["prefix_padding_ms"],
         silence_duration_ms=fields["silence_duration_ms"],
         create_response=fields["create_response"],
         interrupt_response=fields["interrupt_response"],
+        type=fields["type"],
+        eagerness=fields.get("eagerness", "auto"),
+        false_interruptions=None if interruptions is None else FalseInterruptions.from_settings(interruptions),
+        idle_timeout_ms=fields["idle_timeout_ms"],
     )
 
 
@@ -95,7 +122,7 @@ def default_session(session_id: str, model: str) -> dict[str, Any]:
         "model": model,
         "output_modalities": ["audio"],
         "instructions": "",
-        "voice": "default",
+        "voice": PLAYED_VOICE,
         "max_output_tokens": "inf",
         "tools": [],
         "tool_choice": "auto",
@@ -107,7 +134,7 @@ def default_session(session_id: str, model: str) -> dict[str, Any]:
                 "noise_reduction": None,
                 "turn_detection": dict(SERVER_VAD),
             },
-            "output": {"format": dict(_PCM), "voice": "default", "speed": 1.0},
+            "output": {"format": dict(_PCM), "voice": PLAYED_VOICE, "speed": 1.0},
         },
     }
 
@@ -127,6 +154,11 @@ def transcribes_input(session: Mapping[str, Any]) -> bool:
     return session["audio"]["input"].get("transcription") is not None
 
 
+def ga_session(session: Mapping[str, Any]) -> dict[str, Any]:
+    """``session`` as a GA client reads it: without the beta spellings kept beside (``voice``, ``turn_detection``)."""
+    return {key: value for key, value in session.items() if key not in _BETA_MIRRORS}
+
+
 def beta_session(session: Mapping[str, Any]) -> dict[str, Any]:
     """``session`` in the beta protocol's shape (``modalities``, ``input_audio_format``, ...)."""
     audio = session["audio"]
@@ -138,14 +170,21 @@ def beta_session(session: Mapping[str, Any]) -> dict[str, Any]:
         "instructions": session.get("instructions", ""),
         "voice": session.get("voice"),
         "speed": audio["output"].get("speed", 1.0),
-        "input_audio_format": "pcm16",
-        "output_audio_format": "pcm16",
+        "input_audio_format": _beta_format(audio["input"]["format"]),
+        "output_audio_format": _beta_format(audio["output"]["format"]),
         "input_audio_transcription": audio["input"].get("transcription"),
-        "turn_detection": session.get("turn_detection"),
+        "turn_detection": _beta_turn_detection(session.get("turn_detection")),
         "tools": session.get("tools", []),
         "tool_choice": session.get("tool_choice", "auto"),
         "max_response_output_tokens": session.get("max_output_tokens", "inf"),
     }
+
+
+def _beta_turn_detection(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The beta protocol has no ``idle_timeout_ms``: it is shown to a beta client only if it set one."""
+    if value is None:
+        return None
+    return {key: item for key, item in value.items() if key != "idle_timeout_ms" or item is not None}
 
 
 def parse_event(text: str) -> dict[str, Any]:
@@ -163,16 +202,18 @@ def parse_event(text: str) -> dict[str, Any]:
     return event
 
 
-def decode_audio_append(event: Mapping[str, Any], param: str = "audio") -> bytes:
-    """The PCM16 bytes of an ``input_audio_buffer.append`` event (or of an ``input_audio`` part)."""
+def decode_audio_append(event: Mapping[str, Any], param: str = "audio", *, pcm16: bool = True) -> bytes:
+    """The bytes of an ``input_audio_buffer.append`` event (or of an ``input_audio`` part): PCM16,
+    or with ``pcm16`` false G.711 (one byte a sample)."""
     audio = event.get("audio")
     if not isinstance(audio, str):
-        raise EventError(f"'{param}' is needed: base64 PCM16", param, code="missing_required_parameter")
+        kind = "PCM16" if pcm16 else "G.711"
+        raise EventError(f"'{param}' is needed: base64 {kind}", param, code="missing_required_parameter")
     try:
         data = base64.b64decode(audio, validate=True)
     except (binascii.Error, ValueError):
         raise EventError(f"'{param}' is not valid base64", param, code="invalid_base64") from None
-    if len(data) % 2:
+    if pcm16 and len(data) % 2:
         raise EventError(f"'{param}' decodes to {len(data)} bytes; PCM16 needs an even count", param)
     return data
 
@@ -191,8 +232,11 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
             case "audio":
                 _merge_audio(session, value)
             case "input_audio_format" | "output_audio_format":
-                if value != "pcm16":
-                    raise EventError(f"{key} {value!r} is not supported; use 'pcm16'", f"session.{key}")
+                if not isinstance(value, str) or value not in _BETA_FORMATS:
+                    supported = ", ".join(repr(name) for name in _BETA_FORMATS)
+                    raise EventError(f"{key} {value!r} is not supported; use one of {supported}", f"session.{key}")
+                direction = "input" if key == "input_audio_format" else "output"
+                session["audio"][direction]["format"] = _checked_format({"type": _BETA_FORMATS[value]}, key)
             case "turn_detection":
                 _set_turn_detection(session, value, "session.turn_detection")
             case "voice":
@@ -231,7 +275,7 @@ def _merge_audio(session: dict[str, Any], audio: Any) -> None:
             param = f"session.audio.{direction}.{key}"
             match key:
                 case "format":
-                    _check_format(value, param)
+                    session["audio"][direction]["format"] = _checked_format(value, param)
                 case "turn_detection" if direction == "input":
                     _set_turn_detection(session, value, param)
                 case "voice" if direction == "output":
@@ -244,13 +288,29 @@ def _merge_audio(session: dict[str, Any], audio: Any) -> None:
                     session["audio"][direction][key] = copy.deepcopy(value)
 
 
-def _check_format(value: Any, param: str) -> None:
-    if (
-        not isinstance(value, Mapping)
-        or value.get("type") != "audio/pcm"
-        or value.get("rate", REALTIME_RATE) != REALTIME_RATE
-    ):
-        raise EventError(f"{param} {value!r} is not supported; only {_PCM} (PCM16 mono 24 kHz)", param)
+def audio_format(session: Mapping[str, Any], direction: str) -> str:
+    """``"audio/pcm"`` (PCM16 24 kHz), ``"audio/pcmu"`` or ``"audio/pcma"`` (G.711 8 kHz) of
+    ``direction`` (``"input"`` or ``"output"``)."""
+    return str(session["audio"][direction]["format"]["type"])
+
+
+def _beta_format(value: Mapping[str, Any]) -> str:
+    return next(name for name, kind in _BETA_FORMATS.items() if kind == value["type"])
+
+
+def _checked_format(value: Any, param: str) -> dict[str, Any]:
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    match kind:
+        case "audio/pcm" if value.get("rate", REALTIME_RATE) == REALTIME_RATE:
+            return dict(_PCM)
+        case "audio/pcmu" | "audio/pcma" if value.get("rate", 8000) == 8000:
+            return {"type": kind}
+        case _:
+            raise EventError(
+                f"{param} {value!r} is not supported; use {_PCM} (PCM16 mono 24 kHz),"
+                " {'type': 'audio/pcmu'} or {'type': 'audio/pcma'} (G.711 8 kHz)",
+                param,
+            )
 
 
 def _set_turn_detection(session: dict[str, Any], value: Any, param: str) -> None:
@@ -268,8 +328,10 @@ def _checked_turn_detection(value: Any, param: str) -> dict[str, Any]:
         case "server_vad":
             checked = {"type": "server_vad", **{k: v for k, v in value.items() if k != "type"}}
         case "semantic_vad":
-            kept = ("create_response", "interrupt_response")
-            checked = {**SERVER_VAD, **{k: v for k, v in value.items() if k in kept}}
+            kept = ("eagerness", "create_response", "interrupt_response", "false_interruptions")
+            given = {k: v for k, v in value.items() if k in kept}
+            checked = {"type": "semantic_vad", "eagerness": "auto", "create_response": True, "interrupt_response": True}
+            checked.update(given)
         case other:
             raise EventError(
                 f"{param}.type {other!r} is not supported; use 'server_vad', 'semantic_vad' or null (manual commit)",
@@ -280,12 +342,23 @@ def _checked_turn_detection(value: Any, param: str) -> dict[str, Any]:
             case "threshold":
                 ok = isinstance(item, int | float) and not isinstance(item, bool) and 0.0 <= item <= 1.0
                 expected = "a number between 0 and 1"
-            case "prefix_padding_ms" | "silence_duration_ms" | "idle_timeout_ms":
-                ok = item is None if key == "idle_timeout_ms" else False
-                ok = ok or (isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= 10_000)
+            case "prefix_padding_ms" | "silence_duration_ms":
+                ok = isinstance(item, int) and not isinstance(item, bool) and 0 <= item <= 10_000
                 expected = "an integer number of milliseconds between 0 and 10000"
+            case "idle_timeout_ms":
+                low, high = MIN_IDLE_TIMEOUT_MS, MAX_IDLE_TIMEOUT_MS
+                ok = item is None or (isinstance(item, int) and not isinstance(item, bool) and low <= item <= high)
+                expected = f"null or an integer number of milliseconds between {low} and {high}"
             case "create_response" | "interrupt_response":
                 ok, expected = isinstance(item, bool), "true or false"
+            case "eagerness":
+                ok, expected = item in EAGERNESS, "one of " + ", ".join(repr(level) for level in EAGERNESS)
+            case "false_interruptions" if item is not None:
+                try:
+                    FalseInterruptions.from_settings(item)
+                except ValueError as exc:
+                    raise EventError(f"{param}.{key}: {exc}", f"{param}.{key}") from None
+                ok, expected = True, ""
             case _:
                 ok, expected = True, ""
         if not ok:
@@ -314,9 +387,26 @@ def _checked_speed(value: Any, param: str) -> float:
 
 
 def _checked_voice(value: Any, param: str) -> str:
-    if isinstance(value, str) and value:
-        return value
-    raise EventError(f"{param} must be a non-empty string, got {value!r}", param)
+    """The voice that plays for ``value``: every accepted name plays the pipeline's one voice, ``default``."""
+    if isinstance(value, str) and value in VOICES:
+        return PLAYED_VOICE
+    raise EventError(
+        f"{param} {value!r} is not a voice of this server; use one of {', '.join(VOICES)}"
+        f" (each plays the pipeline's one voice, read back as {PLAYED_VOICE!r})",
+        param,
+        code="invalid_voice",
+    )
+
+
+def asked_voice(update: Any) -> Any:
+    """The voice name a ``session.update``'s ``session`` asks for (``audio.output.voice`` or ``voice``), or None."""
+    if not isinstance(update, Mapping):
+        return None
+    audio = update.get("audio")
+    output = audio.get("output") if isinstance(audio, Mapping) else None
+    if isinstance(output, Mapping) and output.get("voice") is not None:
+        return output["voice"]
+    return update.get("voice")
 
 
 def _checked_transcription(value: Any, param: str) -> dict[str, Any] | None:

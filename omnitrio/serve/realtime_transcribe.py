@@ -1,7 +1,9 @@
 """Transcribing a committed user audio item, for the conversation and (when asked) for the client.
 
 Every committed audio item is transcribed by one pipeline request (task ``transcription``, quick
-decoding): the responder needs the text of what the user said, this turn and every later one.
+decoding): the responder needs the text of what the user said, this turn and every later one. An
+item whose transcript is known already (``semantic_vad`` transcribed the turn to judge it) is not
+transcribed again.
 When the session has ``audio.input.transcription`` set, the client also gets, after the item's
 ``conversation.item.added``, ``conversation.item.input_audio_transcription.delta`` then
 ``.completed`` with the final transcript, or ``.failed`` with the error.
@@ -34,7 +36,7 @@ async def transcribe(host: Host, item: Item, *, report: bool) -> None:
     ids = {"item_id": item.id, "content_index": 0}
     with item.transcription:
         try:
-            text = item.heard = await _text_of(host.ctx, item)
+            text = item.heard = item.heard if item.heard is not None else await transcript_of(host.ctx, item.audio)
         except Exception as exc:
             item.transcribed.set()
             if report:
@@ -54,8 +56,11 @@ async def transcribe(host: Host, item: Item, *, report: bool) -> None:
             await host.emit({**completed, "usage": usage})
 
 
-async def _text_of(ctx: ServeContext, item: Item) -> str:
-    samples = resample(pcm16_to_float(bytes(item.audio)), REALTIME_RATE, TRANSCRIBE_RATE)
+async def transcript_of(ctx: ServeContext, audio: bytes | bytearray) -> str:
+    """What the pipeline's ASR hears in ``audio`` (PCM16 24 kHz), quick decoding; nothing in no audio."""
+    if not audio:
+        return ""  # an idle timeout's commit when the client sent no audio
+    samples = resample(pcm16_to_float(bytes(audio)), REALTIME_RATE, TRANSCRIBE_RATE)
     inputs = {"task": "transcription", "audio": samples, "quick": True}
     output = Output(audio_rate=None, want_audio=False)
     async with ctx.pipeline.stream(new_id("rttr"), inputs, timeout=ctx.request_timeout) as messages:

@@ -95,8 +95,6 @@ def conversation(payload: StagePayload) -> Conversation:
             messages.append({"role": "user", "content": transcript.strip()})
     elif not messages and isinstance(inputs.get("text"), str):
         messages = [{"role": "user", "content": inputs["text"]}]
-    if not any(m["role"] == "user" for m in messages):
-        raise ValueError("messages: no message with role 'user'")
     session_id = inputs.get("session_id")
     if session_id is not None and not isinstance(session_id, str):
         raise ValueError(f"session_id must be a string, got {session_id!r}")

@@ -17,9 +17,12 @@ Session ``config`` (the open command's ``config``):
   "audio_ms": ...}`` (see :class:`~schedulers.speech.vad.VoiceActivityDetector`);
   or ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto", "pause_ms"}``: the
   same events, but at each pause of ``pause_ms`` (default 200) the turn so far is transcribed
-  (``quick``) and judged (:mod:`schedulers.speech.turn_end`), and ``speech_stopped`` comes after
-  the silence that judgement asks for; the ``speech_paused`` event also carries ``transcript`` and
-  ``turn_complete`` (a server may reuse the transcript for the answer it prepares);
+  (``quick``) and judged (:mod:`schedulers.speech.turn_end`: the turn model runs after the
+  transcription, only when the words do not object; run side by side on two threads, Whisper and
+  the ONNX model hung the server now and then), and ``speech_stopped`` comes after the silence
+  that judgement asks for; the ``speech_paused`` event also carries ``transcript``,
+  ``turn_complete`` and ``decision_ms`` (``{"asr", "model", "total"}``); a server may reuse the
+  transcript for the answer it prepares;
 * ``language``: passed to the recognizer;
 * ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
   turns partials off (VAD events and the final text still come).
@@ -31,6 +34,7 @@ catches up instead of falling behind real time).
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import attrs
@@ -132,9 +136,17 @@ class StreamingTranscriber:
 
         def judge(start: int, paused_at: int) -> int:
             audio = state.audio()[start:paused_at]
+            began = time.perf_counter()
             transcript = self.recognizer.transcribe(audio, state.language, quick=True)
+            transcribed = time.perf_counter()
             decision = detector.decide(audio, transcript, silence_ms=pause_ms)
-            state.judged[paused_at] = {"transcript": transcript, "turn_complete": decision.judgement.complete}
+            done = time.perf_counter()
+            spent = {"asr": transcribed - began, "model": done - transcribed, "total": done - began}
+            state.judged[paused_at] = {
+                "transcript": transcript,
+                "turn_complete": decision.judgement.complete,
+                "decision_ms": {part: round(1000 * seconds, 1) for part, seconds in spent.items()},
+            }
             return decision.judgement.end_after_ms
 
         return VoiceActivityDetector(

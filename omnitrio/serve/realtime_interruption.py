@@ -1,0 +1,123 @@
+"""Speech over a response: pause it, then decide whether the user really interrupted.
+
+When the user starts speaking while a released audio response plays (and the session's
+``interrupt_response`` is true), the connection does not cancel the response at once, as OpenAI's
+server does; it *pauses* it: no more of its audio is sent (its pacer holds), and the client is
+told with ``output_audio_buffer.paused``. The response keeps being produced meanwhile. Then:
+
+* when the user pauses (the VAD's ``speech_paused``), what they said since they started is
+  transcribed (``semantic_vad`` brings the transcript with the pause) and judged by the session's
+  :class:`~omnitrio.serve.backchannel.InterruptionPolicy`: no words, or only backchannels ("uh-huh",
+  "okay"), **resume**: the audio goes on from where it stopped, ``output_audio_buffer.resumed`` says
+  so with what was heard, and that speech never becomes a turn (it is dropped from the input
+  buffer: no commit, no answer); anything else **cancels** the response as a barge-in does
+  (``response.done`` with ``cancelled`` / ``turn_detected``) and the speech goes on as a turn;
+* when the user is still speaking ``decide_ms`` after they started, it is no backchannel: the
+  response is cancelled.
+
+``output_audio_buffer.paused`` and ``.resumed`` are omnitrio extensions, named after the GA
+protocol's ``output_audio_buffer.*`` family (``started`` / ``stopped`` / ``cleared``, which OpenAI
+sends to WebRTC clients); clients that do not know them can ignore them (the official ``openai``
+SDK passes them through). A session turns the behaviour off with
+``turn_detection.false_interruptions: null``: speech then cancels at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from omnitrio.serve.backchannel import FalseInterruptions, words_of
+from omnitrio.serve.context import ServeContext
+from omnitrio.serve.realtime_response import Response
+from omnitrio.serve.realtime_transcribe import transcript_of
+
+Outcome = Literal["resume", "cancel"]
+
+
+@attrs.define(eq=False)
+class Overheard:
+    """User speech over ``response``, which stays paused until the speech is judged."""
+
+    response: Response
+    settings: FalseInterruptions
+    deadline: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    def paused_event(self) -> dict[str, Any]:
+        sent_ms = int(1000 * self.response.pacer.sent_seconds)
+        return {
+            "type": "output_audio_buffer.paused",
+            "response_id": self.response.id,
+            "audio_end_ms": sent_ms,
+            "decide_ms": self.settings.decide_ms,
+        }
+
+    def resumed_event(self, transcript: str) -> dict[str, Any]:
+        return {
+            "type": "output_audio_buffer.resumed",
+            "response_id": self.response.id,
+            "reason": "backchannel" if words_of(transcript) else "no_words",
+            "transcript": transcript,
+        }
+
+
+class Interruptions:
+    """One connection's judge of the speech over its response (at most one is pending).
+
+    ``emit`` sends a server event; ``cancel`` cancels a response as a barge-in does.
+    """
+
+    def __init__(
+        self,
+        ctx: ServeContext,
+        emit: Callable[[dict[str, Any]], Awaitable[None]],
+        cancel: Callable[[Response], None],
+    ) -> None:
+        self.ctx = ctx
+        self.emit = emit
+        self.cancel = cancel
+        self.pending: Overheard | None = None
+
+    def overhear(self, response: Response, settings: FalseInterruptions, nursery: trio.Nursery) -> Overheard:
+        """Pause ``response``: speech began over it; it is cancelled if still undecided after ``decide_ms``."""
+        self.forget()
+        self.pending = overheard = Overheard(response, settings)
+        response.pacer.pause()
+        nursery.start_soon(self._cancel_after_window, overheard)
+        return overheard
+
+    async def judge(self, audio: bytes, transcript: str | None) -> bool:
+        """The user paused: judge what they said since they began (``audio``, PCM16 24 kHz; transcribed
+        here unless ``transcript`` is given). True: the response resumed, and the speech is no turn."""
+        overheard = self.pending
+        assert overheard is not None
+        if transcript is None:
+            try:
+                transcript = await transcript_of(self.ctx, audio)
+            except Exception:
+                transcript = None  # judged as a real interruption: the safe side
+        if self.pending is not overheard:
+            return False  # the window ran out meanwhile, or the response ended
+        self.forget()
+        if transcript is None or overheard.settings.policy.decide(transcript) == "cancel":
+            self.cancel(overheard.response)
+            return False
+        await self.emit(overheard.resumed_event(transcript))
+        overheard.response.pacer.resume()
+        return True
+
+    def forget(self, response: Response | None = None) -> None:
+        """Nothing is pending any more (only if it was about ``response``, when given)."""
+        if self.pending is not None and response in (None, self.pending.response):
+            self.pending.deadline.cancel()
+            self.pending = None
+
+    async def _cancel_after_window(self, overheard: Overheard) -> None:
+        with overheard.deadline:
+            await trio.sleep(overheard.settings.decide_ms / 1000)
+            if self.pending is overheard:
+                self.forget()
+                self.cancel(overheard.response)
