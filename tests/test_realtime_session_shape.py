@@ -63,7 +63,7 @@ async def every_kind_of_event(rt: RealtimeClient, *, beta: bool) -> list[dict[st
         await rt.send(event)
         events.extend(await receive_until(rt, until))
 
-    manual = {"turn_detection": None, "input_audio_transcription": {}}
+    manual: dict[str, Any] = {"turn_detection": None, "input_audio_transcription": {}}
     await step({"type": "session.update", "session": manual}, "session.updated")
     await rt.send({"type": "input_audio_buffer.append", "audio": one_second_b64()})
     await step({"type": "input_audio_buffer.commit"}, "conversation.item.input_audio_transcription.completed")
