@@ -40,11 +40,13 @@ async def realtime_url(overrides: Sequence[str] = ()) -> AsyncIterator[str]:
             nursery.cancel_scope.cancel()
 
 
-def pcm16(text: str, silence_after: float = 0.0) -> bytes:
+def pcm16(text: str, silence_after: float = 0.0, *, variation: float = 1.0) -> bytes:
+    """``text`` said by the default voice at 24 kHz, 0.2 s of silence before it; ``variation`` 0.0
+    gives the same samples on every run (see :class:`~schedulers.speech.tts.PiperSynthesizer`)."""
     from schedulers.speech.audio import float_to_pcm16, resample
     from schedulers.speech.tts import shared_synthesizer
 
-    tts = shared_synthesizer("auto", threads=2)
+    tts = shared_synthesizer("auto", threads=2, variation=variation)
     audio = resample(tts.synthesize(text), tts.sample_rate, RATE)
     padded = np.concatenate([np.zeros(RATE // 5, np.float32), audio, np.zeros(int(silence_after * RATE), np.float32)])
     return float_to_pcm16(padded).tobytes()

@@ -14,6 +14,8 @@ Besides OpenAI's ``speech_started`` / ``speech_stopped`` the listener asks for `
 (the turn *may* be ending: ``PAUSE_LEAD_MS`` before server VAD's ``speech_stopped`` could confirm it,
 or, with ``semantic_vad``, once the turn was judged at ``SEMANTIC_PAUSE_MS`` of silence) and
 ``speech_resumed`` (it did not): the connection uses them to prepare its answer speculatively.
+Each judged pause is logged (``omnitrio.serve.realtime_listen``, DEBUG): what was heard, the
+model's probability, the words' objection and the decision.
 
 What a caller may rely on: :meth:`TurnListener.run` raises if the session cannot be opened (the
 stage's error, e.g. its ``max_sessions``, names the limit) and before it reports ``started``
@@ -25,6 +27,7 @@ socket never leaves session state in the pipeline.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,6 +42,7 @@ from omnitrio.serve.realtime_session import TurnDetection
 PAUSE_LEAD_MS = 400  # start preparing the answer when this much silence is still needed to end the turn
 SEMANTIC_PAUSE_MS = 200  # semantic_vad judges a turn (and prepares its answer) after this much silence
 CLOSE_TIMEOUT = 2.0
+logger = logging.getLogger(__name__)
 
 OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -115,7 +119,21 @@ class TurnListener:
         async with self.pipeline.stream(request_id, inputs, timeout=self.timeout) as messages:
             async for message in messages:
                 if isinstance(message, StreamMessage) and message.modality == "vad":
+                    self._log_judgement(message.chunk)
                     await self.on_event(message.chunk)
+
+    def _log_judgement(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "speech_paused" and "turn_complete" in event:
+            logger.debug(
+                "%s: pause at %s ms judged %s: heard %r, probability %s, unfinished %s, decision_ms %s",
+                self.session_id,
+                event.get("audio_ms"),
+                "complete" if event["turn_complete"] else "incomplete",
+                event.get("transcript"),
+                event.get("probability"),
+                event.get("unfinished"),
+                event.get("decision_ms"),
+            )
 
     async def _quietly(self, op: str) -> None:
         try:

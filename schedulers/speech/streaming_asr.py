@@ -21,8 +21,9 @@ Session ``config`` (the open command's ``config``):
   transcription, only when the words do not object; run side by side on two threads, Whisper and
   the ONNX model hung the server now and then), and ``speech_stopped`` comes after the silence
   that judgement asks for; the ``speech_paused`` event also carries ``transcript``,
-  ``turn_complete`` and ``decision_ms`` (``{"asr", "model", "total"}``); a server may reuse the
-  transcript for the answer it prepares;
+  ``turn_complete``, ``probability`` (the model's, None when the words vetoed), ``unfinished`` (the
+  words' objection or None) and ``decision_ms`` (``{"asr", "model", "total"}``); a server may
+  reuse the transcript for the answer it prepares;
 * ``language``: passed to the recognizer;
 * ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
   turns partials off (VAD events and the final text still come).
@@ -145,6 +146,8 @@ class StreamingTranscriber:
             state.judged[paused_at] = {
                 "transcript": transcript,
                 "turn_complete": decision.judgement.complete,
+                "probability": decision.judgement.probability,
+                "unfinished": decision.judgement.unfinished,
                 "decision_ms": {part: round(1000 * seconds, 1) for part, seconds in spent.items()},
             }
             return decision.judgement.end_after_ms
