@@ -18,6 +18,7 @@ pytest.importorskip("faster_whisper", reason="the speech extra (faster-whisper) 
 from schedulers.speech.audio import resample
 from schedulers.speech.stages import create_asr_stage, create_streaming_asr_stage
 from schedulers.speech.tts import shared_synthesizer
+from schedulers.speech.vad import FRAME_SAMPLES
 from toys.speech_text import heard_as
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -154,9 +155,12 @@ def test_semantic_vad_ends_a_complete_turn_after_a_short_silence(streaming_stage
     tts = shared_synthesizer(variation=0.0)
     speech = resample(tts.synthesize("What is the capital of France?"), tts.sample_rate, 16_000)
     clip = np.concatenate([np.zeros(4800, np.float32), speech, np.zeros(16_000, np.float32)])
-    started, paused, stopped = semantic_session_events(streaming_stage, "sem1", clip)
-    assert (started["type"], paused["type"], stopped["type"]) == ("speech_started", "speech_paused", "speech_stopped")
-    assert paused["turn_complete"] and heard_as(paused["transcript"], "What is the capital of France?")
+    started, paused, judged, stopped = semantic_session_events(streaming_stage, "sem1", clip)
+    types = (started["type"], paused["type"], judged["type"], stopped["type"])
+    assert types == ("speech_started", "speech_paused", "turn_judged", "speech_stopped")
+    # the transcript comes before the judgement, so an answer can be prepared while the model runs
+    assert heard_as(paused["transcript"], "What is the capital of France?") and paused["unfinished"] is None
+    assert judged["turn_complete"] and judged["probability"] >= 0.5 and judged["audio_ms"] == paused["audio_ms"]
     assert stopped["audio_end_ms"] - paused["audio_ms"] == 50  # "auto": 250 ms of silence, judged at 200
 
 
@@ -164,9 +168,42 @@ def test_semantic_vad_waits_when_the_words_are_unfinished(streaming_stage: Any) 
     tts = shared_synthesizer(variation=0.0)
     speech = resample(tts.synthesize("I would like to book a table for"), tts.sample_rate, 16_000)
     clip = np.concatenate([np.zeros(4800, np.float32), speech, np.zeros(32_000, np.float32)])
-    started, paused = semantic_session_events(streaming_stage, "sem2", clip)  # 2 s of silence: not over yet
-    assert (started["type"], paused["type"]) == ("speech_started", "speech_paused")
-    assert not paused["turn_complete"]
+    started, paused, judged = semantic_session_events(streaming_stage, "sem2", clip)  # 2 s of silence: not over yet
+    assert (started["type"], paused["type"], judged["type"]) == ("speech_started", "speech_paused", "turn_judged")
+    assert paused["unfinished"] == "ends on the preposition 'for'"
+    assert not judged["turn_complete"] and judged["probability"] is None  # the words vetoed: no model
+
+
+def test_semantic_vad_transcribes_a_turn_ahead_of_its_pause_and_judges_on_that_transcript(
+    streaming_stage: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tts = shared_synthesizer(variation=0.0)
+    speech = resample(tts.synthesize("What is the capital of France?"), tts.sample_rate, 16_000)
+    clip = np.concatenate([np.zeros(4800, np.float32), speech, np.zeros(8_000, np.float32)])
+    recognizer = streaming_stage.hooks.recognizer
+    transcribe = recognizer.transcribe
+    heard: list[int] = []
+
+    def counted(audio: np.ndarray, *args: Any, **kwargs: Any) -> str:
+        heard.append(audio.size)
+        return transcribe(audio, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(recognizer, "transcribe", counted)
+    config = {"sample_rate": 16_000, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
+    streaming_stage.inbox.put(session("sem4open", "open", "sem4", config=config))
+    until_final(streaming_stage, "sem4open")
+    events = []
+    for index, start in enumerate(range(0, clip.size, 640)):  # 40 ms pieces, as a microphone sends them
+        streaming_stage.inbox.put(session(f"sem4a{index}", "append", "sem4", chunk=clip[start : start + 640]))
+        outputs = until_final(streaming_stage, f"sem4a{index}")
+        events += [m.data for m in outputs if m.metadata and m.metadata["modality"] == "vad"]
+    streaming_stage.inbox.put(session("sem4abort", "abort", "sem4"))
+    until_final(streaming_stage, "sem4abort")
+    started, paused = events[:2]
+    assert [e["type"] for e in events] == ["speech_started", "speech_paused", "turn_judged", "speech_stopped"]
+    assert heard_as(paused["transcript"], "What is the capital of France?")
+    assert len(heard) == 1  # one decode, made at 100 ms of silence, before the pause (200 ms) came:
+    assert heard[0] <= (paused["audio_ms"] - started["audio_start_ms"]) * 16 - FRAME_SAMPLES  # frames short of it
 
 
 def test_semantic_vad_names_a_bad_eagerness(streaming_stage: Any) -> None:

@@ -83,19 +83,23 @@ def quiet(seconds: float) -> np.ndarray:
     return np.zeros(int(16_000 * seconds), np.float32)
 
 
+def judged_events(detector: VoiceActivityDetector, clip: np.ndarray, verdicts: list[int]) -> list[VadEvent]:
+    """Feed ``clip`` (in one piece): each ``speech_paused`` is judged with the next verdict before
+    the detector goes on."""
+    judged = iter(verdicts)
+    events: list[VadEvent] = []
+    for event in detector.events(clip):
+        events.append(event)
+        if event.type == "speech_paused":
+            detector.judge(next(judged))
+    return events
+
+
 def test_a_judged_pause_sets_the_silence_that_ends_the_turn() -> None:
-    verdicts = iter([1000, 250])  # "not over" at the first pause, "complete" at the second
-    asked: list[tuple[int, int]] = []
-
-    def judge(start: int, paused_at: int) -> int:
-        asked.append((start, paused_at))
-        return next(verdicts)
-
-    detector = VoiceActivityDetector(
-        scorer=EnergyScorer(), prefix_padding_ms=0, silence_duration_ms=4000, pause_ms=200, judge_pause=judge
-    )
+    # "not over" at the first pause, "complete" at the second
+    detector = VoiceActivityDetector(scorer=EnergyScorer(), prefix_padding_ms=0, silence_duration_ms=4000, pause_ms=200)
     clip = np.concatenate([quiet(0.5), tone(1.0), quiet(0.5), tone(0.5), quiet(2.0)])
-    events = feed_in_pieces(detector, clip)
+    events = judged_events(detector, clip, [1000, 250])
     assert [e.type for e in events] == [
         "speech_started",
         "speech_paused",
@@ -103,18 +107,28 @@ def test_a_judged_pause_sets_the_silence_that_ends_the_turn() -> None:
         "speech_paused",
         "speech_stopped",
     ]
-    started, first_pause, _, second_pause, stopped = events
-    assert asked == [(started.sample, first_pause.sample), (started.sample, second_pause.sample)]
+    started, _, _, second_pause, stopped = events
+    assert detector.turn_start == started.sample
     assert stopped.sample - (second_pause.sample - 3200) == 4000  # 250 ms after the speech, not 4 s
 
 
 def test_a_pause_judged_complete_at_once_stops_the_turn_there() -> None:
-    detector = VoiceActivityDetector(scorer=EnergyScorer(), pause_ms=200, judge_pause=lambda start, at: 0)
-    events = feed_in_pieces(detector, np.concatenate([quiet(0.5), tone(1.0), quiet(1.0)]))
+    detector = VoiceActivityDetector(scorer=EnergyScorer(), pause_ms=200)
+    events = judged_events(detector, np.concatenate([quiet(0.5), tone(1.0), quiet(1.0)]), [0])
     assert [e.type for e in events] == ["speech_started", "speech_paused", "speech_stopped"]
     assert events[1].sample == events[2].sample
 
 
-def test_judging_pauses_needs_a_pause() -> None:
-    with pytest.raises(ValueError, match="pause_ms"):
-        VoiceActivityDetector(scorer=EnergyScorer(), judge_pause=lambda start, at: 0)
+def test_an_unjudged_pause_waits_the_configured_silence() -> None:
+    detector = VoiceActivityDetector(scorer=EnergyScorer(), silence_duration_ms=500, pause_ms=200)
+    events = detector.feed(np.concatenate([quiet(0.5), tone(1.0), quiet(1.0)]))
+    assert [e.type for e in events] == ["speech_started", "speech_paused", "speech_stopped"]
+    assert events[2].sample - events[1].sample == 300 * 16
+
+
+def test_a_verdict_must_be_a_non_negative_integer_of_milliseconds() -> None:
+    detector = VoiceActivityDetector(scorer=EnergyScorer(), pause_ms=200)
+    events = detector.events(np.concatenate([quiet(0.5), tone(1.0), quiet(0.3)]))
+    assert [next(events).type, next(events).type] == ["speech_started", "speech_paused"]
+    with pytest.raises(ValueError, match="silence_ms"):
+        detector.judge(-1)

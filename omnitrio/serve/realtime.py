@@ -23,7 +23,9 @@ With server VAD (the default) the audio also streams to the pipeline's ASR sessi
   judged (:mod:`.realtime_interruption`: a backchannel resumes it, anything else cancels it,
   ``response.done`` saying ``turn_detected``), or, with ``false_interruptions: null``, cancelled at once;
 * ``speech_paused``: the answer to the turn so far is prepared speculatively — transcription,
-  responder and TTS start at once, their output is held back;
+  responder and TTS start at once, their output is held back (``semantic_vad``: its transcript is
+  reused, the turn model judges meanwhile; no answer when the words say the turn is unfinished);
+* ``turn_judged`` (``semantic_vad``): judged incomplete, the prepared answer is dropped;
 * ``speech_resumed``: the prepared answer is cancelled, silently;
 * ``speech_stopped``: ``input_audio_buffer.speech_stopped`` and the commit, then the prepared
   answer is released, or, if none was prepared, a response starts now (``create_response`` false:
@@ -345,20 +347,23 @@ class RealtimeConnection:
             case "speech_resumed" if self.turn_start is None and self.response is not None and offset >= self.consumed:
                 await self._speech_started(detection, offset)  # more speech over a resumed response
             case "speech_paused" if self.turn_start is not None:
-                for part, ms in event.get("decision_ms", {}).items():
-                    self.metrics.turn_decision.labels(part).observe(ms / 1000)
                 if self.interruptions.pending is not None:
                     begin, end = self.turn_start - self.buffer_start, offset - self.buffer_start
                     heard = bytes(self.buffer[2 * begin : 2 * end])
                     if await self.interruptions.judge(heard, event.get("transcript")) and self.turn_start is not None:
                         self._take_input(offset, self.turn_start)  # a backchannel is no turn
                         return
-                ready = self.response is None and self.turn_start is not None and event.get("turn_complete", True)
+                ready = self.response is None and self.turn_start is not None and event.get("unfinished") is None
                 if detection.create_response and ready:
                     self._drop_speculation()
                     begin, end = self.turn_start - self.buffer_start, offset - self.buffer_start
                     item = self._turn_item(bytes(self.buffer[2 * begin : 2 * end]), event.get("transcript"))
                     self.speculative = self._launch(Response(dict(self.session), item, self.lead))
+            case "turn_judged":
+                for part, ms in event["decision_ms"].items():
+                    self.metrics.turn_decision.labels(part).observe(ms / 1000)
+                if not event["turn_complete"]:
+                    self._drop_speculation()  # the turn will likely go on: no answer kept ready meanwhile
             case "speech_resumed":
                 self._drop_speculation()
             case "speech_stopped" if self.turn_start is not None:

@@ -12,8 +12,9 @@ one is in flight, further audio is coalesced into the next, so the listener neve
 
 Besides OpenAI's ``speech_started`` / ``speech_stopped`` the listener asks for ``speech_paused``
 (the turn *may* be ending: ``PAUSE_LEAD_MS`` before server VAD's ``speech_stopped`` could confirm it,
-or, with ``semantic_vad``, once the turn was judged at ``SEMANTIC_PAUSE_MS`` of silence) and
-``speech_resumed`` (it did not): the connection uses them to prepare its answer speculatively.
+or, with ``semantic_vad``, once the turn was transcribed at ``SEMANTIC_PAUSE_MS`` of silence, before
+it is judged: ``turn_judged`` follows) and ``speech_resumed`` (it did not): the connection uses
+them to prepare its answer speculatively.
 Each judged pause is logged (``omnitrio.serve.realtime_listen``, DEBUG): what was heard, the
 model's probability, the words' objection and the decision.
 
@@ -123,7 +124,7 @@ class TurnListener:
                     await self.on_event(message.chunk)
 
     def _log_judgement(self, event: dict[str, Any]) -> None:
-        if event.get("type") == "speech_paused" and "turn_complete" in event:
+        if event.get("type") == "turn_judged":
             logger.debug(
                 "%s: pause at %s ms judged %s: heard %r, probability %s, unfinished %s, decision_ms %s",
                 self.session_id,

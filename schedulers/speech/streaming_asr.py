@@ -17,13 +17,14 @@ Session ``config`` (the open command's ``config``):
   "audio_ms": ...}`` (see :class:`~schedulers.speech.vad.VoiceActivityDetector`);
   or ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto", "pause_ms"}``: the
   same events, but at each pause of ``pause_ms`` (default 200) the turn so far is transcribed
-  (``quick``) and judged (:mod:`schedulers.speech.turn_end`: the turn model runs after the
-  transcription, only when the words do not object; run side by side on two threads, Whisper and
-  the ONNX model hung the server now and then), and ``speech_stopped`` comes after the silence
-  that judgement asks for; the ``speech_paused`` event also carries ``transcript``,
-  ``turn_complete``, ``probability`` (the model's, None when the words vetoed), ``unfinished`` (the
-  words' objection or None) and ``decision_ms`` (``{"asr", "model", "total"}``); a server may
-  reuse the transcript for the answer it prepares;
+  (``quick``; ahead of the pause, once the turn has been silent ``EARLY_MS``, so the words are
+  ready when the pause comes) and ``speech_paused`` is emitted at once with that ``transcript`` and the words'
+  objection ``unfinished`` (None when they have none), so a server can start preparing its answer
+  while the turn is judged (:mod:`schedulers.speech.turn_end`: the turn model runs only when the
+  words do not object); then ``{"type": "turn_judged", "audio_ms", "transcript", "turn_complete",
+  "probability" (the model's, None when the words vetoed), "unfinished", "decision_ms": {"asr",
+  "model", "total"}}``, and ``speech_stopped`` comes after the silence that judgement asks for
+  (at once when that silence has passed already);
 * ``language``: passed to the recognizer;
 * ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
   turns partials off (VAD events and the final text still come).
@@ -46,9 +47,12 @@ from schedulers.session import SESSION_METADATA_KEY, SessionContext, SessionRef
 from schedulers.speech.asr import SpeechRecognizer
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, StreamResampler, as_float_audio
 from schedulers.speech.turn_end import JUDGE_AT_MS, SemanticTurnDetector
-from schedulers.speech.vad import VadBackendName, VoiceActivityDetector
+from schedulers.speech.turn_words import unfinished_because
+from schedulers.speech.vad import VadBackendName, VadEvent, VoiceActivityDetector
 
 _WORD = re.compile(r"[^\w']+")
+EARLY_MS = 100  # semantic_vad: a turn silent this long is transcribed, ahead of its pause's judgement
+EARLY_SAMPLES = EARLY_MS * ASR_SAMPLE_RATE // 1000
 
 
 def _norm(word: str) -> str:
@@ -64,7 +68,8 @@ class TranscriptionSession:
     language: str | None
     partial_every: int | None
     vad: VoiceActivityDetector | None = None
-    judged: dict[int, dict[str, Any]] = attrs.field(factory=dict)  # pause sample -> its judgement
+    detector: SemanticTurnDetector | None = None  # semantic_vad: judges each pause
+    early: tuple[int, int, str, float] | None = None  # turn start, speech end, transcript, seconds spent
     chunks: list[FloatAudio] = attrs.field(factory=list)
     samples: int = 0
     decoded_samples: int = 0
@@ -132,32 +137,42 @@ class StreamingTranscriber:
                 )
 
     def _semantic_vad(self, turn: dict[str, Any], state: TranscriptionSession) -> VoiceActivityDetector:
-        detector = SemanticTurnDetector(turn.get("eagerness", "auto"))
-        pause_ms = turn.get("pause_ms", JUDGE_AT_MS)
+        state.detector = SemanticTurnDetector(turn.get("eagerness", "auto"))
+        return VoiceActivityDetector(
+            silence_duration_ms=state.detector.policy.incomplete_silence_ms,
+            backend=self.vad_backend,
+            pause_ms=turn.get("pause_ms", JUDGE_AT_MS),
+        )
 
-        def judge(start: int, paused_at: int) -> int:
-            audio = state.audio()[start:paused_at]
+    def _judge(self, state: TranscriptionSession, paused: VadEvent, ctx: SessionContext) -> None:
+        """Transcribe the turn to the pause and say so (``speech_paused``), then judge it
+        (``turn_judged``) and tell the VAD the silence the turn now needs."""
+        assert state.vad is not None and state.detector is not None
+        pause_ms = state.vad.pause_ms or 0
+        start, speech_end = state.vad.turn_start, paused.sample - pause_ms * ASR_SAMPLE_RATE // 1000
+        audio = state.audio()[start : paused.sample]
+        if state.early is not None and state.early[:2] == (start, speech_end):
+            transcript, asr_seconds = state.early[2:]  # the same words: only silence came since
+        else:
             began = time.perf_counter()
             transcript = self.recognizer.transcribe(audio, state.language, quick=True)
-            transcribed = time.perf_counter()
-            decision = detector.decide(audio, transcript, silence_ms=pause_ms)
-            done = time.perf_counter()
-            spent = {"asr": transcribed - began, "model": done - transcribed, "total": done - began}
-            state.judged[paused_at] = {
-                "transcript": transcript,
-                "turn_complete": decision.judgement.complete,
-                "probability": decision.judgement.probability,
-                "unfinished": decision.judgement.unfinished,
-                "decision_ms": {part: round(1000 * seconds, 1) for part, seconds in spent.items()},
-            }
-            return decision.judgement.end_after_ms
-
-        return VoiceActivityDetector(
-            silence_duration_ms=detector.policy.incomplete_silence_ms,
-            backend=self.vad_backend,
-            pause_ms=pause_ms,
-            judge_pause=judge,
-        )
+            asr_seconds = time.perf_counter() - began
+        heard = {"transcript": transcript, "unfinished": unfinished_because(transcript)}
+        ctx.emit({"type": "speech_paused", "audio_ms": paused.ms, **heard}, modality="vad")
+        began = time.perf_counter()
+        decision = state.detector.decide(audio, transcript, silence_ms=pause_ms)
+        model_seconds = time.perf_counter() - began
+        state.vad.judge(decision.judgement.end_after_ms)
+        spent = {"asr": asr_seconds, "model": model_seconds, "total": asr_seconds + model_seconds}
+        judged = {
+            "type": "turn_judged",
+            "audio_ms": paused.ms,
+            **heard,
+            "turn_complete": decision.judgement.complete,
+            "probability": decision.judgement.probability,
+            "decision_ms": {part: round(1000 * seconds, 1) for part, seconds in spent.items()},
+        }
+        ctx.emit(judged, modality="vad")
 
     def append(
         self, state: TranscriptionSession, chunk: Any, payload: StagePayload, ctx: SessionContext
@@ -176,17 +191,34 @@ class StreamingTranscriber:
         state.samples += int(audio.size)
         if state.vad is None:
             return
-        for event in state.vad.feed(audio):
+        for event in state.vad.events(audio):
             match event.type:
+                case "speech_paused" if state.detector is not None and ctx is not None:
+                    self._judge(state, event, ctx)
+                    continue
                 case "speech_started":
                     key = "audio_start_ms"
                 case "speech_stopped":
                     key = "audio_end_ms"
                 case _:
                     key = "audio_ms"
-            judged = state.judged.pop(event.sample, {}) if event.type == "speech_paused" else {}
             if ctx is not None:
-                ctx.emit({"type": event.type, key: event.ms, **judged}, modality="vad")
+                ctx.emit({"type": event.type, key: event.ms}, modality="vad")
+        if state.detector is not None and ctx is not None:
+            self._transcribe_early(state)
+
+    def _transcribe_early(self, state: TranscriptionSession) -> None:
+        """Once a turn has been silent ``EARLY_MS``, transcribe it: if the silence reaches the pause,
+        its judgement starts with the transcript ready (the CPU would have idled meanwhile)."""
+        assert state.vad is not None
+        speech_end, silent = state.vad.silence
+        pause = state.vad.pause_samples or 0
+        key = (state.vad.turn_start, speech_end)
+        if not EARLY_SAMPLES <= silent < pause or (state.early is not None and state.early[:2] == key):
+            return
+        began = time.perf_counter()
+        transcript = self.recognizer.transcribe(state.audio()[key[0] : speech_end + silent], state.language, quick=True)
+        state.early = (*key, transcript, time.perf_counter() - began)
 
     def _partial(self, state: TranscriptionSession, ctx: SessionContext) -> None:
         words = self.recognizer.transcribe(state.audio(), state.language).split()

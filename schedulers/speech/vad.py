@@ -14,9 +14,10 @@ the turn *may* be ending, so a server can start preparing its answer) and ``spee
 (speech came back before ``speech_stopped``: whatever was prepared is stale).  A pause is
 always followed by exactly one of ``speech_resumed`` or ``speech_stopped``.
 
-With ``judge_pause`` (semantic end of turn) the silence that ends a turn is decided at each
-pause: ``judge_pause(turn_start, paused_at)`` is called synchronously at the pause, with the
-samples of the turn so far, and returns the silence in ms *this* pause needs to end the turn
+With semantic end of turn the silence that ends a turn is decided at each pause: a caller
+iterating :meth:`VoiceActivityDetector.events` gets ``speech_paused`` before any later frame is
+scored, judges the turn (:attr:`~VoiceActivityDetector.turn_start` to the pause), and calls
+:meth:`~VoiceActivityDetector.judge` with the silence in ms *this* pause needs to end the turn
 (at most ``pause_ms`` ends it at once); speech coming back restores ``silence_duration_ms``.  The frame
 scorer is Silero VAD (the ONNX model shipped in the ``silero-vad`` wheel, run by onnxruntime
 with numpy: no torch, no download) or, when that is unavailable, a frame-energy detector.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -157,16 +158,13 @@ class VoiceActivityDetector:
         backend: VadBackendName = "auto",
         scorer: FrameScorer | None = None,
         pause_ms: int | None = None,
-        judge_pause: Callable[[int, int], int] | None = None,
     ) -> None:
         self.threshold = _check_unit("threshold", threshold)
         self.prefix_padding = _check_ms("prefix_padding_ms", prefix_padding_ms) * ASR_SAMPLE_RATE // 1000
         self.silence_samples = _check_ms("silence_duration_ms", silence_duration_ms) * ASR_SAMPLE_RATE // 1000
-        self.pause_samples = None if pause_ms is None else _check_ms("pause_ms", pause_ms) * ASR_SAMPLE_RATE // 1000
-        if judge_pause is not None and self.pause_samples is None:
-            raise ValueError("judge_pause needs pause_ms: the pause at which the turn is judged")
+        self.pause_ms = None if pause_ms is None else _check_ms("pause_ms", pause_ms)
+        self.pause_samples = None if self.pause_ms is None else self.pause_ms * ASR_SAMPLE_RATE // 1000
         self.scorer = scorer if scorer is not None else new_scorer(backend)
-        self.judge_pause = judge_pause
         self._judged_silence: int | None = None  # samples: this pause's verdict, until speech resumes
         self._turn_start = 0
         self._paused = False
@@ -180,13 +178,30 @@ class VoiceActivityDetector:
         """True between a ``speech_started`` and the next ``speech_stopped``."""
         return self._speaking
 
+    @property
+    def turn_start(self) -> int:
+        """Where the current (or last) turn starts: its ``speech_started`` sample."""
+        return self._turn_start
+
+    @property
+    def silence(self) -> tuple[int, int]:
+        """``(last_speech_end, samples of silence since)`` of the turn in progress; ``(0, 0)`` outside one."""
+        if not self._speaking:
+            return 0, 0
+        return self._last_speech_end, self._consumed - self._last_speech_end
+
     def feed(self, audio: Any) -> list[VadEvent]:
         """Score the new audio (16 kHz mono) and return the events it completes, in order."""
+        return list(self.events(audio))
+
+    def events(self, audio: Any) -> Iterator[VadEvent]:
+        """:meth:`feed`, one event at a time: the frames after an event are scored only when the
+        next event is asked for, so a ``speech_paused`` can be judged (:meth:`judge`) before the
+        detector goes on.  Iterate it to the end (the audio not scored yet is lost otherwise)."""
         samples = as_float_audio(audio)
         buffered = np.concatenate([self._pending, samples]) if self._pending.size else samples
         usable = buffered.size - buffered.size % FRAME_SAMPLES
         self._pending = buffered[usable:].copy()
-        events: list[VadEvent] = []
         for start in range(0, usable, FRAME_SAMPLES):
             probability = self.scorer.score(buffered[start : start + FRAME_SAMPLES])
             frame_start = self._consumed
@@ -195,31 +210,33 @@ class VoiceActivityDetector:
                 self._speaking = True
                 self._last_speech_end = self._consumed
                 self._turn_start = max(0, frame_start - self.prefix_padding)
-                events.append(VadEvent("speech_started", self._turn_start))
+                yield VadEvent("speech_started", self._turn_start)
             elif self._speaking and probability >= self.threshold - _HYSTERESIS:
                 self._last_speech_end = self._consumed
                 if self._paused:
                     self._paused = False
                     self._judged_silence = None
-                    events.append(VadEvent("speech_resumed", frame_start))
+                    yield VadEvent("speech_resumed", frame_start)
             elif self._speaking:
-                events += self._silent_frame()
-        return events
+                yield from self._silent_frame()
 
-    def _silent_frame(self) -> list[VadEvent]:
+    def judge(self, silence_ms: int) -> None:
+        """The current pause needs ``silence_ms`` of silence (from the last speech) to end the turn;
+        at most ``pause_ms`` ends it at the pause.  Holds until speech resumes; no pause, no effect."""
+        if self._paused and self.pause_samples is not None:
+            needed = _check_ms("silence_ms", silence_ms) * ASR_SAMPLE_RATE // 1000
+            self._judged_silence = max(self.pause_samples, needed)
+
+    def _silent_frame(self) -> Iterator[VadEvent]:
         """The turn's silence grew by a frame: maybe a pause, maybe the end of the turn."""
         silent = self._consumed - self._last_speech_end
         if silent >= self._needed_silence():
-            return [self._stop()]
-        if self.pause_samples is not None and not self._paused and silent >= self.pause_samples:
+            yield self._stop()
+        elif self.pause_samples is not None and not self._paused and silent >= self.pause_samples:
             self._paused = True
-            paused = VadEvent("speech_paused", self._last_speech_end + self.pause_samples)
-            if self.judge_pause is None:
-                return [paused]
-            judged_ms = self.judge_pause(self._turn_start, paused.sample)
-            self._judged_silence = max(self.pause_samples, judged_ms * ASR_SAMPLE_RATE // 1000)
-            return [paused, self._stop()] if silent >= self._judged_silence else [paused]
-        return []
+            yield VadEvent("speech_paused", self._last_speech_end + self.pause_samples)
+            if silent >= self._needed_silence():  # judged complete at the pause
+                yield self._stop()
 
     def _needed_silence(self) -> int:
         return self.silence_samples if self._judged_silence is None else self._judged_silence
