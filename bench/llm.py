@@ -128,9 +128,9 @@ def cpu_ms(work: Any, rounds: int) -> float:
 def matmuls(model: TinyLlama, rows: int, head_rows: int) -> Any:
     """The matrix products of one forward over ``rows`` tokens (the output projection over ``head_rows``)."""
     dtype = model.matmul_dtype
-    x = torch.randn(1, rows, model.config.dim).to(dtype)
-    inner = torch.randn(1, rows, model.config.ffn_dim).to(dtype)
-    head = x[:, :head_rows]
+    x = torch.randn(rows, model.config.dim).to(dtype)
+    inner = torch.randn(rows, model.config.ffn_dim).to(dtype)
+    head = x[:head_rows]
 
     def work() -> None:
         for block in model.blocks:

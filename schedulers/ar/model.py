@@ -11,9 +11,10 @@ attended to, because a row only attends to positions ``<=`` its own query positi
 position is written before it is read.
 
 Decoding one token is a few small operations per layer around four matrix products, so the forward
-keeps the operation count low: the residual stream stays float32 (only the products' inputs are cast
-to the weights' dtype), RoPE is two fused multiplies, attention groups each key/value head's query
-heads into one batched product, and a batch of neighbouring slots reads the cache without a copy.
+keeps the operation count low: the residual stream stays float32 and two-dimensional (``[rows, dim]``,
+so a product is one call; only the products' inputs are cast to the weights' dtype), RoPE is applied
+in place (a roll and two fused multiplies), attention is one ``scaled_dot_product_attention`` over
+grouped key/value heads, and each layer's cache views are made once per forward, not per layer.
 """
 
 from __future__ import annotations
@@ -84,12 +85,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_tables(config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """``[max_seq_len, head_dim]`` float32 tables: cos over both halves, and sin negated on the first half,
-    so RoPE is ``x * cos + swap_halves(x) * sin``."""
+    so RoPE is ``x * cos + swap_halves(x) * sin`` (``swap_halves`` is a roll by half the head)."""
     half = config.head_dim // 2
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
     angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float64), inv_freq)
@@ -103,51 +104,44 @@ class Attention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
         self.wqkv = nn.Linear(config.dim, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
     def project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q ``[B, T, H, D]``, k and v ``[B, T, KVH, D]`` (float32), RoPE applied to q and k.
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q [B, T, H, D], kv [B, T, 2 * KVH, D])`` (float32, views of one tensor), RoPE applied to
+        q and to the keys (``kv``'s first ``KVH`` heads; the values follow).
 
-        ``x`` is float32, multiplied in ``dtype``; ``cos``/``sin`` are ``[B, T, 1, D]`` (:func:`rope_tables`)."""
-        b, t, _ = x.shape
+        ``x`` is ``[B * T, dim]`` float32, multiplied in ``dtype``; ``cos``/``sin`` are ``[B, T, 1, D]``
+        (:func:`rope_tables`)."""
+        b, t = cos.shape[:2]
         qkv = self.wqkv(x.to(dtype)).float().view(b, t, -1, self.head_dim)
         qk = qkv[:, :, : self.n_heads + self.n_kv_heads]
-        half = self.head_dim // 2
-        swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
-        qk = torch.addcmul(qk * cos, swapped, sin)
-        return qk[:, :, : self.n_heads], qk[:, :, self.n_heads :], qkv[:, :, self.n_heads + self.n_kv_heads :]
-
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """Attention of q ``[B, T, H, D]`` over keys/values ``[B, KVH, L, D]``, as ``[B, T, H * D]``.
-
-        ``bias`` is added to the scaled scores: ``[B * KVH, 1 or G * T, L]`` with ``G = H / KVH``,
-        rows ordered by query head within a key/value head, then by position (:func:`attention_bias`)."""
-        b, t, h, d = q.shape
-        kvh = self.n_kv_heads
-        length = keys.shape[2]
-        if t == 1:
-            grouped = q.reshape(b * kvh, h // kvh, d)
-        else:
-            grouped = q.reshape(b, t, kvh, h // kvh, d).permute(0, 2, 3, 1, 4).reshape(b * kvh, -1, d)
-        scores = torch.baddbmm(bias, grouped, keys.reshape(b * kvh, length, d).transpose(1, 2), alpha=self.scale)
-        out = torch.bmm(torch.softmax(scores, dim=-1), values.reshape(b * kvh, length, d))
-        if t == 1:
-            return out.view(b, 1, h * d)
-        return out.view(b, kvh, h // kvh, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
+        swapped = qk.roll(self.head_dim // 2, dims=-1)
+        qk.mul_(cos).addcmul_(swapped, sin)
+        q, kv = qkv.split([self.n_heads, 2 * self.n_kv_heads], dim=2)
+        return q, kv
 
 
-def attention_bias(positions: torch.Tensor, length: int, n_kv_heads: int, group: int) -> torch.Tensor:
-    """The additive mask for :meth:`Attention.attend`: the query at position ``p`` sees keys ``<= p``."""
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Attention of q ``[B, T, H, D]`` over keys/values ``[B, KVH, L, D]``, as ``[B * T, H * D]``.
+
+    ``bias`` is added to the scaled scores: ``[B, 1, T, L]`` (:func:`attention_bias`), or None when
+    every query sees every key."""
+    b, t, h, d = q.shape
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias, enable_gqa=True)
+    return out.transpose(1, 2).reshape(b * t, h * d)
+
+
+def attention_bias(positions: torch.Tensor, length: int) -> torch.Tensor | None:
+    """The additive mask for :func:`attend`: the query at position ``p`` sees keys ``<= p``; None
+    when that is every key (one row whose last query is at ``length - 1``: a decode step)."""
     b, t = positions.shape
+    if b == 1 and t == 1 and int(positions[0, 0]) == length - 1:
+        return None
     allowed = torch.arange(length) <= positions.unsqueeze(-1)  # [B, T, L]
-    bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
-    if t == 1:
-        return bias.expand(b, n_kv_heads, length).reshape(b * n_kv_heads, 1, length)
-    return bias.unsqueeze(1).expand(b, n_kv_heads * group, t, length).reshape(b * n_kv_heads, group * t, length)
+    return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf")).unsqueeze(1)
 
 
 class FeedForward(nn.Module):
@@ -157,7 +151,7 @@ class FeedForward(nn.Module):
         self.w_down = nn.Linear(config.ffn_dim, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``x`` float32, multiplied in ``dtype``; the result is in ``dtype``."""
+        """``x [rows, dim]`` float32, multiplied in ``dtype``; the result is in ``dtype``."""
         gate, up = self.w_gate_up(x.to(dtype)).chunk(2, dim=-1)
         return self.w_down(F.silu(gate) * up)
 
@@ -174,6 +168,19 @@ class Block(nn.Module):
         self.attn = Attention(config)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn = FeedForward(config)
+
+    def attention_inputs(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's half before attention: ``(q, kv)`` of the residual ``x [B * T, dim]``
+        (see :meth:`Attention.project`)."""
+        return self.attn.project(self.attn_norm(x), cos, sin, dtype)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The layer's half after attention: its output ``[B * T, dim]`` from its input ``x`` and the
+        attention ``[B * T, H * D]``."""
+        x = x + self.attn.wo(attended.to(dtype))
+        return x + self.ffn(self.ffn_norm(x), dtype)
 
 
 class TinyLlama(nn.Module):
@@ -244,28 +251,32 @@ class TinyLlama(nn.Module):
         kv_len = max(starts) + t
         if kv_len > cache.max_seq_len:
             raise ValueError(f"sequence length {kv_len} exceeds max_seq_len={cache.max_seq_len}")
-        config, dtype = self.config, self.matmul_dtype
+        dtype, kv_heads = self.matmul_dtype, self.config.n_kv_heads
         cos, sin = self.rope_at(positions)
-        bias = attention_bias(positions, kv_len, config.n_kv_heads, config.n_heads // config.n_kv_heads)
+        bias = attention_bias(positions, kv_len)
         contiguous = slots == list(range(slots[0], slots[0] + b))
         rows = slice(slots[0], slots[0] + b)
         # Unless the rows are neighbouring slots at one start, keys/values go to flat row indices.
         flat = None if contiguous and all(s == starts[0] for s in starts) else _flat_rows(cache, slots, starts, t)
-        x = self.embed(tokens).float()
-        for layer_cache, layer in zip(cache.data, self.blocks, strict=True):
-            q, k, v = layer.attn.project(layer.attn_norm(x), cos, sin, dtype)
+        # Each layer's [2, B, KVH, T or L, D] destination and source, as views made once a step.
+        written = cache.data[:, :, rows, :, starts[0] : starts[0] + t].unbind(0) if flat is None else ()
+        read = cache.data[:, :, rows, :, :kv_len].unbind(0) if contiguous else None
+        x = self.embed(tokens).float().view(b * t, -1)
+        for index, layer in enumerate(self.blocks):
+            q, kv = layer.attention_inputs(x, cos, sin, dtype)
+            # [B, T, 2 * KVH, D] -> [2, B, KVH, T, D]
+            new = kv.view(b, t, 2, kv_heads, -1).permute(2, 0, 3, 1, 4)
             if flat is None:
-                layer_cache[0, rows, :, starts[0] : starts[0] + t] = k.transpose(1, 2)
-                layer_cache[1, rows, :, starts[0] : starts[0] + t] = v.transpose(1, 2)
+                written[index].copy_(new)
             else:
-                _write_flat(layer_cache, flat, k, v)
-            if contiguous:
-                kv = layer_cache[:, rows, :, :kv_len].float()  # [2, B, KVH, L, D], a view when float32
+                _write_flat(cache.data[index], flat, new)
+            if read is None:
+                keys_values = torch.stack([cache.data[index, :, slot, :, :kv_len] for slot in slots], dim=1)
             else:
-                kv = torch.stack([layer_cache[:, slot, :, :kv_len] for slot in slots], dim=1).float()
-            x = x + layer.attn.wo(layer.attn.attend(q, kv[0], kv[1], bias).to(dtype))
-            x = x + layer.ffn(layer.ffn_norm(x), dtype)
-        hidden = self.norm(x)
+                keys_values = read[index]
+            keys, values = keys_values.to(torch.float32).unbind(0)
+            x = layer.finish(x, attend(q, keys, values, bias), dtype)
+        hidden = self.norm(x).view(b, t, -1)
         if logits_at is not None:
             picked = hidden[torch.arange(b), torch.tensor(logits_at)].unsqueeze(1)
             return self.logits(picked), hidden
@@ -273,17 +284,15 @@ class TinyLlama(nn.Module):
 
     def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` of a whole sequence with causal attention and no cache (the oracle's path)."""
-        t = tokens.shape[1]
-        cos, sin = self.rope_at(torch.arange(t).expand(tokens.shape[0], t))
-        x = self.embed(tokens).float()
+        b, t = tokens.shape
+        cos, sin = self.rope_at(torch.arange(t).expand(b, t))
+        x = self.embed(tokens).float().view(b * t, -1)
         for layer in self.blocks:
-            q, k, v = layer.attn.project(layer.attn_norm(x), cos, sin, self.matmul_dtype)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-            )
-            x = x + layer.attn.wo(out.transpose(1, 2).flatten(2).to(self.matmul_dtype))
-            x = x + layer.ffn(layer.ffn_norm(x), self.matmul_dtype)
-        return self.logits(self.norm(x))
+            q, kv = layer.attention_inputs(x, cos, sin, self.matmul_dtype)
+            keys, values = kv.transpose(1, 2).chunk(2, dim=1)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, enable_gqa=True)
+            x = layer.finish(x, out.transpose(1, 2).reshape(b * t, -1), self.matmul_dtype)
+        return self.logits(self.norm(x)).view(b, t, -1)
 
 
 def _flat_rows(cache: KVCache, slots: list[int], starts: list[int], t: int) -> torch.Tensor:
@@ -294,11 +303,11 @@ def _flat_rows(cache: KVCache, slots: list[int], starts: list[int], t: int) -> t
     return ((slot * heads + torch.arange(heads).view(1, -1, 1)) * cache.max_seq_len + start + torch.arange(t)).view(-1)
 
 
-def _write_flat(layer_cache: torch.Tensor, flat: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Store new keys/values ``[B, T, KVH, D]`` at the rows :func:`_flat_rows` computed."""
-    d = k.shape[-1]
-    for part, new in ((0, k), (1, v)):
-        source = new.transpose(1, 2).reshape(-1, d).to(layer_cache.dtype)
+def _write_flat(layer_cache: torch.Tensor, flat: torch.Tensor, new: torch.Tensor) -> None:
+    """Store new keys/values ``[2, B, KVH, T, D]`` at the rows :func:`_flat_rows` computed."""
+    d = new.shape[-1]
+    for part in (0, 1):
+        source = new[part].reshape(-1, d).to(layer_cache.dtype)
         layer_cache[part].view(-1, d).index_copy_(0, flat, source)
 
 

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from schedulers.ar.model import TinyLlama, attention_bias
+from schedulers.ar.model import TinyLlama, attend, attention_bias
 
 
 def greedy_reference(
@@ -41,7 +41,6 @@ def handwritten_decode(model: TinyLlama, prompts: torch.Tensor, max_new_tokens: 
     total = prompt_len + max_new_tokens
     dtype = model.matmul_dtype
     caches = [torch.zeros(2, batch, config.n_kv_heads, total, config.head_dim) for _ in range(config.n_layers)]
-    group = config.n_heads // config.n_kv_heads
     out = torch.empty(batch, max_new_tokens, dtype=torch.long)
     with torch.inference_mode():
         tokens = prompts
@@ -50,16 +49,14 @@ def handwritten_decode(model: TinyLlama, prompts: torch.Tensor, max_new_tokens: 
             t = tokens.shape[1]
             positions = torch.arange(pos, pos + t).expand(batch, t)
             cos, sin = model.rope_at(positions)
-            bias = attention_bias(positions, pos + t, config.n_kv_heads, group)
-            x = model.embed(tokens).float()
+            bias = attention_bias(positions, pos + t)
+            x = model.embed(tokens).float().view(batch * t, -1)
             for layer, cache in zip(model.blocks, caches, strict=True):
-                q, k, v = layer.attn.project(layer.attn_norm(x), cos, sin, dtype)
-                cache[0, :, :, pos : pos + t] = k.transpose(1, 2)
-                cache[1, :, :, pos : pos + t] = v.transpose(1, 2)
+                q, kv = layer.attention_inputs(x, cos, sin, dtype)
+                cache[:, :, :, pos : pos + t] = kv.view(batch, t, 2, config.n_kv_heads, -1).permute(2, 0, 3, 1, 4)
                 keys, values = cache[0, :, :, : pos + t], cache[1, :, :, : pos + t]
-                x = x + layer.attn.wo(layer.attn.attend(q, keys, values, bias).to(dtype))
-                x = x + layer.ffn(layer.ffn_norm(x), dtype)
-            logits = model.logits(model.norm(x[:, -1]))
+                x = layer.finish(x, attend(q, keys, values, bias), dtype)
+            logits = model.logits(model.norm(x.view(batch, t, -1)[:, -1]))
             tokens = logits.argmax(-1, keepdim=True)
             out[:, step] = tokens[:, 0]
             pos += t

@@ -45,6 +45,8 @@ class Int8Linear(nn.Module):
         self.out_features = weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            return torch._weight_int8pack_mm(x, self.qweight, self.scale)
         flat = x.reshape(-1, x.shape[-1])
         return torch._weight_int8pack_mm(flat, self.qweight, self.scale).view(*x.shape[:-1], self.out_features)
 
@@ -63,6 +65,8 @@ class Int4Linear(nn.Module):
         self.out_features = codes.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            return torch._weight_int4pack_mm_for_cpu(x, self.packed, _GROUP, self.scales_and_zeros)
         flat = x.reshape(-1, x.shape[-1])
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, _GROUP, self.scales_and_zeros)
         return out.view(*x.shape[:-1], self.out_features)
