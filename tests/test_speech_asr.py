@@ -174,6 +174,21 @@ def test_semantic_vad_waits_when_the_words_are_unfinished(streaming_stage: Any) 
     assert not judged["turn_complete"] and judged["probability"] is None  # the words vetoed: no model
 
 
+def streamed_semantic_events(streaming_stage: Any, sid: str, clip: np.ndarray) -> list[dict[str, Any]]:
+    """The VAD events of a semantic_vad session fed ``clip`` in 40 ms pieces, as a microphone sends them."""
+    config = {"sample_rate": 16_000, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
+    streaming_stage.inbox.put(session(f"{sid}open", "open", sid, config=config))
+    until_final(streaming_stage, f"{sid}open")
+    events = []
+    for index, start in enumerate(range(0, clip.size, 640)):
+        streaming_stage.inbox.put(session(f"{sid}a{index}", "append", sid, chunk=clip[start : start + 640]))
+        outputs = until_final(streaming_stage, f"{sid}a{index}")
+        events += [m.data for m in outputs if m.metadata and m.metadata["modality"] == "vad"]
+    streaming_stage.inbox.put(session(f"{sid}abort", "abort", sid))
+    until_final(streaming_stage, f"{sid}abort")
+    return events
+
+
 def test_semantic_vad_transcribes_a_turn_ahead_of_its_pause_and_judges_on_that_transcript(
     streaming_stage: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,21 +204,26 @@ def test_semantic_vad_transcribes_a_turn_ahead_of_its_pause_and_judges_on_that_t
         return transcribe(audio, *args, **kwargs)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(recognizer, "transcribe", counted)
-    config = {"sample_rate": 16_000, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
-    streaming_stage.inbox.put(session("sem4open", "open", "sem4", config=config))
-    until_final(streaming_stage, "sem4open")
-    events = []
-    for index, start in enumerate(range(0, clip.size, 640)):  # 40 ms pieces, as a microphone sends them
-        streaming_stage.inbox.put(session(f"sem4a{index}", "append", "sem4", chunk=clip[start : start + 640]))
-        outputs = until_final(streaming_stage, f"sem4a{index}")
-        events += [m.data for m in outputs if m.metadata and m.metadata["modality"] == "vad"]
-    streaming_stage.inbox.put(session("sem4abort", "abort", "sem4"))
-    until_final(streaming_stage, "sem4abort")
-    started, paused = events[:2]
+    started, paused, judged, _ = events = streamed_semantic_events(streaming_stage, "sem4", clip)
     assert [e["type"] for e in events] == ["speech_started", "speech_paused", "turn_judged", "speech_stopped"]
-    assert heard_as(paused["transcript"], "What is the capital of France?")
+    assert heard_as(paused["transcript"], "What is the capital of France?") and paused["unfinished"] is None
     assert len(heard) == 1  # one decode, made at 100 ms of silence, before the pause (200 ms) came:
-    assert heard[0] <= (paused["audio_ms"] - started["audio_start_ms"]) * 16 - FRAME_SAMPLES  # frames short of it
+    assert heard[0] == (paused["audio_ms"] - started["audio_start_ms"]) * 16
+    assert paused["audio_ms"] <= judged["audio_ms"] - FRAME_SAMPLES // 16  # the words came frames ahead
+    assert judged["turn_complete"] and judged["transcript"] == paused["transcript"]
+
+
+def test_semantic_vad_takes_back_words_announced_ahead_of_a_pause_that_did_not_come(streaming_stage: Any) -> None:
+    tts = shared_synthesizer(variation=0.0)
+    said = [resample(tts.synthesize(text), tts.sample_rate, 16_000) for text in ("What is the capital", "of France?")]
+    gap = np.zeros(1600, np.float32)  # 100 ms: silent long enough to be transcribed, too short to be a pause
+    clip = np.concatenate([np.zeros(4800, np.float32), said[0], gap, said[1], np.zeros(8_000, np.float32)])
+    events = streamed_semantic_events(streaming_stage, "sem5", clip)
+    types = ["speech_started", "speech_paused", "speech_resumed", "speech_paused", "turn_judged"]
+    assert [e["type"] for e in events][:5] == types, events
+    assert heard_as(events[1]["transcript"], "What is the capital")
+    assert events[1]["audio_ms"] <= events[2]["audio_ms"] < events[3]["audio_ms"] < events[4]["audio_ms"]
+    assert "France" in events[3]["transcript"]  # the words announced again, all of them
 
 
 def test_semantic_vad_names_a_bad_eagerness(streaming_stage: Any) -> None:

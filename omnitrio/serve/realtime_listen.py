@@ -12,9 +12,9 @@ one is in flight, further audio is coalesced into the next, so the listener neve
 
 Besides OpenAI's ``speech_started`` / ``speech_stopped`` the listener asks for ``speech_paused``
 (the turn *may* be ending: ``PAUSE_LEAD_MS`` before server VAD's ``speech_stopped`` could confirm it,
-or, with ``semantic_vad``, once the turn was transcribed at ``SEMANTIC_PAUSE_MS`` of silence, before
-it is judged: ``turn_judged`` follows) and ``speech_resumed`` (it did not): the connection uses
-them to prepare its answer speculatively.
+or, with ``semantic_vad``, once the turn was transcribed, at 100 ms of silence, before it is
+judged at ``SEMANTIC_PAUSE_MS``: ``turn_judged`` follows) and ``speech_resumed`` (it did not): the
+connection uses them to prepare its answer speculatively.
 Each judged pause is logged (``omnitrio.serve.realtime_listen``, DEBUG): what was heard, the
 model's probability, the words' objection and the decision.
 
@@ -51,8 +51,8 @@ OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
 def session_config(detection: TurnDetection) -> dict[str, Any]:
     """The ``open`` command's config: 24 kHz PCM16 in, VAD with a speculation point, no partials.
 
-    ``semantic_vad`` is judged at a pause of ``SEMANTIC_PAUSE_MS``; the ``speech_paused`` event then
-    carries the transcript of the turn so far, which the connection reuses for the answer it prepares.
+    ``semantic_vad`` is judged at a pause of ``SEMANTIC_PAUSE_MS``; the ``speech_paused`` event before
+    it carries the transcript of the turn so far, which the connection reuses for the answer it prepares.
     """
     if detection.type == "semantic_vad":
         semantic = {"type": "semantic_vad", "eagerness": detection.eagerness, "pause_ms": SEMANTIC_PAUSE_MS}

@@ -16,15 +16,16 @@ Session ``config`` (the open command's ``config``):
   with ``pause_ms`` in it (an omnitrio extension) also ``{"type": "speech_paused" | "speech_resumed",
   "audio_ms": ...}`` (see :class:`~schedulers.speech.vad.VoiceActivityDetector`);
   or ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto", "pause_ms"}``: the
-  same events, but at each pause of ``pause_ms`` (default 200) the turn so far is transcribed
-  (``quick``; ahead of the pause, once the turn has been silent ``EARLY_MS``, so the words are
-  ready when the pause comes) and ``speech_paused`` is emitted at once with that ``transcript`` and the words'
-  objection ``unfinished`` (None when they have none), so a server can start preparing its answer
-  while the turn is judged (:mod:`schedulers.speech.turn_end`: the turn model runs only when the
-  words do not object); then ``{"type": "turn_judged", "audio_ms", "transcript", "turn_complete",
-  "probability" (the model's, None when the words vetoed), "unfinished", "decision_ms": {"asr",
-  "model", "total"}}``, and ``speech_stopped`` comes after the silence that judgement asks for
-  (at once when that silence has passed already);
+  same events, but a turn silent ``EARLY_MS`` (100; or, when appends come in big pieces, its
+  pause) is transcribed (``quick``) and ``speech_paused`` says so at once with that ``transcript``
+  and the words' objection ``unfinished`` (None when they have none), so a server can start
+  preparing its answer while the silence goes on (speech coming back first: ``speech_resumed``);
+  at the pause of ``pause_ms`` (default 200) the turn is judged on those words and its audio
+  (:mod:`schedulers.speech.turn_end`: the turn model runs only when the words do not object):
+  ``{"type": "turn_judged", "audio_ms", "transcript", "turn_complete", "probability" (the
+  model's, None when the words vetoed), "unfinished", "decision_ms": {"asr", "model", "total"}}``,
+  and ``speech_stopped`` comes after the silence that judgement asks for (at once when that
+  silence has passed already);
 * ``language``: passed to the recognizer;
 * ``partial_every_ms``: overrides the stage's partial interval for this session; ``None``
   turns partials off (VAD events and the final text still come).
@@ -51,12 +52,32 @@ from schedulers.speech.turn_words import unfinished_because
 from schedulers.speech.vad import VadBackendName, VadEvent, VoiceActivityDetector
 
 _WORD = re.compile(r"[^\w']+")
-EARLY_MS = 100  # semantic_vad: a turn silent this long is transcribed, ahead of its pause's judgement
+EARLY_MS = 100  # semantic_vad: a turn silent this long is transcribed and announced, ahead of its judgement
 EARLY_SAMPLES = EARLY_MS * ASR_SAMPLE_RATE // 1000
+
+
+def _heard(audio_ms: int, transcript: str) -> dict[str, Any]:
+    """``speech_paused`` with the turn's words and their objection (None: the words have none)."""
+    return {
+        "type": "speech_paused",
+        "audio_ms": audio_ms,
+        "transcript": transcript,
+        "unfinished": unfinished_because(transcript),
+    }
 
 
 def _norm(word: str) -> str:
     return _WORD.sub("", word.lower())
+
+
+@attrs.frozen
+class EarlyTranscript:
+    """A semantic turn transcribed at ``EARLY_MS`` of silence: whose (turn start, last speech
+    sample), the words, and the seconds the decode took."""
+
+    key: tuple[int, int]
+    transcript: str
+    seconds: float
 
 
 @attrs.define(eq=False)
@@ -69,7 +90,7 @@ class TranscriptionSession:
     partial_every: int | None
     vad: VoiceActivityDetector | None = None
     detector: SemanticTurnDetector | None = None  # semantic_vad: judges each pause
-    early: tuple[int, int, str, float] | None = None  # turn start, speech end, transcript, seconds spent
+    early: EarlyTranscript | None = None  # semantic_vad: the turn transcribed (and announced) ahead of its pause
     chunks: list[FloatAudio] = attrs.field(factory=list)
     samples: int = 0
     decoded_samples: int = 0
@@ -145,34 +166,45 @@ class StreamingTranscriber:
         )
 
     def _judge(self, state: TranscriptionSession, paused: VadEvent, ctx: SessionContext) -> None:
-        """Transcribe the turn to the pause and say so (``speech_paused``), then judge it
-        (``turn_judged``) and tell the VAD the silence the turn now needs."""
+        """Judge the turn at its pause (``turn_judged``) and tell the VAD the silence it now needs;
+        first transcribe it and say so (``speech_paused``), unless that was done ahead of the pause."""
         assert state.vad is not None and state.detector is not None
         pause_ms = state.vad.pause_ms or 0
-        start, speech_end = state.vad.turn_start, paused.sample - pause_ms * ASR_SAMPLE_RATE // 1000
-        audio = state.audio()[start : paused.sample]
-        if state.early is not None and state.early[:2] == (start, speech_end):
-            transcript, asr_seconds = state.early[2:]  # the same words: only silence came since
+        key = (state.vad.turn_start, paused.sample - pause_ms * ASR_SAMPLE_RATE // 1000)
+        audio = state.audio()[key[0] : paused.sample]
+        early = self._early_for(state, key, ctx)
+        if early is not None:
+            transcript, asr_seconds = early.transcript, early.seconds  # the same words: only silence came since
         else:
             began = time.perf_counter()
             transcript = self.recognizer.transcribe(audio, state.language, quick=True)
             asr_seconds = time.perf_counter() - began
-        heard = {"transcript": transcript, "unfinished": unfinished_because(transcript)}
-        ctx.emit({"type": "speech_paused", "audio_ms": paused.ms, **heard}, modality="vad")
+            ctx.emit(_heard(paused.ms, transcript), modality="vad")
         began = time.perf_counter()
         decision = state.detector.decide(audio, transcript, silence_ms=pause_ms)
         model_seconds = time.perf_counter() - began
         state.vad.judge(decision.judgement.end_after_ms)
         spent = {"asr": asr_seconds, "model": model_seconds, "total": asr_seconds + model_seconds}
         judged = {
+            **_heard(paused.ms, transcript),
             "type": "turn_judged",
-            "audio_ms": paused.ms,
-            **heard,
             "turn_complete": decision.judgement.complete,
             "probability": decision.judgement.probability,
             "decision_ms": {part: round(1000 * seconds, 1) for part, seconds in spent.items()},
         }
         ctx.emit(judged, modality="vad")
+
+    def _early_for(
+        self, state: TranscriptionSession, key: tuple[int, int], ctx: SessionContext
+    ) -> EarlyTranscript | None:
+        """The turn's early transcript when it is of ``key``; one of an earlier moment is stale
+        (speech came back before the pause): ``speech_resumed`` says so, and it is dropped."""
+        early = state.early
+        if early is None or early.key == key:
+            return early
+        state.early = None
+        ctx.emit({"type": "speech_resumed", "audio_ms": key[1] * 1000 // ASR_SAMPLE_RATE}, modality="vad")
+        return None
 
     def append(
         self, state: TranscriptionSession, chunk: Any, payload: StagePayload, ctx: SessionContext
@@ -192,8 +224,10 @@ class StreamingTranscriber:
         if state.vad is None:
             return
         for event in state.vad.events(audio):
+            if ctx is None:
+                continue
             match event.type:
-                case "speech_paused" if state.detector is not None and ctx is not None:
+                case "speech_paused" if state.detector is not None:
                     self._judge(state, event, ctx)
                     continue
                 case "speech_started":
@@ -202,23 +236,24 @@ class StreamingTranscriber:
                     key = "audio_end_ms"
                 case _:
                     key = "audio_ms"
-            if ctx is not None:
-                ctx.emit({"type": event.type, key: event.ms}, modality="vad")
+            if event.type != "speech_paused":
+                state.early = None  # the turn (or its pause) is over
+            ctx.emit({"type": event.type, key: event.ms}, modality="vad")
         if state.detector is not None and ctx is not None:
-            self._transcribe_early(state)
+            self._transcribe_early(state, ctx)
 
-    def _transcribe_early(self, state: TranscriptionSession) -> None:
-        """Once a turn has been silent ``EARLY_MS``, transcribe it: if the silence reaches the pause,
-        its judgement starts with the transcript ready (the CPU would have idled meanwhile)."""
+    def _transcribe_early(self, state: TranscriptionSession, ctx: SessionContext) -> None:
+        """Once a turn has been silent ``EARLY_MS``, transcribe it and say so (``speech_paused``): a
+        server starts its answer while the silence goes on to the pause, which reuses the words."""
         assert state.vad is not None
         speech_end, silent = state.vad.silence
-        pause = state.vad.pause_samples or 0
         key = (state.vad.turn_start, speech_end)
-        if not EARLY_SAMPLES <= silent < pause or (state.early is not None and state.early[:2] == key):
+        if self._early_for(state, key, ctx) is not None or not EARLY_SAMPLES <= silent < (state.vad.pause_samples or 0):
             return
         began = time.perf_counter()
         transcript = self.recognizer.transcribe(state.audio()[key[0] : speech_end + silent], state.language, quick=True)
-        state.early = (*key, transcript, time.perf_counter() - began)
+        state.early = EarlyTranscript(key, transcript, time.perf_counter() - began)
+        ctx.emit(_heard((speech_end + silent) * 1000 // ASR_SAMPLE_RATE, transcript), modality="vad")
 
     def _partial(self, state: TranscriptionSession, ctx: SessionContext) -> None:
         words = self.recognizer.transcribe(state.audio(), state.language).split()
