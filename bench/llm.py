@@ -9,6 +9,9 @@ In one run, per weight format (``float32``, ``bfloat16``, ``int8``, ``int4``):
 * **prefill**: milliseconds to the first token of a 40-token prompt (chat time to first token);
 * **agreement**: the share of positions where the format's next token equals float32's, teacher-forced
   along float32's greedy answers to a fixed prompt set;
+* **products only** (``products_only_*``): the same three figures from the matrix products alone
+  (every projection and the output projection, same shapes, same threads): what the weight kernels
+  allow if everything around them cost nothing;
 * **one core's floor** (``cpu1_*``): CPU milliseconds (``time.thread_time``, one torch thread) of a
   decode step at batch 1 and 8 and of the 40-token prefill, next to the CPU milliseconds of their
   matrix products alone (every projection and the output projection, same shapes).  CPU time is
@@ -143,6 +146,28 @@ def matmuls(model: TinyLlama, rows: int, head_rows: int) -> Any:
     return work
 
 
+def products_floor(model: TinyLlama, long_ids: list[int]) -> dict[str, float]:
+    """Wall figures of the matrix products alone at the run's thread count: the most each target
+    could reach if everything around the products cost nothing."""
+    figures = {}
+    with torch.inference_mode():
+        for batch in (1, 8):
+            work = matmuls(model, batch, batch)
+            work()
+            seconds = statistics.median(_wall(work) for _ in range(7))
+            figures[f"products_only_b{batch}_tok_s"] = round(batch / seconds, 1)
+        work = matmuls(model, len(long_ids), 1)
+        work()
+        figures["products_only_prefill40_ms"] = round(statistics.median(_wall(work) for _ in range(3)) * 1e3, 1)
+    return figures
+
+
+def _wall(work: Any) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
 def one_core_floor(model: TinyLlama, prompts: list[list[int]], long_ids: list[int]) -> dict[str, float]:
     """CPU ms at one thread: decode steps (batch 1 and 8), the 40-token prefill, and their products alone."""
     threads = torch.get_num_threads()
@@ -253,12 +278,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "sessions8_tok_s": round(decode_rate(model, prompts, args.tokens), 1),
             "prefill40_ms": round(prefill_ms(model, long_ids), 1),
             "agreement_vs_float32": round(agreement(model, prompts, answers), 4),
+            **products_floor(model, long_ids),
             **one_core_floor(model, prompts, long_ids),
             "load_avg": round(os.getloadavg()[0], 2),
         }
         results["formats"][fmt] = row
         print(fmt, row, flush=True)
-    results["transformers_bf16_tok_s"] = transformers_rate(prompts[0], args.tokens)
+    transformers = transformers_rate(prompts[0], args.tokens)
+    results["transformers_bf16_tok_s"] = transformers
+    if transformers:  # the targets as ratios to transformers at batch 1, measured in this run
+        for row in results["formats"].values():
+            row["batch1_vs_transformers"] = round(row["batch1_tok_s"] / transformers, 2)
+            row["sessions8_vs_transformers"] = round(row["sessions8_tok_s"] / transformers, 2)
     results["llama_cpp_tok_s"] = llama_cpp_rate(args.tokens, args.threads)
     results["load_avg_after"] = round(os.getloadavg()[0], 2)
     return results

@@ -296,19 +296,20 @@ class TinyLlama(nn.Module):
 
 
 def _flat_rows(cache: KVCache, slots: list[int], starts: list[int], t: int) -> torch.Tensor:
-    """Row indices ``[B * KVH * T]`` into one layer's keys viewed as ``[slots * KVH * max_seq_len, D]``."""
-    heads = cache.data.shape[3]
-    slot = torch.tensor(slots).view(-1, 1, 1)
-    start = torch.tensor(starts).view(-1, 1, 1)
-    return ((slot * heads + torch.arange(heads).view(1, -1, 1)) * cache.max_seq_len + start + torch.arange(t)).view(-1)
+    """Row indices ``[2 * B * KVH * T]`` into one layer's keys then values viewed as
+    ``[2 * slots * KVH * max_seq_len, D]``, in the order of a ``[2, B, KVH, T, D]`` tensor."""
+    _, _, count, heads, length, _ = cache.data.shape
+    slot = torch.tensor(slots).view(1, -1, 1, 1)
+    start = torch.tensor(starts).view(1, -1, 1, 1)
+    part = torch.arange(2).view(-1, 1, 1, 1) * count
+    head = torch.arange(heads).view(1, 1, -1, 1)
+    return (((part + slot) * heads + head) * length + start + torch.arange(t)).view(-1)
 
 
 def _write_flat(layer_cache: torch.Tensor, flat: torch.Tensor, new: torch.Tensor) -> None:
     """Store new keys/values ``[2, B, KVH, T, D]`` at the rows :func:`_flat_rows` computed."""
     d = new.shape[-1]
-    for part in (0, 1):
-        source = new[part].reshape(-1, d).to(layer_cache.dtype)
-        layer_cache[part].view(-1, d).index_copy_(0, flat, source)
+    layer_cache.view(-1, d).index_copy_(0, flat, new.reshape(-1, d).to(layer_cache.dtype))
 
 
 def build_model(

@@ -8,7 +8,11 @@ seeded alike draws alike, whatever else shares its batch.
 
 from __future__ import annotations
 
+from typing import Final
+
 import torch
+
+_CANDIDATES: Final = 256
 
 
 def sample_rows(
@@ -23,7 +27,7 @@ def sample_rows(
             continue
         probs = torch.softmax(logits[row].float() / temperature, -1)
         if top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
+            sorted_probs, order = _most_likely(probs, top_p)
             keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # tokens before which mass < top_p
             sorted_probs = sorted_probs * keep
             choice = torch.multinomial(sorted_probs, 1, generator=generator)
@@ -31,3 +35,13 @@ def sample_rows(
         else:
             tokens.append(int(torch.multinomial(probs, 1, generator=generator)))
     return tokens
+
+
+def _most_likely(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities in descending order with their token ids: the top few when they already hold
+    ``top_p`` of the mass (the nucleus is among them), else the whole vocabulary."""
+    if probs.numel() > _CANDIDATES:
+        top = probs.topk(_CANDIDATES)
+        if float(top.values.sum()) >= top_p:
+            return top.values, top.indices
+    return probs.sort(descending=True)
