@@ -94,7 +94,7 @@ async def chat_first_token(port: int, rounds: int) -> dict[str, float]:
 
 async def main(turns: int, session_counts: list[int]) -> dict[str, Any]:
     clips = synthesize(QUESTIONS)
-    server, port = start_server()
+    server, port = start_server([])
     url = f"ws://127.0.0.1:{port}/v1/realtime"
     results: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_before": round(os.getloadavg()[0], 2)}
     try:
