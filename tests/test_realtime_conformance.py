@@ -188,7 +188,9 @@ async def test_a_hand_commit_with_server_vad_on_is_not_cancelled_by_its_own_audi
         await rt.send({"type": "input_audio_buffer.clear"})
         events += await receive_until(rt, "input_audio_buffer.cleared")
     types = [e["type"] for e in events]
-    assert not [t for t in types if t.startswith("input_audio_buffer.speech")]
+    # Server VAD may see the speech before the commit arrives; once committed, that audio starts no turn.
+    after_commit = types[types.index("input_audio_buffer.committed") :]
+    assert not [t for t in after_commit if t.startswith("input_audio_buffer.speech")]
     assert types.count("response.created") == 1
     done = next(e for e in events if e["type"] == "response.done")["response"]
     assert done["status"] == "completed"
