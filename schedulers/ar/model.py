@@ -226,8 +226,9 @@ class TinyLlama(nn.Module):
         return self.rope_cos[positions].unsqueeze(2), self.rope_sin[positions].unsqueeze(2)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits of final hidden states."""
-        return self.lm_head(hidden.to(self.matmul_dtype)).float()
+        """Float32 logits of final hidden states ``[..., dim]`` (the projection sees them as ``[rows, dim]``)."""
+        rows = hidden.reshape(-1, hidden.shape[-1]).to(self.matmul_dtype)
+        return self.lm_head(rows).float().view(*hidden.shape[:-1], -1)
 
     def forward(
         self,

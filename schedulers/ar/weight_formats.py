@@ -42,13 +42,10 @@ class Int8Linear(nn.Module):
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         self.register_buffer("qweight", torch.round(weight / scale[:, None]).to(torch.int8))
         self.register_buffer("scale", scale.to(dtype))
-        self.out_features = weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:
-            return torch._weight_int8pack_mm(x, self.qweight, self.scale)
-        flat = x.reshape(-1, x.shape[-1])
-        return torch._weight_int8pack_mm(flat, self.qweight, self.scale).view(*x.shape[:-1], self.out_features)
+        """``x [rows, in]`` in the scale's dtype."""
+        return torch._weight_int8pack_mm(x, self.qweight, self.scale)
 
 
 class Int4Linear(nn.Module):
@@ -62,14 +59,10 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2))
         zero = low + 8 * scale
         self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous())
-        self.out_features = codes.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2:
-            return torch._weight_int4pack_mm_for_cpu(x, self.packed, _GROUP, self.scales_and_zeros)
-        flat = x.reshape(-1, x.shape[-1])
-        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, _GROUP, self.scales_and_zeros)
-        return out.view(*x.shape[:-1], self.out_features)
+        """``x [rows, in]`` in the scales' dtype."""
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, _GROUP, self.scales_and_zeros)
 
 
 def load_model(source: GGUFModel, fmt: WeightFormat) -> TinyLlama:
