@@ -109,6 +109,27 @@ class StageOverloaded(Exception):
     """
 
 
+class InvalidRequest(ValueError):
+    """A request this scheduler cannot serve as asked: the caller's mistake, not the stage's.
+
+    Send it (or raise it where the scheduler turns exceptions into ``error`` outputs): the caller
+    gets a client error naming ``param`` with OpenAI's ``code`` (HTTP 400, or a realtime ``error``
+    event) instead of a stage failure.  ``code`` is OpenAI's, e.g. ``"context_length_exceeded"``.
+    """
+
+    def __init__(self, message: str, *, code: str = "invalid_value", param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_invalid_request, (str(self), self.code, self.param))
+
+
+def _invalid_request(message: str, code: str, param: str | None) -> InvalidRequest:
+    return InvalidRequest(message, code=code, param=param)
+
+
 @runtime_checkable
 class StageScheduler(Protocol):
     """What a stage needs from a scheduler.
@@ -154,6 +175,7 @@ def put_messages(outbox: queue.Queue[OutgoingMessage] | Any, messages: Iterable[
 __all__ = [
     "IncomingMessage",
     "IncomingMessageType",
+    "InvalidRequest",
     "OmniRequest",
     "OutgoingMessage",
     "OutgoingMessageType",
