@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 FIRST = "What is the capital of France?"
 FOLLOW_UP = "Please call my sister."
 GAPS = (0.2, 0.3, 0.45)
-DETECTIONS = {  # each with the silence after speech that ends a complete turn (ms)
+DETECTIONS: dict[
+    str, tuple[dict[str, Any], int]
+] = {  # each with the silence after speech that ends a complete turn (ms)
     "server_vad_200": ({"type": "server_vad", "silence_duration_ms": 200}, 200),
     "server_vad_500": ({"type": "server_vad", "silence_duration_ms": 500}, 500),
     "semantic_vad": ({"type": "semantic_vad", "eagerness": "high"}, 200),
