@@ -54,6 +54,12 @@ class Output:
         return "length" if self._results.get("finish_reason") == "length" else "stop"
 
     @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The tool calls the answer ended with (OpenAI's chat shape); empty when it made none."""
+        calls = self._results.get("tool_calls")
+        return [dict(call) for call in calls if isinstance(call, Mapping)] if isinstance(calls, list) else []
+
+    @property
     def sample_rate(self) -> int | None:
         """The rate of ``pcm`` (known once the first audio arrived, or fixed up front)."""
         return self._audio.rate
