@@ -5,6 +5,9 @@
 (``token_type == 3``, e.g. ``<|im_start|>``) matched whole in text, and renders
 ``tokenizer.chat_template`` with jinja2 in a sandbox, as Hugging Face does.  ``encode(render(...))``
 of a conversation is the prompt the model was trained on; ``decode`` drops control tokens.
+Whether the model can be offered tools is read from the template: it can when the template reads a
+``tools`` variable (:attr:`ChatTokenizer.supports_tools`); rendering tools for one that does not is an
+:class:`~omnitrio.contract.InvalidRequest` naming ``tools`` (a 400), never a prompt without them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from omnitrio.contract import InvalidRequest
 from schedulers.ar.gguf_file import GGUFModel
 
 _CONTROL: Final = 3
@@ -23,12 +27,15 @@ class ChatTokenizer:
     """Text ⇄ ids and conversation → prompt text for one GGUF model (see the module docstring)."""
 
     def __init__(self, inner: Any, template: str, eos_token_id: int, bos_token: str, eos_token: str) -> None:
+        from jinja2 import meta
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self._inner = inner
         self.vocab_size: int = inner.get_vocab_size(with_added_tokens=True)
         self.eos_token_id = eos_token_id
-        self._template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = environment.from_string(template)
+        self.supports_tools: bool = "tools" in meta.find_undeclared_variables(environment.parse(template))
         self._names = {"bos_token": bos_token, "eos_token": eos_token}
 
     def encode(self, text: str) -> list[int]:
@@ -37,14 +44,31 @@ class ChatTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._inner.decode(list(ids), skip_special_tokens=True))
 
-    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``)."""
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``, and
+        ``tool_calls`` / ``tool_call_id`` where the conversation has them) and the offered ``tools``."""
+        extra: dict[str, Any] = {}
+        if tools:
+            if not self.supports_tools:
+                raise InvalidRequest(
+                    "tools: this model's chat template has no place for tools, so it cannot call them",
+                    param="tools",
+                )
+            extra["tools"] = tools
         return str(
-            self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names)
+            self._template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names, **extra
+            )
         )
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self.encode(self.render(messages))
+    def encode_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.encode(self.render(messages, tools=tools))
 
 
 def chat_tokenizer(model: GGUFModel) -> ChatTokenizer:
