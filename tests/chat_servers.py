@@ -2,7 +2,8 @@
 
 * :func:`scripted_server`: an ASGI app on hypercorn in the test's trio run that answers each
   ``POST /v1/chat/completions`` with the next scripted :class:`Reply` (SSE chunks, an error status, or
-  chunks and then a hold until the client goes), and records what it was sent and when a client left.
+  chunks and then a hold until the client goes; the last reply answers every request after it), and
+  records what it was sent and when a client left.
 * :func:`llama_server`: a real ``python -m llama_cpp.server`` process (llama-cpp-python's server
   extra) serving a GGUF file on port 0; stopped and reaped on exit.
 """
@@ -53,7 +54,7 @@ class ScriptedServer:
     port: int = 0
     bodies: list[dict[str, Any]] = attrs.field(factory=list)
     headers: list[dict[str, str]] = attrs.field(factory=list)
-    left: trio.Event = attrs.field(factory=trio.Event)  # a held reply's client closed the connection
+    left: list[trio.Event] = attrs.field(factory=list)  # one per held reply: set when its client has gone
     asked: trio.Event = attrs.field(factory=trio.Event)  # a request arrived
 
     @property
@@ -75,7 +76,7 @@ class ScriptedServer:
         self.bodies.append(json.loads(body))
         self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         self.asked.set()
-        reply = self.replies.pop(0)
+        reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]  # the last one, again and again
         if reply.status != 200:
             error = json.dumps({"error": reply.error or {"message": "no"}}).encode()
             await send(
@@ -92,9 +93,11 @@ class ScriptedServer:
             event = f"data: {json.dumps(chunk)}\n\n".encode()
             await send({"type": "http.response.body", "body": event, "more_body": True})
         if reply.hold:
+            left = trio.Event()
+            self.left.append(left)
             while (await receive())["type"] != "http.disconnect":
                 pass
-            self.left.set()
+            left.set()
             return
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 

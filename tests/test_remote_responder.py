@@ -128,7 +128,7 @@ async def test_abort_closes_the_http_stream_at_once() -> None:
             scheduler.abort("r1")
             scheduler.inbox.put(IncomingMessage("r1", "abort"))
             with trio.fail_after(10):
-                await server.left.wait()  # the server saw the connection go
+                await server.left[0].wait()  # the server saw the connection go
             scheduler.inbox.put(chat("r2"))
             after = await outputs(scheduler.outbox)
     assert {m.request_id for m in after} == {"r2"}  # nothing more of the aborted request

@@ -27,7 +27,6 @@ class ChatTokenizer:
     """Text ⇄ ids and conversation → prompt text for one GGUF model (see the module docstring)."""
 
     def __init__(self, inner: Any, template: str, eos_token_id: int, bos_token: str, eos_token: str) -> None:
-        from jinja2 import meta
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self._inner = inner
@@ -35,7 +34,7 @@ class ChatTokenizer:
         self.eos_token_id = eos_token_id
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._template = environment.from_string(template)
-        self.supports_tools: bool = "tools" in meta.find_undeclared_variables(environment.parse(template))
+        self.supports_tools = reads_tools(environment, template)
         self._names = {"bos_token": bos_token, "eos_token": eos_token}
 
     def encode(self, text: str) -> list[int]:
@@ -53,14 +52,7 @@ class ChatTokenizer:
     ) -> str:
         """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``, and
         ``tool_calls`` / ``tool_call_id`` where the conversation has them) and the offered ``tools``."""
-        extra: dict[str, Any] = {}
-        if tools:
-            if not self.supports_tools:
-                raise InvalidRequest(
-                    "tools: this model's chat template has no place for tools, so it cannot call them",
-                    param="tools",
-                )
-            extra["tools"] = tools
+        extra = tool_variables(tools, supported=self.supports_tools)
         return str(
             self._template.render(
                 messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names, **extra
@@ -69,6 +61,25 @@ class ChatTokenizer:
 
     def encode_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.encode(self.render(messages, tools=tools))
+
+
+def reads_tools(environment: Any, template: str) -> bool:
+    """Whether the chat ``template`` (parsed by the jinja2 ``environment``) reads a ``tools`` variable."""
+    from jinja2 import meta
+
+    return "tools" in meta.find_undeclared_variables(environment.parse(template))
+
+
+def tool_variables(tools: list[dict[str, Any]] | None, *, supported: bool) -> dict[str, Any]:
+    """The template variables for the offered ``tools``; offering them to a template that does not read
+    them is an :class:`~omnitrio.contract.InvalidRequest` naming ``tools``."""
+    if not tools:
+        return {}
+    if not supported:
+        raise InvalidRequest(
+            "tools: this model's chat template has no place for tools, so it cannot call them", param="tools"
+        )
+    return {"tools": tools}
 
 
 def chat_tokenizer(model: GGUFModel) -> ChatTokenizer:
