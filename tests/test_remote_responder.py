@@ -119,19 +119,22 @@ async def test_tools_go_to_the_server_and_its_tool_calls_come_back_in_the_result
     assert not [m for m in got if m.type == "stream"]
 
 
-async def test_abort_closes_the_http_stream_at_once() -> None:
+@pytest.mark.parametrize("how", ["abort()", "abort message"])
+async def test_abort_closes_the_http_stream_at_once_and_the_id_starts_afresh(how: str) -> None:
     async with scripted_server(Reply(text_chunks("The capital")[:2], hold=True), Reply(text_chunks("Next."))) as server:
         with running(responder(server.base_url)) as scheduler:
             scheduler.inbox.put(chat("r1"))
             first = await outputs(scheduler.outbox, until="stream")
             assert first[-1].data == {"text": "The capital"}
-            scheduler.abort("r1")
-            scheduler.inbox.put(IncomingMessage("r1", "abort"))
+            if how == "abort()":
+                scheduler.abort("r1")
+            else:
+                scheduler.inbox.put(IncomingMessage("r1", "abort"))
+            scheduler.inbox.put(chat("r1"))  # the same id again: a new life
             with trio.fail_after(10):
-                await server.left[0].wait()  # the server saw the connection go
-            scheduler.inbox.put(chat("r2"))
+                await server.left[0].wait()  # the server saw the first answer's connection go
             after = await outputs(scheduler.outbox)
-    assert {m.request_id for m in after} == {"r2"}  # nothing more of the aborted request
+    assert [m.data if m.type == "stream" else m.data.data["text"] for m in after] == [{"text": "Next."}, "Next."]
 
 
 async def test_a_request_the_server_refuses_is_an_invalid_request_with_its_param() -> None:

@@ -11,12 +11,14 @@ Concatenated, the chunks are the result's ``text``.  ``stop``, ``max_tokens``, t
 (a realtime turn's messages carry the session's history).  A realtime turn whose transcript is empty
 is answered with empty text, without the server.
 
-Threads: :meth:`RemoteResponder.start` runs one asyncio loop in the scheduler thread; the inbox is read
-in order by a helper thread; each request is one task on the loop streaming ``POST /chat/completions``
-through one ``httpx.AsyncClient``, at most ``max_concurrency`` at once (the others wait their turn in
-arrival order).  :meth:`RemoteResponder.abort` (any thread, never blocks) cancels the request's task,
-which closes its HTTP stream at once: the server sees the connection go and stops generating.  An
-aborted request gets no further output.
+Threads: :meth:`RemoteResponder.start` runs one asyncio loop in the scheduler thread; each request is
+one task on it streaming ``POST /chat/completions`` through one ``httpx.AsyncClient``, at most
+``max_concurrency`` at once (the others wait their turn in arrival order).  Messages come in through
+:meth:`RemoteResponder.enqueue` (``inbox.put`` is the same), in order.  :meth:`RemoteResponder.abort`
+(any thread, never blocks; an ``abort`` message does the same) ends the request's life at once: from
+the moment it returns the request has no further output, and its task is cancelled, which closes its
+HTTP stream: the server sees the connection go and stops generating.  A ``new_request`` after an
+abort is a new life of the id.
 
 Errors, one ``error`` output each: a 4xx from the server about the request (not auth or a wrong path)
 is an :class:`~omnitrio.contract.InvalidRequest` carrying the server's message, code and param (the
@@ -27,11 +29,11 @@ caller's mistake: a 400); an unreachable server, any other status or a broken st
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import os
 import queue
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -45,7 +47,6 @@ from schedulers.speech.pipeline import wants_audio
 from schedulers.speech.tts import complete_sentences_end
 
 TEXT: Final = {"modality": "text"}
-_STOP: Final = IncomingMessage("", "abort", data="stop the scheduler")
 _NOT_ABOUT_THE_REQUEST: Final = frozenset({401, 403, 404, 405, 407, 408, 429})
 
 
@@ -85,6 +86,25 @@ class _Speaker:
         return [OutgoingMessage(self.request_id, "stream", {"text": chunk}, target=self.target, metadata=dict(TEXT))]
 
 
+@attrs.define(eq=False)
+class _Life:
+    """One life of a request id here: from its ``new_request`` to its last output or its abort."""
+
+    request_id: str
+    payload: Any
+    ended: bool = False  # aborted (or answered): it may put nothing more on the outbox
+    task: asyncio.Task[None] | None = None
+
+
+class _Inbox:
+    """The inbox the runtime (or a test) puts messages in: each goes straight to :meth:`RemoteResponder.enqueue`."""
+
+    maxsize = 0
+
+    def __init__(self, put: Callable[[IncomingMessage], None]) -> None:
+        self.put = put
+
+
 class RemoteResponder:
     """See the module docstring; ``stream_target(payload)`` names the stage text streams to."""
 
@@ -102,86 +122,117 @@ class RemoteResponder:
         self.stream_target = stream_target
         self.max_concurrency = max_concurrency
         self.default_max_tokens = default_max_tokens
-        self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
+        self.inbox = _Inbox(self.enqueue)
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # the loop's own: touched only on it
+        self._loop = asyncio.new_event_loop()  # runs in start(); callbacks posted before then wait for it
+        self._lock = threading.Lock()  # guards _lives and every put on the outbox
+        self._lives: dict[str, _Life] = {}
+        # The loop's own, touched only on it:
+        self._stop_event = asyncio.Event()
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+        timeout = httpx.Timeout(server.timeout_s, connect=min(server.timeout_s, 10.0))
+        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
 
     def warm_up_serving_thread(self) -> None:
         """Nothing to load: the server is asked on the first request (it may start after this stage)."""
 
     def start(self) -> None:
-        """Serve the inbox until :meth:`stop` (blocking, on the scheduler thread)."""
-        asyncio.run(self._serve())
+        """Answer until :meth:`stop` (blocking, on the scheduler thread)."""
+        try:
+            self._loop.run_until_complete(self._serve())
+        finally:
+            self._loop.close()
 
     def stop(self) -> None:
-        self.inbox.put(_STOP)
+        self._post(self._stop_event.set)
 
-    def abort(self, request_id: str) -> None:
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has just closed: nothing runs any more
-                loop.call_soon_threadsafe(self._cancel, request_id)
+    def enqueue(self, message: IncomingMessage) -> None:
+        """Take ``message`` (any thread, never blocks), in order with the others.
 
-    async def _serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        headers = {"Authorization": f"Bearer {self.server.api_key}"} if self.server.api_key else {}
-        timeout = httpx.Timeout(self.server.timeout_s, connect=min(self.server.timeout_s, 10.0))
-        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-        slots = asyncio.Semaphore(self.max_concurrency)
-        reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="remote-responder-inbox")
-        self._loop = loop
-        try:
-            async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) as client:
-                try:
-                    while (message := await loop.run_in_executor(reader, self.inbox.get)) is not _STOP:
-                        self._take(message, client, slots)
-                finally:
-                    tasks = list(self._tasks.values())
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            self._loop = None
-            reader.shutdown(wait=False)  # after a failure its thread waits in inbox.get until stop()
-
-    def _take(self, message: IncomingMessage, client: httpx.AsyncClient, slots: asyncio.Semaphore) -> None:
-        rid = message.request_id
+        An ``abort`` ends the request's life here and now, as :meth:`abort` does; a ``new_request``
+        starts a new life."""
         match message.type:
-            case "new_request" if rid in self._tasks:
-                error = ValueError(f"request {rid!r} is already being answered")
-                self.outbox.put(OutgoingMessage(rid, "error", error))
             case "new_request":
-                answer = self._answer(rid, message.data, client, slots)
-                self._tasks[rid] = asyncio.get_running_loop().create_task(answer)
+                life = _Life(message.request_id, message.data)
+                with self._lock:
+                    duplicate = message.request_id in self._lives
+                    if not duplicate:
+                        self._lives[message.request_id] = life
+                if duplicate:
+                    self._put(life, OutgoingMessage(life.request_id, "error", _duplicate(life.request_id)), force=True)
+                else:
+                    self._post(self._begin, life)
             case "abort":
-                self._cancel(rid)
+                self.abort(message.request_id)
             case _:
                 pass  # stream_chunk / stream_done: a responder's inputs come whole
 
-    def _cancel(self, request_id: str) -> None:
-        task = self._tasks.pop(request_id, None)
-        if task is not None:
-            task.cancel()
+    def abort(self, request_id: str) -> None:
+        """End the request's life: from the moment this returns it has no further output; its HTTP
+        stream is closed as soon as the loop runs."""
+        with self._lock:
+            life = self._lives.pop(request_id, None)
+            if life is not None:
+                life.ended = True
+        if life is not None:
+            self._post(self._cancel, life)
 
-    async def _answer(self, rid: str, payload: Any, client: httpx.AsyncClient, slots: asyncio.Semaphore) -> None:
+    def _post(self, fn: Callable[..., object], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nothing runs any more
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _put(self, life: _Life, *messages: OutgoingMessage, force: bool = False, last: bool = False) -> None:
+        """Put ``messages`` unless the life has ended; ``last`` ends it."""
+        with self._lock:
+            if life.ended and not force:
+                return
+            put_messages(self.outbox, messages)
+            if last:
+                life.ended = True
+                if self._lives.get(life.request_id) is life:
+                    del self._lives[life.request_id]
+
+    async def _serve(self) -> None:
+        try:
+            await self._stop_event.wait()
+        finally:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._client.aclose()
+
+    def _begin(self, life: _Life) -> None:
+        if life.ended:
+            return  # aborted before the loop got to it
+        life.task = self._loop.create_task(self._answer(life))
+        self._tasks.add(life.task)
+        life.task.add_done_callback(self._tasks.discard)
+
+    def _cancel(self, life: _Life) -> None:
+        if life.task is not None:
+            life.task.cancel()
+
+    async def _answer(self, life: _Life) -> None:
+        rid, payload = life.request_id, life.payload
         try:
             if not isinstance(payload, StagePayload):
                 raise ValueError(f"new_request data must be a StagePayload, got {type(payload).__name__}")
             if unheard(payload):
                 payload.data = {"text": "", "finish_reason": "stop", "usage": {}}
             else:
-                async with slots:
-                    payload.data = await self._ask(rid, payload, client)
+                async with self._slots:
+                    payload.data = await self._ask(life, payload)
         except Exception as exc:
-            self.outbox.put(OutgoingMessage(rid, "error", exc))
+            self._put(life, OutgoingMessage(rid, "error", exc), last=True)
         else:
-            self.outbox.put(OutgoingMessage(rid, "result", payload))
-        finally:
-            if self._tasks.get(rid) is asyncio.current_task():
-                del self._tasks[rid]
+            self._put(life, OutgoingMessage(rid, "result", payload), last=True)
 
-    async def _ask(self, rid: str, payload: StagePayload, client: httpx.AsyncClient) -> dict[str, Any]:
+    async def _ask(self, life: _Life, payload: StagePayload) -> dict[str, Any]:
+        rid = life.request_id
         conv = conversation(payload)
         body = request_body(conv, model=self.server.model, max_tokens=conv.max_tokens or self.default_max_tokens)
         streams = bool(payload.request.params.get("stream", False))
@@ -189,17 +240,21 @@ class RemoteResponder:
         answer = StreamedAnswer()
         url = self.server.url
         try:
-            async with client.stream("POST", url, json=body) as response:
+            async with self._client.stream("POST", url, json=body) as response:
                 if response.status_code >= 400:
                     raise _refusal(response.status_code, await response.aread(), url)
                 async for chunk in sse_chunks(response.aiter_lines()):
                     answer.add(chunk)
-                    put_messages(self.outbox, speaker.say(answer.text, done=False))
+                    self._put(life, *speaker.say(answer.text, done=False))
         except httpx.HTTPError as exc:
             raise RuntimeError(f"the LLM server at {url} failed: {type(exc).__name__}: {exc}") from exc
         result = answer.result()
-        put_messages(self.outbox, speaker.say(result["text"], done=True))
+        self._put(life, *speaker.say(result["text"], done=True))
         return result
+
+
+def _duplicate(request_id: str) -> ValueError:
+    return ValueError(f"request {request_id!r} is already being answered")
 
 
 def _refusal(status: int, body: bytes, url: str) -> Exception:
