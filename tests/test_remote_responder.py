@@ -5,10 +5,12 @@ from __future__ import annotations
 import queue
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from schedulers.speech.conversation import Conversation
 from schedulers.speech.remote_responder import RemoteResponder, create_remote_responder_stage
 from tests.chat_servers import Reply, scripted_server, text_chunks
 from tests.scheduler_harness import running
@@ -77,6 +79,17 @@ async def test_the_request_carries_the_model_limits_knobs_stop_and_key() -> None
     assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"]) == (99, 0.5, 0.9, 3)
     assert body["stop"] == ["\n"] and "tools" not in body
     assert server.headers[0]["authorization"] == "Bearer sk-test"
+
+
+async def test_penalties_and_logit_bias_go_to_the_server_under_openais_names() -> None:
+    if "logit_bias" not in attrs.fields_dict(Conversation):
+        pytest.skip("the conversation does not read the penalties and logit_bias yet")
+    async with scripted_server(Reply(text_chunks("Hi"))) as server:
+        with running(responder(server.base_url)) as scheduler:
+            scheduler.inbox.put(chat("r1", frequency_penalty=0.5, presence_penalty=-0.5, logit_bias={"42": -100}))
+            await outputs(scheduler.outbox)
+    body = server.bodies[0]
+    assert (body["frequency_penalty"], body["presence_penalty"], body["logit_bias"]) == (0.5, -0.5, {"42": -100.0})
 
 
 def test_the_key_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
