@@ -72,13 +72,33 @@ async def test_a_tool_call_by_the_llama_server_comes_back_as_tool_calls(llama_ur
     async with served(remote_responder(llama_url, "smollm2")) as port:
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as api:
             whole = await api.chat.completions.create(
-                model="omnitrio-speech", messages=question, tools=[WEATHER], tool_choice=choice, max_tokens=40
+                model="omnitrio-speech",
+                messages=question,
+                tools=[WEATHER],
+                tool_choice=choice,
+                max_tokens=40,
+                temperature=0,
             )
+            stream = await api.chat.completions.create(
+                model="omnitrio-speech",
+                messages=question,
+                tools=[WEATHER],
+                tool_choice=choice,
+                max_tokens=40,
+                temperature=0,
+                stream=True,
+            )
+            chunks = [chunk async for chunk in stream]
     answer = whole.choices[0]
     assert answer.finish_reason == "tool_calls" and answer.message.tool_calls
     call = answer.message.tool_calls[0]
     assert call.function.name == "get_weather" and call.id
     assert set(json.loads(call.function.arguments)) <= {"city"}
+    # llama-cpp-python streams the name again in every chunk: read as one call, its arguments joined
+    streamed = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+    assert len(streamed) == 1 and streamed[0].function is not None
+    assert streamed[0].function.name == "get_weather"
+    assert json.loads(streamed[0].function.arguments or "") == json.loads(call.function.arguments)
 
 
 async def test_a_realtime_turn_is_answered_in_speech_by_the_llama_server(llama_url: str) -> None:
