@@ -136,8 +136,9 @@ class _TextOut(StreamingSimpleScheduler):
 
 
 def create_text_output_stage() -> SimpleScheduler:
-    """The terminal of text answers (transcripts, text-only chat): ``payload.data = {"text": ...}``;
-    text streamed to it ahead of the payload goes on to the caller at once."""
+    """The terminal of text answers (transcripts, text-only chat): ``payload.data = {"text": ...}`` with the
+    responder's ``finish_reason``, ``usage`` and ``tool_calls`` when it gave them; text streamed to it
+    ahead of the payload goes on to the caller at once."""
     return _TextOut(_text_out)
 
 

@@ -7,8 +7,9 @@ inputs and answers ``payload.data = {"text", "finish_reason", "usage"}`` (plus `
 streaming the text as it comes when the request streams (``params["stream"]``): to ``tts`` by complete
 sentences (the unfinished rest in one last chunk before the result), to ``text_out`` by deltas.
 Concatenated, the chunks are the result's ``text``.  ``stop``, ``max_tokens``, the sampling knobs,
-``tools`` and ``tool_choice`` go to the server under OpenAI's names; the server keeps its own cache
-(a realtime turn's messages carry the session's history).  A realtime turn whose transcript is empty
+``tools`` and ``tool_choice`` go to the server under OpenAI's names.  Every request carries its whole
+conversation (a realtime response's messages are the session's history); ``session_id`` is not used,
+so what the server reuses between turns is its own prompt cache.  A realtime turn whose transcript is empty
 is answered with empty text, without the server.
 
 Threads: :meth:`RemoteResponder.start` runs one asyncio loop in the scheduler thread; each request is
