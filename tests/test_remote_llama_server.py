@@ -71,23 +71,9 @@ async def test_a_tool_call_by_the_llama_server_comes_back_as_tool_calls(llama_ur
     choice: Any = {"type": "function", "function": {"name": "get_weather"}}
     async with served(remote_responder(llama_url, "smollm2")) as port:
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as api:
-            whole = await api.chat.completions.create(
-                model="omnitrio-speech",
-                messages=question,
-                tools=[WEATHER],
-                tool_choice=choice,
-                max_tokens=40,
-                temperature=0,
-            )
-            stream = await api.chat.completions.create(
-                model="omnitrio-speech",
-                messages=question,
-                tools=[WEATHER],
-                tool_choice=choice,
-                max_tokens=40,
-                temperature=0,
-                stream=True,
-            )
+            asked: Any = {"messages": question, "tools": [WEATHER], "tool_choice": choice, "max_tokens": 40}
+            whole = await api.chat.completions.create(model="omnitrio-speech", temperature=0, **asked)
+            stream = await api.chat.completions.create(model="omnitrio-speech", temperature=0, stream=True, **asked)
             chunks = [chunk async for chunk in stream]
     answer = whole.choices[0]
     assert answer.finish_reason == "tool_calls" and answer.message.tool_calls
