@@ -341,8 +341,11 @@ class RealtimeSession:
                     self._release(self._launch(Response(dict(self.session), item, self.lead)))
 
     def _drop_speculation(self) -> None:
+        """Drop the prepared answer, and the transcription of the turn it was prepared for (never committed)."""
         if self.speculative is not None:
             self.speculative.drop()
+            if self.speculative.turn is not None:
+                self.speculative.turn.transcription.cancel()
             self.speculative = None
 
     # -- responses ---------------------------------------------------------------------------
