@@ -28,6 +28,8 @@ load(sys.argv[1])
 print(json.dumps(sorted({name.partition(".")[0] for name in set(sys.modules) - before})))
 """
 
+pytestmark = pytest.mark.timeout(300)  # pip and python subprocesses: past the global 120 s when busy
+
 
 def extras(command: str) -> list[str]:
     (found,) = re.findall(r"pip install (?:-q )?-e '\.\[([^\]]*)\]'", command)

@@ -23,6 +23,8 @@ from toys.speech_text import heard_as
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 
+pytestmark = pytest.mark.timeout(300)  # loads Whisper and Piper: past the global 120 s when busy
+
 
 def words(text: str) -> list[str]:
     return "".join(c for c in text.lower() if c.isalnum() or c.isspace()).split()
