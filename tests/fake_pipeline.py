@@ -6,6 +6,7 @@ the end (an abort) and when. Words in the request text pick a behaviour:
 
 - ``overload``: ``Overloaded`` when the stream is entered (admission refused)
 - ``fail``: one text chunk, then ``RequestFailed`` from stage ``fake``
+- ``toolong``: ``BadRequest`` ``context_length_exceeded`` before any output (a stage refused it)
 - ``timeout``: ``RequestTimeout`` when the stream is entered
 - ``slow``: 400 chunks 5 ms apart, so a client can leave in the middle
 - ``mute``: no audio at all, whatever the task
@@ -24,7 +25,7 @@ import numpy as np
 import prometheus_client
 import trio
 
-from omnitrio.errors import DuplicateRequest, Overloaded, RequestAborted, RequestFailed, RequestTimeout
+from omnitrio.errors import BadRequest, DuplicateRequest, Overloaded, RequestAborted, RequestFailed, RequestTimeout
 from omnitrio.messages import CompleteMessage, StreamMessage
 
 STAGE = "fake"
@@ -116,6 +117,10 @@ class FakePipeline:
         with_text = task in ("chat", "transcription")
         chunk_id = 0
         count = 400 if "slow" in words else len(reply)
+        if "toolong" in words:
+            request.outcome = "failed"
+            message = "This model's maximum context length is 1024 tokens. However, you requested 2000 tokens."
+            raise BadRequest(rid, STAGE, message, "context_length_exceeded", "messages")
         for i in range(count):
             if request.abort_requested.is_set():
                 raise RequestAborted(rid)

@@ -4,7 +4,8 @@
 async library is trio (routes use trio directly); :mod:`omnitrio.serve.server` runs it on hypercorn.
 Unknown routes and methods answer 404/405 with the OpenAI error body; a route whose task the
 pipeline does not serve (``PipelineConfig.serves``) answers 404 naming the routes it does serve,
-and ``/v1/models`` lists them per model (``serves``). A plain HTTP request to ``/v1/realtime`` answers
+and ``/v1/models`` lists them per model (``serves``), with OpenAI's model names each route answers to
+(:mod:`.models`). A plain HTTP request to ``/v1/realtime`` answers
 426 saying to connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
 An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
 in the body.
@@ -15,6 +16,7 @@ Before a route runs, a request passes, in order: CORS and the WebSocket origin c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -33,8 +35,9 @@ from omnitrio.serve.admission import Admission
 from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.auth import ApiKeys, RequireApiKey
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, served_tasks
+from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, new_id, served_tasks
 from omnitrio.serve.limits import ServeLimits
+from omnitrio.serve.models import accepted_models, model_card, model_cards, unknown_model
 from omnitrio.serve.origins import browser_middleware
 from omnitrio.serve.realtime import realtime_endpoint
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
@@ -141,38 +144,31 @@ async def _metrics(ctx: ServeContext, request: Request) -> Response:
     return Response(prometheus_client.generate_latest(registry), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
-def _model_card(ctx: ServeContext) -> dict[str, Any]:
-    return {
-        "id": ctx.pipeline.name,
-        "object": "model",
-        "created": ctx.created,
-        "owned_by": "omnitrio",
-        "serves": ctx.routes(),
-    }
-
-
 async def _models(ctx: ServeContext, request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+    return JSONResponse({"object": "list", "data": model_cards(ctx)})
 
 
 async def _model(ctx: ServeContext, request: Request) -> Response:
-    model = request.path_params["model"]
-    if model != ctx.pipeline.name:
-        raise ApiError(
-            404,
-            f"model {model!r} not found; this server serves {ctx.pipeline.name!r}",
-            param="model",
-            code="model_not_found",
-        )
-    return JSONResponse(_model_card(ctx))
+    return JSONResponse(model_card(ctx, request.path_params["model"]))
 
 
 async def _realtime(ctx: ServeContext, websocket: WebSocket) -> None:
-    """The realtime session, or a 404 answer to the upgrade when the pipeline does not serve realtime."""
+    """The realtime session, or a 404 answer to the upgrade when the pipeline does not serve realtime.
+
+    A ``?model=`` the route does not serve is refused as OpenAI refuses it: the socket opens, one
+    ``error`` event (``invalid_request_error``, ``model_not_found``, naming the served model) is
+    sent, and the socket closes with 1008 (policy violation)."""
     try:
         ctx.require("realtime")
     except ApiError as error:
         await websocket.send_denial_response(error_response(error))
+        return
+    model = websocket.query_params.get("model")
+    if model is not None and model not in accepted_models(ctx, "realtime"):
+        refusal = unknown_model(ctx, "realtime", model)
+        await websocket.accept()
+        await websocket.send_text(json.dumps({"type": "error", "event_id": new_id("event"), **refusal.body()}))
+        await websocket.close(1008, f"model {model!r} not found"[:120])
         return
     await realtime_endpoint(ctx, websocket)
 

@@ -117,7 +117,7 @@ async def respond(host: Host, response: Response) -> None:
                 if isinstance(delta, Exception):
                     error = as_api_error(delta)
                     failure = {"type": error.type, "code": error.code, "message": error.message}
-                    await host.emit({"type": "error", "error": {**failure, "param": None, "event_id": None}})
+                    await host.emit({"type": "error", "error": {**failure, "param": error.param, "event_id": None}})
                     break
                 await _send(host, response, delta)
     host.finished(response)

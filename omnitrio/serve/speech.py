@@ -18,7 +18,8 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError
 from omnitrio.serve.audio import REALTIME_RATE, b64, encode_wav, wav_header
 from omnitrio.serve.context import ServeContext, new_id, read_body
-from omnitrio.serve.openai_types import SpeechRequest, check_model, check_speech, decode_json
+from omnitrio.serve.models import check_model
+from omnitrio.serve.openai_types import SpeechRequest, check_speech, decode_json
 from omnitrio.serve.output import Delta, Output
 from omnitrio.serve.sse import SSE_MEDIA_TYPE, Emitter, WatchedResponse, sse_event
 
@@ -28,7 +29,7 @@ _MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
 async def create_speech(ctx: ServeContext, request: Request) -> WatchedResponse:
     ctx.require("speech")
     body = decode_json(await read_body(request, ctx.max_body_bytes), SpeechRequest)
-    check_model(body.model, ctx.pipeline.name)
+    check_model(ctx, "speech", body.model)
     check_speech(body)
     speech = _Speech(ctx, body)
     if body.stream_format == "sse":

@@ -20,7 +20,8 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError, bad_request, invalid_value
 from omnitrio.serve.audio import TRANSCRIBE_RATE, AudioFormatError, audio_seconds, decode_audio_file, resample
 from omnitrio.serve.context import ServeContext, new_id, read_body
-from omnitrio.serve.openai_types import TRANSCRIPTION_FORMATS, check_model, form_bool, form_float
+from omnitrio.serve.models import check_model
+from omnitrio.serve.openai_types import TRANSCRIPTION_FORMATS, form_bool, form_float
 from omnitrio.serve.output import Delta, Output
 from omnitrio.serve.sse import SSE_MEDIA_TYPE, Emitter, WatchedResponse, json_bytes, sse_event
 
@@ -36,7 +37,7 @@ async def create_transcription(ctx: ServeContext, request: Request) -> WatchedRe
     if not isinstance(upload, UploadFile):
         raise bad_request("the form has no 'file' upload", "file", code="missing_file")
     fields = {name: _text_field(form, name) for name in _FIELDS}
-    check_model(fields["model"], ctx.pipeline.name)
+    check_model(ctx, "transcription", fields["model"])
     response_format = fields["response_format"] or "json"
     if response_format not in TRANSCRIPTION_FORMATS:
         raise invalid_value(

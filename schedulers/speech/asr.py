@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from omnitrio.contract import InvalidRequest
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, as_float_audio, float_to_pcm16
 from schedulers.speech.packages import package_file
 from schedulers.speech.short_window import ShortWindowDecoder
@@ -39,6 +40,15 @@ class SpeechRecognizer(Protocol):
     def transcribe(self, audio: FloatAudio, language: str | None = None, *, quick: bool = False) -> str:
         """``quick``: the caller waits on this (a realtime turn) and accepts a small loss of accuracy."""
         ...
+
+
+def unsupported_language(language: str | None, model: str, served: list[str]) -> InvalidRequest:
+    """The caller asked for a language the recognizer does not transcribe: a 400 naming the ones it does."""
+    return InvalidRequest(
+        f"language {language!r} is not supported by {model}; it transcribes {', '.join(map(repr, served))}",
+        code="unsupported_language",
+        param="language",
+    )
 
 
 def whisper_model_dir() -> Path:
@@ -89,6 +99,7 @@ class WhisperRecognizer:
             str(path), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads, local_files_only=True
         )
         self._english_only = not self._model.model.is_multilingual
+        self._languages = frozenset(["en"] if self._english_only else self._model.supported_languages)
         self._short = ShortWindowDecoder(self._model) if beam_size == 1 else None
 
     def transcribe(self, audio: FloatAudio, language: str | None = None, *, quick: bool = False) -> str:
@@ -96,7 +107,9 @@ class WhisperRecognizer:
         if samples.size == 0:
             return ""
         if self._english_only and language not in (None, "en"):
-            raise ValueError(f"language {language!r} is not supported by this English-only Whisper model")
+            raise unsupported_language(language, "this English-only Whisper model", ["en"])
+        if not self._english_only and language is not None and language not in self._languages:
+            raise unsupported_language(language, "Whisper", sorted(self._languages))
         english = self._english_only or language == "en"
         if quick and self._short is not None and english and self._short.fits(samples.size):
             text = self._short.transcribe(samples)
@@ -136,7 +149,7 @@ class PocketSphinxRecognizer:
     def transcribe(self, audio: FloatAudio, language: str | None = None, *, quick: bool = False) -> str:
         samples = _checked_audio(audio)
         if language not in (None, "en"):
-            raise ValueError(f"language {language!r} is not supported by the pocketsphinx en-US model")
+            raise unsupported_language(language, "the pocketsphinx en-US model", ["en"])
         if samples.size == 0:
             return ""
         decoder = self._decoder()
