@@ -7,8 +7,10 @@ transcriptions of committed audio (:mod:`.realtime_transcribe`), and at most one
 at a time (plus, with server VAD, one speculative one; :mod:`.realtime_response`). Closing the
 socket cancels the whole nursery: responses, transcriptions and the ASR session.
 
-Server events follow the order of the client's events. Audio is appended as base64 PCM16 24 kHz,
-or G.711 8 kHz when the session's format says so (:mod:`.realtime_formats`).
+Server events follow the order of the client's events. A client event past ``max_event_bytes`` ends
+the session: an ``error`` event naming the limit, then a 1009 close whose reason says the same.
+Audio is appended as base64 PCM16 24 kHz, or G.711 8 kHz when the session's format says so
+(:mod:`.realtime_formats`).
 ``input_audio_buffer.commit`` (or, with server VAD, the end of a turn) makes the audio a user item
 of the conversation (:mod:`.realtime_conversation`): ``input_audio_buffer.committed``, then
 ``conversation.item.added`` / ``.done``. Audio once committed or cleared never starts a turn later:
@@ -130,8 +132,11 @@ class RealtimeConnection:
             conversation = {"id": self.conversation.id, "object": "realtime.conversation"}
             await self.emit({"type": "conversation.created", "conversation": conversation})
             self._listen()
-            await self._read_events()
+            too_large = await self._read_events()
             nursery.cancel_scope.cancel()
+        if too_large is not None:  # the writer is gone: this is the socket's last word
+            await self.websocket.send_text(json.dumps({"event_id": new_id("event"), **too_large}))
+            await self.websocket.close(1009, too_large["error"]["message"][:120])
 
     async def emit(self, event: dict[str, Any], response: Response | None = None) -> None:
         """Queue ``event`` (GA shape) for the client; ``response``: the response it belongs to."""
@@ -161,11 +166,19 @@ class RealtimeConnection:
                 last = response.last_audio_sent or response.interrupted_at
                 self.metrics.to_last_audio.observe(max(0.0, last - response.interrupted_at))
 
-    async def _read_events(self) -> None:
+    async def _read_events(self) -> dict[str, Any] | None:
+        """Apply client events until the client leaves (None) or sends one past ``max_event_bytes``
+        (the ``error`` event to send before closing with 1009)."""
+        limit = self.ctx.limits.max_event_bytes
         while True:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
-                return
+                return None
+            size = len(message.get("text") or message.get("bytes") or "")
+            if size > limit:
+                text = f"an event of {size} bytes is over this server's limit of {limit} bytes (max_event_bytes)"
+                error = {"type": "invalid_request_error", "code": "event_too_large", "message": text, "param": None}
+                return {"type": "error", "error": {**error, "event_id": None}}
             event: dict[str, Any] = {}
             try:
                 text = message.get("text")
