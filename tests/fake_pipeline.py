@@ -10,6 +10,8 @@ the end (an abort) and when. Words in the request text pick a behaviour:
 - ``timeout``: ``RequestTimeout`` when the stream is entered
 - ``slow``: 400 chunks 5 ms apart, so a client can leave in the middle
 - ``mute``: no audio at all, whatever the task
+
+A transcription that asks for ``timestamps`` gets ``language``, one segment and timed ``words``.
 """
 
 from __future__ import annotations
@@ -140,7 +142,12 @@ class FakePipeline:
         text = " ".join(reply) + " "
         request.outcome = "completed"
         usage = {"prompt_tokens": len(words), "completion_tokens": len(reply)}
-        yield CompleteMessage(rid, STAGE, {"text": text, "transcript": text, "usage": usage})
+        result: dict[str, Any] = {"text": text, "transcript": text, "usage": usage}
+        if inputs.get("timestamps") is not None:  # a timed transcript: one segment, a word per 0.1 s
+            seconds = inputs["audio"].size / 16_000
+            result |= {"language": "en", "segments": [{"id": 0, "start": 0.0, "end": seconds, "text": text}]}
+            result["words"] = [{"word": w, "start": i / 10, "end": (i + 1) / 10} for i, w in enumerate(reply)]
+        yield CompleteMessage(rid, STAGE, result)
 
     def _reply(self, inputs: dict[str, Any]) -> list[str]:
         match inputs["task"]:

@@ -29,7 +29,7 @@ _UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]*)`")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 CHAT_MODALITIES = frozenset({"text", "audio"})
 CHAT_AUDIO_FORMATS = frozenset({"wav", "pcm16"})
-SPEECH_FORMATS = frozenset({"wav", "pcm"})
+SPEECH_FORMATS = frozenset({"mp3", "opus", "aac", "flac", "wav", "pcm"})
 SPEECH_STREAM_FORMATS = frozenset({"audio", "sse"})
 TRANSCRIPTION_FORMATS = frozenset({"json", "text", "verbose_json"})
 MAX_SPEECH_INPUT = 4096
@@ -111,7 +111,7 @@ class SpeechRequest(msgspec.Struct, forbid_unknown_fields=True):
     input: str
     model: str | None = None
     voice: str = "default"
-    response_format: str = "wav"
+    response_format: str = "mp3"
     stream_format: str = "audio"
     speed: float = 1.0
     instructions: str | None = None

@@ -53,6 +53,10 @@ class Output:
         """``"length"`` when the answer was cut at its token limit, else ``"stop"``."""
         return "length" if self._results.get("finish_reason") == "length" else "stop"
 
+    def result(self, key: str) -> Any:
+        """A field of the pipeline's result (the first terminal stage to name it), or None."""
+        return self._results.get(key)
+
     @property
     def sample_rate(self) -> int | None:
         """The rate of ``pcm`` (known once the first audio arrived, or fixed up front)."""

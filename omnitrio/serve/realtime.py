@@ -176,9 +176,9 @@ class RealtimeConnection:
                 return None
             size = len(message.get("text") or message.get("bytes") or "")
             if size > limit:
-                text = f"an event of {size} bytes is over this server's limit of {limit} bytes (max_event_bytes)"
-                error = {"type": "invalid_request_error", "code": "event_too_large", "message": text, "param": None}
-                return {"type": "error", "error": {**error, "event_id": None}}
+                why = f"an event of {size} bytes is over this server's limit of {limit} bytes (max_event_bytes)"
+                body = {"type": "invalid_request_error", "code": "event_too_large", "message": why, "param": None}
+                return {"type": "error", "error": {**body, "event_id": None}}
             event: dict[str, Any] = {}
             try:
                 text = message.get("text")

@@ -6,6 +6,7 @@ for a 404), httpx for raw HTTP and SSE, trio-websocket for the realtime socket.
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -158,6 +159,61 @@ async def test_sampling_parameters_reach_the_pipeline_with_token_ids_as_ints(ser
     assert (inputs["frequency_penalty"], inputs["presence_penalty"], inputs["seed"]) == (1.5, -0.5, 3)
     assert inputs["logit_bias"] == {42: -100.0, 7: 2.5}
     assert inputs["tools"][0]["function"]["name"] == "f" and inputs["tool_choice"] == "auto"
+
+
+# -- transcription ------------------------------------------------------------------------------------
+
+
+async def test_verbose_json_gives_the_language_and_timed_segments_and_words_when_asked(served: Served) -> None:
+    verbose = await call(
+        served,
+        lambda c: c.audio.transcriptions.create(
+            model="whisper-1",
+            file=("a.wav", wav_bytes(0.5)),
+            response_format="verbose_json",
+            timestamp_granularities=["word", "segment"],
+        ),
+    )
+    assert verbose.language == "en" and verbose.duration == pytest.approx(0.5)
+    assert verbose.segments[0].end == pytest.approx(0.5) and verbose.segments[0].text == verbose.text
+    assert [word.word for word in verbose.words] == ["heard", "0.50", "seconds"]
+    assert served.fake.history[0].inputs["timestamps"] == "word"
+
+
+async def test_an_unknown_transcription_form_field_is_a_400_naming_it(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        response = await client.post(
+            "/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(0.2))}, data={"langauge": "en"}
+        )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "langauge"
+
+
+# -- speech formats ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac"])
+async def test_speech_in_an_encoded_format_decodes_back_to_the_pipelines_audio(
+    served: Served, response_format: str
+) -> None:
+    av = pytest.importorskip("av")
+    body = {"input": "one two three", "voice": "alloy", "response_format": response_format}
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        response = await client.post("/v1/audio/speech", json=body)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("audio/")
+    with av.open(io.BytesIO(response.content)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        assert stream.codec_context.name.startswith(response_format)
+    rate = 48_000 if response_format == "opus" else 16_000  # Ogg Opus decodes at 48 kHz; the fake speaks at 16 kHz
+    assert stream.rate == rate
+    # 0.1 s a word: "echo:" and three words (AAC adds up to two frames of priming and padding)
+    assert 0.4 <= samples / rate <= 0.4 + (2 * 1024 / rate if response_format == "aac" else 0.01)
+
+
+async def test_speech_is_mp3_unless_asked_otherwise(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        response = await client.post("/v1/audio/speech", json={"input": "hi", "voice": "alloy"})
+    assert response.headers["content-type"] == "audio/mpeg"
 
 
 # -- OpenAI's model names --------------------------------------------------------------------------------
