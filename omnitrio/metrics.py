@@ -30,6 +30,10 @@ Metric names and labels::
                                                                   not a stage failure
     omnitrio_aborts_total{reason}                      counter
 
+These count *pipeline* requests: a realtime session makes many (one per ASR command). What users
+asked (HTTP requests, realtime sessions and responses) is ``omnitrio_api_requests_total``
+(:mod:`omnitrio.serve.api_metrics`).
+
 All methods are for the coordinator's thread; prometheus_client itself is thread-safe.
 """
 

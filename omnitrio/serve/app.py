@@ -10,8 +10,9 @@ and ``/v1/models`` lists them per model (``serves``), with OpenAI's model names 
 An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
 in the body.
 
-Before a route runs, a request passes, in order: CORS and the WebSocket origin check
-(:mod:`.origins`), the API key check (:mod:`.auth`), and admission (:mod:`.admission`).
+Before a route runs, a request passes, in order: the count of what users asked
+(:mod:`.api_metrics`), CORS and the WebSocket origin check (:mod:`.origins`), the API key check
+(:mod:`.auth`), and admission (:mod:`.admission`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from starlette.websockets import WebSocket
 
 from omnitrio.serve.admission import Admission
 from omnitrio.serve.api_errors import ApiError, as_api_error
+from omnitrio.serve.api_metrics import ApiMetrics, CountRequests, api_metrics
 from omnitrio.serve.auth import ApiKeys, RequireApiKey
 from omnitrio.serve.chat import chat_completions
 from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, new_id, served_tasks
@@ -82,6 +84,7 @@ def create_app(
         realtime_audio_lead=realtime_audio_lead,
         limits=limits,
     )
+    metrics = api_metrics(pipeline.metrics_registry)
     routes = [
         Route("/health", partial(_health, ctx), methods=["GET"]),
         Route("/metrics", partial(_metrics, ctx), methods=["GET"]),
@@ -91,10 +94,11 @@ def create_app(
         Route("/v1/audio/speech", partial(create_speech, ctx), methods=["POST"]),
         Route("/v1/audio/transcriptions", partial(create_transcription, ctx), methods=["POST"]),
         Route("/v1/realtime", partial(_realtime_over_http, ctx), methods=["GET"]),
-        WebSocketRoute("/v1/realtime", partial(_realtime, ctx)),
+        WebSocketRoute("/v1/realtime", partial(_realtime, ctx, metrics)),
     ]
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     middleware = [
+        Middleware(CountRequests, metrics=metrics),
         *browser_middleware(allowed_origins),
         Middleware(RequireApiKey, keys=keys, public_metrics=public_metrics),
         Middleware(Admission, limits=limits),
@@ -152,7 +156,7 @@ async def _model(ctx: ServeContext, request: Request) -> Response:
     return JSONResponse(model_card(ctx, request.path_params["model"]))
 
 
-async def _realtime(ctx: ServeContext, websocket: WebSocket) -> None:
+async def _realtime(ctx: ServeContext, metrics: ApiMetrics, websocket: WebSocket) -> None:
     """The realtime session, or a 404 answer to the upgrade when the pipeline does not serve realtime.
 
     A ``?model=`` the route does not serve is refused as OpenAI refuses it: the socket opens, one
@@ -161,15 +165,18 @@ async def _realtime(ctx: ServeContext, websocket: WebSocket) -> None:
     try:
         ctx.require("realtime")
     except ApiError as error:
+        metrics.count("realtime_session", "client_error")
         await websocket.send_denial_response(error_response(error))
         return
     model = websocket.query_params.get("model")
     if model is not None and model not in accepted_models(ctx, "realtime"):
+        metrics.count("realtime_session", "client_error")
         refusal = unknown_model(ctx, "realtime", model)
         await websocket.accept()
         await websocket.send_text(json.dumps({"type": "error", "event_id": new_id("event"), **refusal.body()}))
         await websocket.close(1008, f"model {model!r} not found"[:120])
         return
+    metrics.count("realtime_session", "ok")
     await realtime_endpoint(ctx, websocket)
 
 

@@ -32,6 +32,7 @@ import attrs
 import trio
 
 from omnitrio.serve.api_errors import as_api_error
+from omnitrio.serve.api_metrics import api_metrics, response_outcome
 from omnitrio.serve.audio import REALTIME_RATE, b64
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.output import Delta, Output
@@ -130,6 +131,9 @@ async def respond(host: Host, response: Response) -> None:
         status, details = "failed", {"type": "failed", "error": failure}
     else:
         status, details = "completed", None
+    api_metrics(host.ctx.pipeline.metrics_registry).count(
+        "realtime_response", response_outcome(status, None if failure is None else failure["type"])
+    )
     await _finish(host, response, output, status, details, previous)
 
 
