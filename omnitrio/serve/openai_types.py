@@ -168,6 +168,8 @@ def check_chat(request: ChatRequest) -> list[str]:
         raise invalid_value("only n=1 is supported", "n")
     _check_range(request.temperature, "temperature", 0.0, 2.0)
     _check_range(request.top_p, "top_p", 0.0, 1.0)
+    if request.seed is not None and not -(2**63) <= request.seed < 2**64:
+        raise invalid_value(f"seed must be a 64-bit integer, got {request.seed}", "seed")
     _check_range(request.frequency_penalty, "frequency_penalty", -2.0, 2.0)
     _check_range(request.presence_penalty, "presence_penalty", -2.0, 2.0)
     logit_bias(request)

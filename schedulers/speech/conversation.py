@@ -140,7 +140,7 @@ def conversation(payload: StagePayload) -> Conversation:
         max_tokens,
         _optional(inputs, "temperature", float, 0.0, 2.0),
         _optional(inputs, "top_p", float, 0.0, 1.0),
-        _optional(inputs, "seed", int),
+        _optional(inputs, "seed", int, -(2**63), 2**64 - 1),  # what a torch.Generator takes
         _stop(inputs.get("stop")),
         frequency_penalty=_optional(inputs, "frequency_penalty", float, -2.0, 2.0),
         presence_penalty=_optional(inputs, "presence_penalty", float, -2.0, 2.0),
