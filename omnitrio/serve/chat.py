@@ -4,10 +4,12 @@ Streaming follows OpenAI's audio chat streaming: a first chunk with ``delta.role
 pipeline's first output arrived, so a request a stage refuses, e.g. one that cannot fit the model's
 context, is still an error answer with its 4xx status, not a 200 and an error event), then
 ``delta.content`` for text, ``delta.audio.data`` (base64 PCM16 mono 24 kHz, whatever
-``audio.format`` says) and ``delta.audio.transcript`` for speech, a last chunk with
-``finish_reason: "stop"``, an optional usage chunk (``stream_options.include_usage``) and
+``audio.format`` says) and ``delta.audio.transcript`` for speech, the model's tool calls whole in one
+``delta.tool_calls`` chunk (each with its ``index``), a last chunk with ``finish_reason`` (``"stop"``,
+``"length"`` or ``"tool_calls"``), an optional usage chunk (``stream_options.include_usage``) and
 ``data: [DONE]``. A whole answer carries ``message.audio.data`` encoded as ``audio.format``
-(``wav`` or ``pcm16``, 24 kHz) and ``message.audio.transcript``.
+(``wav`` or ``pcm16``, 24 kHz), ``message.audio.transcript`` and the model's ``message.tool_calls``.
+``tools`` and ``tool_choice`` reach the responder as the client sent them.
 
 Messages reach the pipeline as the client sent them. An ``input_audio`` part must carry base64
 ``data`` in ``format`` ``wav`` (any rate, a file ``soundfile`` reads) or ``pcm16`` (raw PCM16 mono
@@ -146,6 +148,9 @@ class _Chat:
             async for message in messages:
                 await self._forward(emitter, output.add(message))
         await self._forward(emitter, output.finish())
+        if output.tool_calls:
+            calls = [{"index": i, **call} for i, call in enumerate(output.tool_calls)]
+            await emitter.write(self._chunk({"tool_calls": calls}))
         await emitter.write(self._chunk({}, output.finish_reason))
         options = self.body.stream_options
         if options is not None and options.include_usage:
@@ -160,6 +165,8 @@ class _Chat:
                 output.add(item)
         output.finish()
         message: dict[str, Any] = {"role": "assistant", "content": output.text or None}
+        if output.tool_calls:
+            message["tool_calls"] = output.tool_calls
         if self.audio:
             fmt = "wav" if self.body.audio is None else self.body.audio.format
             pcm = bytes(output.pcm)

@@ -89,8 +89,8 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Any] | None = None  # the pipeline decides what it can do with them
+    tool_choice: Any = None
     # CHAT_HINTS, accepted and ignored:
     user: Any = None
     metadata: Any = None

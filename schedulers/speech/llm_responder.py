@@ -83,7 +83,7 @@ class LLMResponder(ARScheduler):
         if not isinstance(payload, StagePayload):
             raise ValueError(f"new_request data must be a StagePayload, got {type(payload).__name__}")
         conv = conversation(payload)
-        _refuse_tools(payload.request.inputs)
+        _refuse_tools(conv)
         max_tokens = conv.max_tokens or self.default_max_new_tokens
         prompt = self._fit(conv, max_tokens)
         temperature = self.default_temperature if conv.temperature is None else conv.temperature
@@ -193,9 +193,9 @@ class LLMResponder(ARScheduler):
         return [OutgoingMessage(rid, "stream", {"text": chunk}, target=answer.target, metadata=dict(TEXT))]
 
 
-def _refuse_tools(inputs: Any) -> None:
-    """This model cannot call tools: a request that offers them is refused, naming ``tools``."""
-    if isinstance(inputs, dict) and inputs.get("tools") and inputs.get("tool_choice") != "none":
+def _refuse_tools(conv: Conversation) -> None:
+    """This responder cannot call tools: a request that offers them is refused, naming ``tools``."""
+    if conv.tools and conv.tool_choice != "none":
         raise InvalidRequest(
             "this pipeline's language model cannot call tools; send the request without 'tools'",
             code="unsupported_parameter",
