@@ -60,8 +60,9 @@ class Timed:
 
 def unsupported_language(language: str | None, model: str, served: list[str]) -> InvalidRequest:
     """The caller asked for a language the recognizer does not transcribe: a 400 naming the ones it does."""
+    asked = (language or "")[:40]
     return InvalidRequest(
-        f"language {language!r} is not supported by {model}; it transcribes {', '.join(map(repr, served))}",
+        f"language {asked!r} is not supported by {model}; it transcribes {', '.join(map(repr, served))}",
         code="unsupported_language",
         param="language",
     )
