@@ -47,6 +47,7 @@ CHAT_HINTS: Final = (
     "service_tier",
     "parallel_tool_calls",
     "prompt_cache_key",
+    "prompt_cache_retention",
     "safety_identifier",
     "reasoning_effort",
     "verbosity",
@@ -98,6 +99,7 @@ class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     service_tier: Any = None
     parallel_tool_calls: Any = None
     prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
     safety_identifier: Any = None
     reasoning_effort: Any = None
     verbosity: Any = None
