@@ -4,13 +4,16 @@ Without allowed origins there is no CORS: a page from another origin cannot read
 them, :func:`browser_middleware` adds Starlette's ``CORSMiddleware`` for exactly those origins (any
 method, any request header, so the official SDKs' headers pass preflight); ``*`` allows every
 origin. WebSocket handshakes get the same rule, since browsers apply no CORS to them: one that
-carries an ``Origin`` header not allowed is refused with 403 before the route runs. Clients that
-send no ``Origin`` (servers, scripts, the official SDKs outside a browser) are not affected.
+carries an ``Origin`` header not allowed is refused with 403 before the route runs. A page the
+server itself serves (the voice page at ``/``: its origin names the host the handshake went to) is
+always allowed. Clients that send no ``Origin`` (servers, scripts, the official SDKs outside a
+browser) are not affected.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
@@ -31,6 +34,12 @@ def browser_middleware(allowed_origins: Sequence[str]) -> list[Middleware]:
     return middleware
 
 
+def _same_origin(origin: str, headers: Headers) -> bool:
+    """Whether ``origin`` is this server's own, as the handshake's ``Host`` names it."""
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc != "" and parts.netloc == headers.get("host")
+
+
 class WebSocketOrigins:
     """ASGI middleware: a WebSocket handshake from a browser page whose origin is not allowed gets 403."""
 
@@ -39,8 +48,9 @@ class WebSocketOrigins:
         self.allowed = frozenset(allowed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        origin = Headers(scope=scope).get("origin") if scope["type"] == "websocket" else None
-        if origin is None or "*" in self.allowed or origin in self.allowed:
+        headers = Headers(scope=scope)
+        origin = headers.get("origin") if scope["type"] == "websocket" else None
+        if origin is None or "*" in self.allowed or origin in self.allowed or _same_origin(origin, headers):
             await self.app(scope, receive, send)
             return
         message = f"WebSocket connections from origin {origin!r} are not allowed (see --allowed-origin)"

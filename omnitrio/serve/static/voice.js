@@ -1,0 +1,487 @@
+// The voice page: one realtime session with the server, over WebRTC when it offers it, else a WebSocket.
+//
+// Both transports carry the same realtime events (OpenAI's GA protocol). Over the WebSocket the
+// microphone goes out as input_audio_buffer.append (capture-worklet.js: 24 kHz PCM16) and the answer
+// comes back as response.output_audio.delta, played by playback-worklet.js, which says what was
+// heard, so a barge-in truncates the item there. Over WebRTC the audio travels as Opus tracks and a
+// barge-in sends output_audio_buffer.clear (the server truncates at what it played).
+//
+// window.voiceStats is what the page measured (latencies, played samples per item, truncations),
+// read by the tests and the benchmark.
+
+const RATE = 24000;
+const PREBUFFER_S = 0.08;
+const VOICE_LEVEL = 0.02; // a microphone piece this loud is speech, for the latency readout
+const PLAYED_LEVEL = 0.005; // remote audio this loud is the answer playing (WebRTC)
+
+const State = Object.freeze({
+  IDLE: "Not connected.",
+  CONNECTING: "Connecting…",
+  LISTENING: "Listening. Speak, or type a message.",
+  THINKING: "Thinking…",
+  SPEAKING: "Speaking. Talk to interrupt.",
+  FAILED: "Not connected: see the error above.",
+});
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const server = new URL(params.get("server") || location.origin);
+
+const stats = (window.voiceStats = {
+  state: "IDLE",
+  transport: null,
+  events: [],
+  latencies: [],
+  played: {},
+  truncated: {},
+  dropped: {},
+  errors: [],
+});
+
+let session = null;
+let config = { model: "", webrtc: false, api_key: false, voices: ["default"] };
+
+function setState(name) {
+  stats.state = name;
+  $("status").textContent = State[name];
+  const live = name !== "IDLE" && name !== "FAILED" && name !== "CONNECTING";
+  $("talk").textContent = live ? "Stop" : "Start talking";
+  $("talk").setAttribute("aria-pressed", String(live));
+  $("talk").disabled = name === "CONNECTING";
+  $("message").disabled = $("send").disabled = !live;
+}
+
+function showError(message) {
+  stats.errors.push(message);
+  $("error").textContent = message;
+  $("error").hidden = false;
+}
+
+function clearError() {
+  $("error").hidden = true;
+  $("error").textContent = "";
+}
+
+// -- the transcript --------------------------------------------------------------------------
+
+function line(itemId, role, text = "") {
+  let li = document.querySelector(`#transcript li[data-item="${CSS.escape(itemId)}"]`);
+  if (!li) {
+    li = document.createElement("li");
+    li.dataset.item = itemId;
+    li.className = role;
+    li.textContent = text;
+    $("transcript").append(li);
+  }
+  return li;
+}
+
+function itemText(item) {
+  return (item.content || []).map((part) => part.text || part.transcript || "").join("");
+}
+
+// -- connecting ----------------------------------------------------------------------------
+
+async function loadConfig() {
+  const response = await fetch(new URL("/voice.json", server));
+  config = await response.json();
+  $("model").textContent = config.model;
+  const voice = $("voice");
+  voice.replaceChildren(...config.voices.map((name) => new Option(name, name)));
+  $("key-label").textContent = config.api_key ? "API key (required)" : "API key";
+}
+
+async function errorMessage(response) {
+  try {
+    const body = await response.json();
+    return body.error.message;
+  } catch {
+    return `${response.status} ${response.statusText}`;
+  }
+}
+
+// A short-lived key for this session, minted with the key typed in the page; null when the server has none.
+async function ephemeralKey() {
+  if (!config.api_key) return null;
+  const key = $("key").value.trim();
+  if (!key) throw new Error("This server needs an API key: enter it under Settings.");
+  const response = await fetch(new URL("/v1/realtime/client_secrets", server), {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ session: { type: "realtime", model: config.model } }),
+  });
+  if (!response.ok) throw new Error(`The server refused the API key: ${await errorMessage(response)}`);
+  return (await response.json()).value;
+}
+
+function sessionUpdate() {
+  const turns = $("turns").value;
+  const detection = turns === "none" ? null : { type: turns };
+  return {
+    type: "session.update",
+    session: {
+      type: "realtime",
+      audio: {
+        input: { transcription: { model: "whisper-1" }, turn_detection: detection },
+        output: { voice: $("voice").value },
+      },
+    },
+  };
+}
+
+async function microphone() {
+  return navigator.mediaDevices.getUserMedia({
+    audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
+  });
+}
+
+class Session {
+  constructor(mic, audio) {
+    this.mic = mic;
+    this.audio = audio; // AudioContext
+    this.lastVoice = null; // performance.now() of the last loud microphone piece
+    this.turnEnd = null; // when the turn being answered ended; cleared at its first audio
+    this.playingItem = null; // the assistant item whose audio is playing
+    this.lastTruncated = null;
+  }
+
+  async start(transportName) {
+    const ctx = this.audio;
+    await ctx.audioWorklet.addModule("/static/capture-worklet.js");
+    await ctx.audioWorklet.addModule("/static/playback-worklet.js");
+    await ctx.audioWorklet.addModule("/static/meter-worklet.js");
+    this.capture = new AudioWorkletNode(ctx, "capture", { processorOptions: { rate: RATE } });
+    ctx.createMediaStreamSource(this.mic).connect(this.capture);
+    const key = await ephemeralKey();
+    this.transport = transportName === "webrtc" ? new WebRTCTransport(this, key) : new WebSocketTransport(this, key);
+    stats.transport = transportName;
+    await this.transport.open();
+    this.capture.port.onmessage = (event) => {
+      if (event.data.peak >= VOICE_LEVEL) this.lastVoice = performance.now();
+      this.transport.microphone(event.data.pcm);
+    };
+    this.transport.send(sessionUpdate());
+  }
+
+  close() {
+    this.transport?.close();
+    this.mic.getTracks().forEach((track) => track.stop());
+    this.audio.close();
+  }
+
+  send(event) {
+    this.transport.send(event);
+  }
+
+  firstAudio() {
+    if (this.turnEnd === null) return;
+    const ms = Math.round(performance.now() - this.turnEnd);
+    this.turnEnd = null;
+    stats.latencies.push({ ms, transport: stats.transport });
+    const li = document.createElement("li");
+    li.textContent = `${ms} ms (${stats.transport})`;
+    $("latency").append(li);
+  }
+
+  typed(text) {
+    const item = { type: "message", role: "user", content: [{ type: "input_text", text }] };
+    this.send({ type: "conversation.item.create", item });
+    this.send({ type: "response.create" });
+    this.turnEnd = performance.now();
+  }
+
+  // A server event, whichever transport brought it.
+  receive(event) {
+    stats.events.push(event.type);
+    switch (event.type) {
+      case "session.updated":
+        if (stats.state === "CONNECTING") setState("LISTENING");
+        break;
+      case "error":
+        showError(`The server said: ${event.error.message}`);
+        break;
+      case "input_audio_buffer.speech_started":
+        this.bargeIn();
+        break;
+      case "input_audio_buffer.speech_stopped":
+        this.turnEnd = this.lastVoice ?? performance.now();
+        setState("THINKING");
+        break;
+      case "conversation.item.added": {
+        const { item } = event;
+        if (item.type === "message") line(item.id, item.role, itemText(item) || (item.role === "user" ? "…" : ""));
+        break;
+      }
+      case "conversation.item.input_audio_transcription.completed":
+        line(event.item_id, "user").textContent = event.transcript;
+        break;
+      case "response.output_audio_transcript.delta":
+      case "response.output_text.delta":
+        line(event.item_id, "assistant").textContent += event.delta;
+        break;
+      case "response.output_audio.delta":
+        this.transport.play(event);
+        break;
+      case "response.output_audio.done":
+        this.transport.ended(event.item_id);
+        break;
+      case "conversation.item.truncated":
+        line(event.item_id, "assistant").classList.add("truncated");
+        stats.truncated[event.item_id] ??= event.audio_end_ms;
+        break;
+      case "response.done":
+        if (stats.state === "THINKING") setState("LISTENING");
+        break;
+    }
+  }
+
+  bargeIn() {
+    if (this.playingItem === null) return;
+    this.transport.interrupt(this.playingItem);
+  }
+
+  started(itemId) {
+    this.playingItem = itemId;
+    this.firstAudio();
+    setState("SPEAKING");
+  }
+
+  stopped() {
+    this.playingItem = null;
+    if (stats.state === "SPEAKING") setState("LISTENING");
+  }
+}
+
+// -- the WebSocket: audio in the events, played by the jitter buffer ---------------------------
+
+class WebSocketTransport {
+  constructor(session, key) {
+    this.session = session;
+    this.key = key;
+    this.truncated = new Set();
+  }
+
+  open() {
+    const url = new URL("/v1/realtime", server);
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    const protocols = ["realtime", ...(this.key ? [`openai-insecure-api-key.${this.key}`] : [])];
+    const ws = (this.ws = new WebSocket(url, protocols));
+    const ctx = this.session.audio;
+    this.player = new AudioWorkletNode(ctx, "playback", {
+      processorOptions: { rate: RATE, prebuffer: PREBUFFER_S },
+      outputChannelCount: [1],
+    });
+    this.player.connect(ctx.destination);
+    this.player.port.onmessage = (event) => this.fromPlayer(event.data);
+    return new Promise((resolve, reject) => {
+      ws.onopen = () => {
+        ws.opened = true;
+        resolve();
+      };
+      ws.onmessage = (event) => this.session.receive(JSON.parse(event.data));
+      ws.onclose = (event) => {
+        const reason = event.reason ? `: ${event.reason}` : "";
+        if (ws.opened) this.session.closed(`The server closed the connection (close ${event.code}${reason}).`);
+        else reject(new Error(`The server refused the WebSocket connection to ${url.origin} (close ${event.code}${reason}).`));
+      };
+    });
+  }
+
+  send(event) {
+    if (this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(event));
+  }
+
+  microphone(pcm) {
+    const bytes = new Uint8Array(pcm);
+    let binary = "";
+    for (let i = 0; i < bytes.length; i += 0x2000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x2000));
+    this.send({ type: "input_audio_buffer.append", audio: btoa(binary) });
+  }
+
+  play(event) {
+    if (this.truncated.has(event.item_id)) {
+      stats.dropped[event.item_id] = (stats.dropped[event.item_id] || 0) + 1;
+      return;
+    }
+    const binary = atob(event.delta);
+    const pcm = new Int16Array(binary.length / 2);
+    const view = new DataView(pcm.buffer);
+    for (let i = 0; i < binary.length; i++) view.setUint8(i, binary.charCodeAt(i));
+    this.player.port.postMessage({ type: "push", item: event.item_id, pcm: pcm.buffer }, [pcm.buffer]);
+  }
+
+  ended(itemId) {
+    this.player.port.postMessage({ type: "end", item: itemId });
+  }
+
+  interrupt(itemId) {
+    this.truncated.add(itemId);
+    this.player.port.postMessage({ type: "clear" });
+  }
+
+  fromPlayer(message) {
+    switch (message.type) {
+      case "started":
+        this.session.started(message.item);
+        break;
+      case "played":
+        stats.played[message.item] = message.samples;
+        break;
+      case "cleared": {
+        if (message.item === null) break;
+        stats.played[message.item] = message.samples;
+        const ms = Math.floor((message.samples * 1000) / RATE);
+        this.send({ type: "conversation.item.truncate", item_id: message.item, content_index: 0, audio_end_ms: ms });
+        this.session.stopped();
+        break;
+      }
+    }
+  }
+
+  close() {
+    this.ws.onclose = null;
+    this.ws.close();
+  }
+}
+
+// -- WebRTC: Opus tracks both ways, the events on the "oai-events" data channel ------------------
+
+class WebRTCTransport {
+  constructor(session, key) {
+    this.session = session;
+    this.key = key;
+    this.assistantAudio = false;
+  }
+
+  async open() {
+    const pc = (this.pc = new RTCPeerConnection());
+    this.session.mic.getAudioTracks().forEach((track) => pc.addTrack(track, this.session.mic));
+    this.element = new Audio();
+    this.element.autoplay = true;
+    pc.ontrack = (event) => {
+      this.element.srcObject = event.streams[0];
+      const ctx = this.session.audio;
+      const meter = new AudioWorkletNode(ctx, "meter");
+      ctx.createMediaStreamSource(event.streams[0]).connect(meter);
+      meter.port.onmessage = (e) => {
+        if (e.data.peak >= PLAYED_LEVEL && this.assistantAudio) this.session.firstAudio();
+      };
+    };
+    const channel = (this.channel = pc.createDataChannel("oai-events"));
+    const opened = new Promise((resolve, reject) => {
+      channel.onopen = () => resolve();
+      channel.onclose = () => this.session.closed("The WebRTC connection closed.");
+      pc.onconnectionstatechange = () => {
+        if (pc.connectionState === "failed") reject(new Error("The WebRTC connection failed (no ICE route to the server)."));
+      };
+    });
+    channel.onmessage = (event) => this.receive(JSON.parse(event.data));
+    await pc.setLocalDescription(await pc.createOffer());
+    const headers = { "Content-Type": "application/sdp" };
+    if (this.key) headers.Authorization = `Bearer ${this.key}`;
+    const response = await fetch(new URL("/v1/realtime/calls", server), {
+      method: "POST",
+      headers,
+      body: pc.localDescription.sdp,
+    });
+    if (!response.ok) throw new Error(`The server refused the call: ${await errorMessage(response)}`);
+    await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
+    await opened;
+  }
+
+  receive(event) {
+    switch (event.type) {
+      case "output_audio_buffer.started":
+        this.assistantAudio = true;
+        this.session.started(event.item_id ?? event.response_id);
+        this.item = event.item_id;
+        break;
+      case "output_audio_buffer.stopped":
+      case "output_audio_buffer.cleared":
+        this.assistantAudio = false;
+        this.session.stopped();
+        break;
+    }
+    this.session.receive(event);
+  }
+
+  send(event) {
+    if (this.channel.readyState === "open") this.channel.send(JSON.stringify(event));
+  }
+
+  microphone() {} // the microphone goes as the audio track
+
+  play() {} // the answer comes as the audio track
+
+  ended() {}
+
+  interrupt() {
+    this.send({ type: "output_audio_buffer.clear" });
+  }
+
+  close() {
+    this.channel.onclose = null;
+    this.pc.close();
+  }
+}
+
+// -- the page -------------------------------------------------------------------------------
+
+Session.prototype.closed = function (reason) {
+  if (session !== this) return;
+  session = null;
+  this.close();
+  showError(reason);
+  setState("FAILED");
+};
+
+async function start() {
+  clearError();
+  setState("CONNECTING");
+  let refusedOrigin = null; // the page cannot read the server's answers: most likely its origin is not allowed
+  try {
+    if (!config.model) {
+      try {
+        await loadConfig();
+      } catch {
+        refusedOrigin =
+          `This page (origin ${location.origin}) may not use the server at ${server.origin}: ` +
+          `start the server with --allowed-origin ${location.origin}, or open the page the server serves.`;
+      }
+    }
+    const choice = $("transport").value;
+    const transport = choice === "auto" ? (config.webrtc ? "webrtc" : "websocket") : choice;
+    const mic = await microphone();
+    session = new Session(mic, new AudioContext());
+    try {
+      await session.start(transport);
+    } catch (error) {
+      throw refusedOrigin === null ? error : new Error(`${refusedOrigin} (${error.message})`);
+    }
+  } catch (error) {
+    const failed = session;
+    session = null;
+    failed?.close();
+    showError(error.message);
+    setState("FAILED");
+  }
+}
+
+function stop() {
+  const closing = session;
+  session = null;
+  closing?.close();
+  setState("IDLE");
+}
+
+$("talk").addEventListener("click", () => (session ? stop() : start()));
+$("typed").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = $("message").value.trim();
+  if (!text || !session) return;
+  $("message").value = "";
+  session.typed(text);
+  setState("THINKING");
+});
+loadConfig().catch(() => {}); // a cross-origin page without CORS learns why when it connects
+setState("IDLE");
