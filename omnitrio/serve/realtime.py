@@ -39,7 +39,6 @@ With ``idle_timeout_ms``, a user silent that long after an answer has played get
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from typing import Any
 
@@ -56,7 +55,6 @@ from omnitrio.serve.realtime_idle import IdleTimeout
 from omnitrio.serve.realtime_interruption import Interruptions, Overheard
 from omnitrio.serve.realtime_listen import TurnListener
 from omnitrio.serve.realtime_metrics import realtime_metrics
-from omnitrio.serve.realtime_protocol import render, wants_beta
 from omnitrio.serve.realtime_response import Response, respond
 from omnitrio.serve.realtime_response_create import requested_response
 from omnitrio.serve.realtime_session import (
@@ -70,6 +68,8 @@ from omnitrio.serve.realtime_session import (
     updated_session,
 )
 from omnitrio.serve.realtime_transcribe import transcribe
+from omnitrio.serve.realtime_transport import ClientAudio, ClientEvent, RealtimeTransport, Unreadable
+from omnitrio.serve.realtime_websocket import WebSocketTransport
 
 IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than this is dropped between turns
 OUTBOX_SIZE = 64
@@ -89,16 +89,18 @@ class _Listening:
 
 async def realtime_endpoint(ctx: ServeContext, websocket: WebSocket) -> None:
     await websocket.accept()
-    await RealtimeConnection(ctx, websocket).run()
+    await RealtimeSession(ctx, WebSocketTransport(websocket)).run()
 
 
-class RealtimeConnection:
-    """One session: its configuration, input buffer, conversation, and in-flight and prepared responses."""
+class RealtimeSession:
+    """One session: its configuration, input buffer, conversation, and in-flight and prepared responses.
 
-    def __init__(self, ctx: ServeContext, websocket: WebSocket) -> None:
+    It runs over any :class:`~.realtime_transport.RealtimeTransport` (the WebSocket, WebRTC).
+    """
+
+    def __init__(self, ctx: ServeContext, transport: RealtimeTransport) -> None:
         self.ctx = ctx
-        self.websocket = websocket
-        self.beta = wants_beta(websocket)
+        self.transport = transport
         self.lead = ctx.realtime_audio_lead
         self.metrics = realtime_metrics(ctx.pipeline.metrics_registry)
         self.session = default_session(new_id("sess"), ctx.pipeline.name)
@@ -143,9 +145,8 @@ class RealtimeConnection:
             if audio and response is not None and response.silenced:
                 continue  # barge-in: audio of a cancelled response is not played
             outgoing = self.edge.outgoing(event, None if response is None else response.session)
-            rendered = None if outgoing is None else render(outgoing, beta=self.beta)
-            if rendered is not None:
-                await self.websocket.send_text(json.dumps(rendered, separators=(",", ":")))
+            if outgoing is not None:
+                await self.transport.send(outgoing)
             if response is not None:
                 self._sent(response, event["type"])
 
@@ -162,17 +163,17 @@ class RealtimeConnection:
                 self.metrics.to_last_audio.observe(max(0.0, last - response.interrupted_at))
 
     async def _read_events(self) -> None:
-        while True:
-            message = await self.websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return
+        while (incoming := await self.transport.receive()) is not None:
             event: dict[str, Any] = {}
             try:
-                text = message.get("text")
-                if text is None:
-                    raise EventError("binary frames are not accepted; send JSON text events", code="invalid_frame")
-                event = parse_event(text)
-                await self._apply(event)
+                match incoming:
+                    case ClientEvent(text=text):
+                        event = parse_event(text)
+                        await self._apply(event)
+                    case ClientAudio(pcm16=pcm16):
+                        self._append(pcm16)
+                    case Unreadable(message=message):
+                        raise EventError(message, code="invalid_frame")
             except EventError as error:
                 await self._error(error, event.get("event_id"))
 
