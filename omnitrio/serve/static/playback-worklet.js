@@ -2,7 +2,8 @@
 //
 // Messages in: {type: "push", item, pcm: Int16Array at `rate`}, {type: "end", item} (no more audio
 // for it), {type: "clear"}. Messages out: {type: "started", item}, {type: "played", item, samples}
-// (every ~100 ms while playing, and when an item ends), {type: "cleared", item, samples}: `samples`
+// (every ~100 ms while playing, and when an item ends), {type: "finished", item} (all of an ended
+// item has played), {type: "cleared", item, samples}: `samples`
 // counts the item's samples (at `rate`) that reached the speakers. Playback of an item starts once
 // `prebuffer` seconds are queued or the item has ended, and waits the same way after an underrun.
 class Playback extends AudioWorkletProcessor {
@@ -82,7 +83,10 @@ class Playback extends AudioWorkletProcessor {
         if (!this.queue.length) {
           this.pos = 0;
           this.playing = false; // underrun, or the item's end: wait for the prebuffer again
-          if (this.ended.has(this.item)) this.report();
+          if (this.ended.has(this.item)) {
+            this.report();
+            this.port.postMessage({ type: "finished", item: this.item });
+          }
         }
       }
     }

@@ -88,7 +88,7 @@ async function loadConfig() {
   $("model").textContent = config.model;
   const voice = $("voice");
   voice.replaceChildren(...config.voices.map((name) => new Option(name, name)));
-  $("key-label").textContent = config.api_key ? "API key (required)" : "API key";
+  $("key-box").hidden = !config.api_key;
 }
 
 async function errorMessage(response) {
@@ -104,7 +104,7 @@ async function errorMessage(response) {
 async function ephemeralKey() {
   if (!config.api_key) return null;
   const key = $("key").value.trim();
-  if (!key) throw new Error("This server needs an API key: enter it under Settings.");
+  if (!key) throw new Error("This server needs an API key: enter it above.");
   const response = await fetch(new URL("/v1/realtime/client_secrets", server), {
     method: "POST",
     headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
@@ -326,6 +326,9 @@ class WebSocketTransport {
         break;
       case "played":
         stats.played[message.item] = message.samples;
+        break;
+      case "finished":
+        this.session.stopped();
         break;
       case "cleared": {
         if (message.item === null) break;
