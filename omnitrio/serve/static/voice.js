@@ -35,6 +35,8 @@ const stats = (window.voiceStats = {
   played: {},
   truncated: {},
   dropped: {},
+  cutAt: null, // WebRTC: when the server last cut the answer short
+  loudAfterCut: [], // WebRTC: ms after that cut at which answer audio was still heard
   errors: [],
 });
 
@@ -49,6 +51,7 @@ function setState(name) {
   $("talk").setAttribute("aria-pressed", String(live));
   $("talk").disabled = name === "CONNECTING";
   $("message").disabled = $("send").disabled = !live;
+  $("commit").hidden = !live || $("turns").value !== "none"; // manual turns: the user says when a turn ends
 }
 
 function showError(message) {
@@ -367,7 +370,9 @@ class WebRTCTransport {
       const meter = new AudioWorkletNode(ctx, "meter");
       ctx.createMediaStreamSource(event.streams[0]).connect(meter);
       meter.port.onmessage = (e) => {
-        if (e.data.peak >= PLAYED_LEVEL && this.assistantAudio) this.session.firstAudio();
+        if (e.data.peak < PLAYED_LEVEL) return;
+        if (this.assistantAudio) this.session.firstAudio();
+        else if (stats.cutAt !== null) stats.loudAfterCut.push(Math.round(performance.now() - stats.cutAt));
       };
     };
     const channel = (this.channel = pc.createDataChannel("oai-events"));
@@ -396,11 +401,14 @@ class WebRTCTransport {
     switch (event.type) {
       case "output_audio_buffer.started":
         this.assistantAudio = true;
+        stats.cutAt = null;
         this.session.started(event.item_id ?? event.response_id);
         this.item = event.item_id;
         break;
-      case "output_audio_buffer.stopped":
       case "output_audio_buffer.cleared":
+        stats.cutAt = performance.now();
+      // falls through
+      case "output_audio_buffer.stopped":
         this.assistantAudio = false;
         this.session.stopped();
         break;
@@ -478,6 +486,13 @@ function stop() {
 }
 
 $("talk").addEventListener("click", () => (session ? stop() : start()));
+$("commit").addEventListener("click", () => {
+  if (!session) return;
+  session.send({ type: "input_audio_buffer.commit" });
+  session.send({ type: "response.create" });
+  session.turnEnd = session.lastVoice ?? performance.now();
+  setState("THINKING");
+});
 $("typed").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("message").value.trim();
