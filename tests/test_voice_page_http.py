@@ -151,3 +151,9 @@ async def test_a_call_is_answered_201_with_sdp_and_its_location_with_candidates_
     assert re.fullmatch(r"/v1/realtime/calls/rtc-[0-9a-f]+", answer.headers["location"])
     candidates = re.findall(r"a=candidate:\S+ \d+ udp \d+ (\S+) \d+ typ host", answer.text)
     assert candidates and set(candidates) == {"127.0.0.1"}
+
+
+async def test_hanging_up_a_call_that_does_not_exist_is_a_404(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        answer = await client.post("/v1/realtime/calls/rtc-nothing/hangup")
+    assert (answer.status_code, answer.json()["error"]["param"]) == (404, "call_id")

@@ -106,6 +106,7 @@ class WebRTCCalls:
         from omnitrio.serve.webrtc_loop import open_asyncio_thread
 
         gather_on(self.hosts)
+        logging.getLogger("aioice").setLevel(logging.WARNING)  # it logs every ICE check at INFO
         async with open_asyncio_thread() as thread, trio.open_nursery() as nursery:
             self._thread, self._nursery = thread, nursery
             try:
