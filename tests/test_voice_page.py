@@ -34,7 +34,9 @@ TYPED = "Turn left at the second traffic light."
 LONG = (
     "The train to Boston leaves from platform seven. The library closes at nine. We need chairs for the room."
     " Bring your own lunch on Friday. The meeting moves to room four. Call me when you land. See you soon."
-)
+    " The weather will be sunny and warm tomorrow. My phone battery is almost empty. Please send the report"
+    " to my office before Friday. She bought three apples and two oranges at the market."
+)  # about 20 s spoken: the interruption 10 s in lands while it plays, even if the answer starts late
 INTERRUPTION = "Stop. Wait a moment please."
 TURN = 90_000  # ms a turn may take on a loaded machine
 TRANSPORTS = ["websocket", "webrtc"]
@@ -55,7 +57,7 @@ def microphones(server: Server, tmp_path_factory: pytest.TempPathFactory) -> dic
     return {
         "question": speech_wav(server, folder / "question.wav", [0.5, QUESTION, 4.0], key=KEY),
         "silence": speech_wav(server, folder / "silence.wav", [1.0], key=KEY),
-        "interruption": speech_wav(server, folder / "interruption.wav", [8.0, INTERRUPTION, 4.0], key=KEY),
+        "interruption": speech_wav(server, folder / "interruption.wav", [10.0, INTERRUPTION, 4.0], key=KEY),
     }
 
 
@@ -175,7 +177,7 @@ def test_speaking_over_the_answer_stops_it_where_it_was_heard(
         assert abs(seen["played"][item] * 1000 / RATE - cut_ms) <= 1
     else:
         # The server cut the answer at what it had played; at most the browser's jitter buffer played on.
-        assert all(ms < 300 for ms in seen["loudAfterCut"]), seen["loudAfterCut"]
+        assert all(ms < 500 for ms in seen["loudAfterCut"]), seen["loudAfterCut"]
 
 
 def test_a_wrong_key_is_refused_with_a_message_the_page_shows(

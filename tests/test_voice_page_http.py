@@ -136,17 +136,26 @@ async def aiortc_offer() -> tuple[Any, str]:
     return pc, pc.localDescription.sdp
 
 
-async def test_a_call_is_answered_201_with_sdp_and_its_location_with_candidates_on_loopback_only(
-    served: Served,
-) -> None:
+async def call(served: Served, **body: Any) -> httpx.Response:
+    """POST an aiortc peer's offer to ``/v1/realtime/calls`` (``body``: httpx's content/files arguments
+    around the offer, ``OFFER`` standing for it); the peer is closed again once answered."""
     loop = asyncio.new_event_loop()
     pc, offer = await trio.to_thread.run_sync(loop.run_until_complete, aiortc_offer())
     try:
         async with httpx.AsyncClient(base_url=served.url) as client:
-            answer = await client.post("/v1/realtime/calls", content=offer, headers={"Content-Type": "application/sdp"})
+            if "files" in body:
+                files = {name: (None, offer if value == "OFFER" else value) for name, value in body["files"].items()}
+                return await client.post("/v1/realtime/calls", files=files)
+            return await client.post("/v1/realtime/calls", content=offer, headers={"Content-Type": "application/sdp"})
     finally:
         await trio.to_thread.run_sync(loop.run_until_complete, pc.close())
         loop.close()
+
+
+async def test_a_call_is_answered_201_with_sdp_and_its_location_with_candidates_on_loopback_only(
+    served: Served,
+) -> None:
+    answer = await call(served)
     assert answer.status_code == 201 and answer.headers["content-type"].startswith("application/sdp")
     assert re.fullmatch(r"/v1/realtime/calls/rtc-[0-9a-f]+", answer.headers["location"])
     candidates = re.findall(r"a=candidate:\S+ \d+ udp \d+ (\S+) \d+ typ host", answer.text)
@@ -157,3 +166,18 @@ async def test_hanging_up_a_call_that_does_not_exist_is_a_404(served: Served) ->
     async with httpx.AsyncClient(base_url=served.url) as client:
         answer = await client.post("/v1/realtime/calls/rtc-nothing/hangup")
     assert (answer.status_code, answer.json()["error"]["param"]) == (404, "call_id")
+
+
+async def test_a_call_offer_may_come_as_multipart_with_its_session(served: Served) -> None:
+    session = json.dumps({"type": "realtime", "instructions": "be brief"})
+    answer = await call(served, files={"sdp": "OFFER", "session": session})
+    assert answer.status_code == 201 and answer.text.startswith("v=0")
+
+
+async def test_calls_past_the_session_limit_are_refused_429(nursery: trio.Nursery) -> None:
+    from omnitrio.serve.limits import ServeLimits
+
+    served = await start_server(nursery, limits=ServeLimits(max_realtime_sessions=1))
+    first, second = await call(served), await call(served)
+    assert first.status_code == 201
+    assert (second.status_code, second.json()["error"]["code"]) == (429, "session_limit_reached")

@@ -7,7 +7,9 @@ the answer is ``201`` with the SDP answer (``application/sdp``) and a ``Location
 channel ``oai-events``: the same events and session as ``/v1/realtime`` (one
 :class:`~.realtime.RealtimeSession`, a :class:`~.webrtc_call.WebRTCTransport`).
 ``POST /v1/realtime/calls/{call_id}/hangup`` ends a call; so does the peer closing its connection.
-A bad offer is a 400 naming ``sdp``; a server without aiortc answers 501.
+A bad offer is a 400 naming ``sdp``; a server without aiortc answers 501. Calls count against
+``max_realtime_sessions`` on their own (WebSockets have their count in :mod:`.admission`): one call
+past it is a 429 ``session_limit_reached``.
 
 :class:`WebRTCCalls` owns every call: the app's lifespan opens it (:meth:`WebRTCCalls.lifespan`),
 which starts the asyncio thread aiortc runs on (:mod:`.webrtc_loop`) and the trio nursery the
@@ -127,6 +129,10 @@ class WebRTCCalls:
             raise ApiError(501, "WebRTC needs aiortc: install omnitrio's speech extra", code="not_implemented")
         if self._thread is None or self._nursery is None:
             raise ApiError(503, "WebRTC calls are not being served (the app's lifespan is not running)")
+        limit = self.ctx.limits.max_realtime_sessions
+        if len(self.calls) >= limit:
+            message = f"the server has {limit} WebRTC calls open, its limit (max_realtime_sessions); retry later"
+            raise ApiError(429, message, "server_error", code="session_limit_reached", headers={"Retry-After": "1"})
         offer, first = await _offer(request)
         secret = request.scope.get("state", {}).get(SECRET_SESSION)
         if secret:
