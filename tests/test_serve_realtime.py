@@ -289,7 +289,7 @@ async def test_retrieve_returns_the_item_with_its_audio_and_delete_removes_it(se
     assert chats(served)[0].inputs["messages"] == [{"role": "user", "content": "only this"}]
 
 
-async def test_function_call_items_reach_the_responder_as_text(served: Served) -> None:
+async def test_function_call_items_reach_the_responder_in_the_chat_shape(served: Served) -> None:
     call = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}
     result = {"type": "function_call_output", "call_id": "c1", "output": "sunny"}
     async with open_realtime(served.ws_url) as rt:
@@ -300,8 +300,9 @@ async def test_function_call_items_reach_the_responder_as_text(served: Served) -
         await rt.send({"type": "response.create"})
         await receive_until(rt, "response.done")
     messages = chats(served)[0].inputs["messages"]
-    assert messages[0]["role"] == "assistant" and "weather" in messages[0]["content"]
-    assert messages[1] == {"role": "tool", "content": "sunny"}
+    called = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    assert messages[0] == {"role": "assistant", "content": "", "tool_calls": [called]}
+    assert messages[1] == {"role": "tool", "content": "sunny", "tool_call_id": "c1"}
 
 
 async def test_a_later_response_sees_the_earlier_answer(served: Served) -> None:
