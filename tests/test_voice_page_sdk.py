@@ -5,19 +5,24 @@ The SDK (pinned in ``tests/npm/package.json`` and its lock file) is installed in
 in a document of the server's own origin, as in an app that ships the SDK. (A document Playwright
 made up would have no address, and Chromium's local-network checks would keep it off loopback.)
 The SDK gets an ephemeral key (``/v1/realtime/client_secrets``), as it insists on in a browser,
-and connects over WebRTC (its default) and over the WebSocket.
+and connects over WebRTC (its default) and over the WebSocket. Its tool call runs against the toy
+pipeline whose responder calls the tool it is offered (``tests/test_realtime_tools.py``).
 """
 
 from __future__ import annotations
 
+import json
+import queue
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from toys.browser import Server, ensure_chromium, launch_args, served, speech_wav
 
@@ -78,16 +83,28 @@ def ephemeral_key(server: Server) -> str:
 
 
 @pytest.fixture
-def sdk_page(server: Server, question: Path, playwright: Any, bundle: bytes) -> Iterator[Any]:
-    """A page of the server's origin that holds the SDK; its microphone says ``QUESTION`` once."""
-    browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(question))
-    try:
+def sdk_page_factory(question: Path, playwright: Any, bundle: bytes) -> Iterator[Any]:
+    """``open(origin)``: a page of ``origin`` that holds the SDK; its microphone says ``QUESTION`` once."""
+    browsers: list[Any] = []
+
+    def open_page(origin: str) -> Any:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(question))
+        browsers.append(browser)
         page = browser.new_page()
-        page.goto(f"{server.url}/voice.json")  # any document of the server's origin (a loopback one)
+        page.goto(f"{origin}/voice.json")  # any document of the server's origin (a loopback one)
         page.add_script_tag(content=bundle.decode())
-        yield page
+        return page
+
+    try:
+        yield open_page
     finally:
-        browser.close()
+        for browser in browsers:
+            browser.close()
+
+
+@pytest.fixture
+def sdk_page(server: Server, sdk_page_factory: Any) -> Any:
+    return sdk_page_factory(server.url)
 
 
 def wait_for(page: Any, condition: str, timeout: int = TURN) -> None:
@@ -122,12 +139,46 @@ def test_the_agents_sdk_holds_a_spoken_turn(server: Server, sdk_page: Any, trans
         assert "output_audio_buffer.started" in log["events"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="function calling over realtime (session.tools, function_call items, function_call_output) is issue 28's;"
-    " not on this branch yet, and the repeat responder calls no tool",
-)
-def test_the_agents_sdk_runs_a_tool_the_answer_calls(server: Server, sdk_page: Any) -> None:
-    args = {"transport": "webrtc", "key": ephemeral_key(server), "origin": server.url, "withTool": True}
-    sdk_page.evaluate("args => window.runSdk(args)", args)
-    wait_for(sdk_page, "log.toolCalls.length > 0", timeout=30_000)
+@pytest.fixture(scope="module")
+def tool_server() -> Iterator[str]:
+    """The toy pipeline whose responder calls the tool it is offered (``tests/test_realtime_tools.py``),
+    served in a thread of its own; its URL."""
+    from tests.fake_pipeline import start_server
+    from tests.test_realtime_tools import ToolCallingPipeline
+
+    started: queue.Queue[tuple[str, trio.lowlevel.TrioToken, trio.Event]] = queue.Queue()
+
+    async def main() -> None:
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            served = await start_server(nursery, ToolCallingPipeline())
+            started.put((served.url, trio.lowlevel.current_trio_token(), stop))
+            await stop.wait()
+            nursery.cancel_scope.cancel()
+
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    url, token, stop = started.get(timeout=60)
+    try:
+        yield url
+    finally:
+        token.run_sync_soon(stop.set)
+        thread.join(30)
+
+
+def test_the_agents_sdk_runs_the_tool_an_answer_calls_and_is_answered_with_its_output(
+    tool_server: str, sdk_page_factory: Any
+) -> None:
+    page = sdk_page_factory(tool_server)
+    page.evaluate(
+        "args => window.runSdk(args)",
+        {"transport": "webrtc", "key": "ek_unused", "origin": tool_server, "withTool": True},
+    )
+    page.evaluate("() => window.sdkSession.sendMessage('What is the weather in Paris')")
+    wait_for(page, "log.toolCalls.length > 0", timeout=30_000)
+    answered = "log.history.some(i => i.role === 'assistant' && JSON.stringify(i).includes('sunny in Paris'))"
+    wait_for(page, answered, timeout=30_000)
+    log = page.evaluate("window.sdkLog")
+    assert log["toolCalls"] == ["Paris"]
+    calls = [item for item in log["history"] if item.get("type") == "function_call"]
+    assert calls and calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {"city": "Paris"}
