@@ -55,6 +55,7 @@ class Peer:
         self.channel: RTCDataChannel | None = None
         self.opened = asyncio.Event()
         self._waiting: list[str] = []  # events said before the data channel opened
+        self._cut: set[str] = set()  # responses cut short: their late audio is not played
         self._tasks: set[asyncio.Task[None]] = set()
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("track", self._on_track)
@@ -77,12 +78,17 @@ class Peer:
             self._waiting.append(text)
 
     def play(self, response_id: str, item_id: str, pcm16: bytes) -> None:
-        self.track.push(response_id, item_id, pcm16)
+        if response_id not in self._cut:
+            self.track.push(response_id, item_id, pcm16)
 
     def clear(self) -> None:
-        """Cut the playing answer short; the session is told what was heard, to truncate there."""
+        """Cut the playing answer short; the session is told what was heard, to truncate there.
+
+        Audio of that response still on its way (sent before the session saw the truncation) is dropped.
+        """
         cleared = self.track.clear()
         if cleared is not None:
+            self._cut.add(cleared.response_id)
             self.inbound.send(cleared)
 
     async def close(self) -> None:
