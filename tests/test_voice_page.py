@@ -40,6 +40,7 @@ LONG = (
 INTERRUPTION = "Stop. Wait a moment please."
 TURN = 90_000  # ms a turn may take on a loaded machine
 TRANSPORTS = ["websocket", "webrtc"]
+JITTER_MS = 1500  # the most a browser's WebRTC jitter buffer may hold on a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +177,11 @@ def test_speaking_over_the_answer_stops_it_where_it_was_heard(
         # The page truncated at what its jitter buffer had played, and played nothing of that item after.
         assert abs(seen["played"][item] * 1000 / RATE - cut_ms) <= 1
     else:
-        # The server cut the answer at what it had played; at most the browser's jitter buffer played on.
-        assert all(ms < 500 for ms in seen["loudAfterCut"]), f"answer audio heard after the cut: {seen['loudAfterCut']}"
+        # The server cut the answer at what it had played and never played it again; what was heard
+        # after the cut is what the browser's jitter buffer already held (more on a loaded machine).
+        (cut,) = seen["cut"]
+        assert seen["started"].count(cut) == 1
+        assert all(ms < JITTER_MS for ms in seen["loudAfterCut"]), f"answer heard after the cut: {seen['loudAfterCut']}"
 
 
 def test_a_wrong_key_is_refused_with_a_message_the_page_shows(

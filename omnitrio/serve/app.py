@@ -7,7 +7,9 @@ pipeline does not serve (``PipelineConfig.serves``) answers 404 naming the route
 and ``/v1/models`` lists them per model (``serves``). A plain HTTP request to ``/v1/realtime`` answers
 426 saying to connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
 An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
-in the body.
+in the body. ``/`` is the voice page (:mod:`.page`); ``/v1/realtime/calls`` the realtime session
+over WebRTC (:mod:`.webrtc`, served while the app's lifespan runs); ``/v1/realtime/client_secrets``
+mints ephemeral keys (:mod:`.client_secrets`).
 
 Before a route runs, a request passes, in order: CORS and the WebSocket origin check
 (:mod:`.origins`), the API key check (:mod:`.auth`), and admission (:mod:`.admission`).

@@ -6,8 +6,8 @@
 // heard, so a barge-in truncates the item there. Over WebRTC the audio travels as Opus tracks and a
 // barge-in sends output_audio_buffer.clear (the server truncates at what it played).
 //
-// window.voiceStats is what the page measured (latencies, played samples per item, truncations),
-// read by the tests and the benchmark.
+// window.voiceStats is what the page measured (latencies, played samples per item, truncations, the
+// server's event types but the deltas), read by the tests and the benchmark.
 
 const RATE = 24000;
 const PREBUFFER_S = 0.08;
@@ -37,6 +37,8 @@ const stats = (window.voiceStats = {
   dropped: {},
   cutAt: null, // WebRTC: when the server last cut the answer short
   loudAfterCut: [], // WebRTC: ms after that cut at which answer audio was still heard
+  started: [], // WebRTC: the responses whose audio started playing, in order (output_audio_buffer.started)
+  cut: [], // WebRTC: the responses cut short (output_audio_buffer.cleared)
   errors: [],
 });
 
@@ -67,16 +69,22 @@ function clearError() {
 
 // -- the transcript --------------------------------------------------------------------------
 
+// The text of an item's line in the transcript (made when first needed, in the order items come).
 function line(itemId, role, text = "") {
   let li = document.querySelector(`#transcript li[data-item="${CSS.escape(itemId)}"]`);
   if (!li) {
     li = document.createElement("li");
     li.dataset.item = itemId;
     li.className = role;
-    li.textContent = text;
+    const who = document.createElement("span");
+    who.className = "visually-hidden";
+    who.textContent = role === "user" ? "You said: " : "Assistant: ";
+    const said = document.createElement("span");
+    said.textContent = text;
+    li.append(who, said);
     $("transcript").append(li);
   }
-  return li;
+  return li.lastElementChild;
 }
 
 function itemText(item) {
@@ -176,6 +184,15 @@ class Session {
     this.transport.send(event);
   }
 
+  // The connection ended without the user asking.
+  closed(reason) {
+    if (session !== this) return;
+    session = null;
+    this.close();
+    showError(reason);
+    setState("FAILED");
+  }
+
   firstAudio() {
     if (this.turnEnd === null) return;
     const ms = Math.round(performance.now() - this.turnEnd);
@@ -195,7 +212,7 @@ class Session {
 
   // A server event, whichever transport brought it.
   receive(event) {
-    stats.events.push(event.type);
+    if (!event.type.endsWith(".delta")) stats.events.push(event.type);
     switch (event.type) {
       case "session.updated":
         if (stats.state === "CONNECTING") setState("LISTENING");
@@ -229,7 +246,7 @@ class Session {
         this.transport.ended(event.item_id);
         break;
       case "conversation.item.truncated":
-        line(event.item_id, "assistant").classList.add("truncated");
+        line(event.item_id, "assistant").parentElement.classList.add("truncated");
         stats.truncated[event.item_id] ??= event.audio_end_ms;
         break;
       case "response.done":
@@ -402,11 +419,13 @@ class WebRTCTransport {
       case "output_audio_buffer.started":
         this.assistantAudio = true;
         stats.cutAt = null;
+        stats.started.push(event.response_id);
         this.session.started(event.item_id ?? event.response_id);
         this.item = event.item_id;
         break;
       case "output_audio_buffer.cleared":
         stats.cutAt = performance.now();
+        stats.cut.push(event.response_id);
       // falls through
       case "output_audio_buffer.stopped":
         this.assistantAudio = false;
@@ -437,14 +456,6 @@ class WebRTCTransport {
 }
 
 // -- the page -------------------------------------------------------------------------------
-
-Session.prototype.closed = function (reason) {
-  if (session !== this) return;
-  session = null;
-  this.close();
-  showError(reason);
-  setState("FAILED");
-};
 
 async function start() {
   clearError();
@@ -501,5 +512,12 @@ $("typed").addEventListener("submit", (event) => {
   session.typed(text);
   setState("THINKING");
 });
+for (const id of ["voice", "turns"]) {
+  $(id).addEventListener("change", () => {
+    if (!session) return;
+    session.send(sessionUpdate());
+    setState(stats.state); // the manual-turn button follows the setting
+  });
+}
 loadConfig().catch(() => {}); // a cross-origin page without CORS learns why when it connects
 setState("IDLE");
