@@ -181,3 +181,89 @@ async def test_calls_past_the_session_limit_are_refused_429(nursery: trio.Nurser
     first, second = await call(served), await call(served)
     assert first.status_code == 201
     assert (second.status_code, second.json()["error"]["code"]) == (429, "session_limit_reached")
+
+
+async def webrtc_client(url: str, steps: list[dict[str, Any]], until: str, *, clear_on: str | None = None) -> Any:
+    """An aiortc peer's call to ``url``: sends ``steps`` once the events channel opens, collects the
+    server's events up to ``until`` (and 1 s of what follows), and the loudest sample of its track.
+    ``clear_on``: send ``output_audio_buffer.clear`` when that event arrives."""
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+    from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
+
+    pc = RTCPeerConnection()
+    pc.addTrack(AudioStreamTrack())  # a silent microphone
+    channel = pc.createDataChannel("oai-events")
+    events: list[dict[str, Any]] = []
+    loudest = [0]
+    done = asyncio.Event()
+
+    async def listen(track: Any) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            loudest[0] = max(loudest[0], int(abs(frame.to_ndarray()).max()))
+
+    pc.on("track", lambda track: asyncio.ensure_future(listen(track)))
+
+    def on_message(text: str) -> None:
+        events.append(json.loads(text))
+        if events[-1]["type"] == clear_on:
+            channel.send(json.dumps({"type": "output_audio_buffer.clear"}))
+        if events[-1]["type"] == until:
+            done.set()
+
+    channel.on("message", on_message)
+    channel.on("open", lambda: [channel.send(json.dumps(step)) for step in steps])
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(
+            f"{url}/v1/realtime/calls", content=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"}
+        )
+    await pc.setRemoteDescription(RTCSessionDescription(answer.text, "answer"))
+    try:
+        await asyncio.wait_for(done.wait(), 20)
+        await asyncio.sleep(1)
+    finally:
+        await pc.close()
+    return events, loudest[0]
+
+
+TYPED_TURN = [
+    {"type": "session.update", "session": {"turn_detection": None}},
+    {
+        "type": "conversation.item.create",
+        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello there"}]},
+    },
+    {"type": "response.create"},
+]
+
+
+async def test_a_webrtc_call_holds_the_session_over_its_events_channel_and_plays_the_answer(served: Served) -> None:
+    client = webrtc_client(served.url, TYPED_TURN, "output_audio_buffer.stopped")
+    events, loudest = await trio.to_thread.run_sync(asyncio.run, client)
+    types = [event["type"] for event in events]
+    assert types[:2] == ["session.created", "conversation.created"]
+    assert "response.output_audio.delta" not in types  # the audio went on the track
+    assert types.index("output_audio_buffer.started") < types.index("output_audio_buffer.stopped")
+    assert loudest > 1000  # the toy answer's tone was heard
+    done = next(event for event in events if event["type"] == "response.done")
+    assert done["response"]["status"] == "completed"
+
+
+async def test_a_webrtc_client_that_clears_the_output_buffer_gets_the_answer_truncated_where_it_played(
+    served: Served,
+) -> None:
+    long_turn = [dict(step) for step in TYPED_TURN]
+    long_turn[1] = {
+        "type": "conversation.item.create",
+        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "word " * 40}]},
+    }
+    client = webrtc_client(served.url, long_turn, "conversation.item.truncated", clear_on="output_audio_buffer.started")
+    events, _ = await trio.to_thread.run_sync(asyncio.run, client)
+    types = [event["type"] for event in events]
+    truncated = next(event for event in events if event["type"] == "conversation.item.truncated")
+    assert types.index("output_audio_buffer.cleared") < types.index("conversation.item.truncated")
+    assert 0 <= truncated["audio_end_ms"] < 4000  # 4 s of answer: cut at the start, not played through
+    assert types.count("output_audio_buffer.started") == 1  # the cut answer does not play again
