@@ -153,7 +153,6 @@ class Session {
     this.lastVoice = null; // performance.now() of the last loud microphone piece
     this.turnEnd = null; // when the turn being answered ended; cleared at its first audio
     this.playingItem = null; // the assistant item whose audio is playing
-    this.lastTruncated = null;
   }
 
   async start(transportName) {
