@@ -3,7 +3,8 @@
 With synthesized speech on the default pipeline (the "repeat" responder): a complete question, the
 silence that ends its turn, then a short gap and a follow-up. The follow-up must get its own
 ``speech_started``, be committed as its own item and be transcribed whole, for ``server_vad`` with a
-short and the default silence and for ``semantic_vad``.
+short and the default silence and for ``semantic_vad``, and with false-interruption resume on
+(the follow-up is then heard over the first answer, judged, and goes on as a turn).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ DETECTIONS: dict[
     "server_vad_200": ({"type": "server_vad", "silence_duration_ms": 200}, 200),
     "server_vad_500": ({"type": "server_vad", "silence_duration_ms": 500}, 500),
     "semantic_vad": ({"type": "semantic_vad", "eagerness": "high"}, 200),
+    "server_vad_resuming": ({"type": "server_vad", "false_interruptions": {"decide_ms": 10_000}}, 500),
 }
 
 

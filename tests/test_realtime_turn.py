@@ -7,7 +7,8 @@ silence, so every turn's audio is there to take.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import attrs
 import trio
@@ -149,17 +150,25 @@ async def test_opted_in_real_words_over_an_answer_cancel_it_and_become_the_turn(
     assert isinstance(out[-1], Ended) and out[-1].answer
 
 
-async def test_a_truncated_answer_is_never_resumed_even_opted_in() -> None:
-    c = core(said="Okay.")
-    response = playing(c)
+@asynccontextmanager
+async def speech_over_the_answer(c: Core) -> AsyncIterator[trio.MemorySendChannel[VadEvent]]:
+    """The core listening (resume opted in) with speech begun at 100 ms over its answer, applied;
+    more events go to the channel yielded, closed on the way out."""
     send, receive = trio.open_memory_channel[VadEvent](math.inf)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(c.turns.listen, RESUMING, 0, receive)
-        send.send_nowait(SpeechStarted(100))
-        await trio.testing.wait_all_tasks_blocked()
+        with send:
+            send.send_nowait(SpeechStarted(100))
+            await trio.testing.wait_all_tasks_blocked()
+            yield send
+
+
+async def test_a_truncated_answer_is_never_resumed_even_opted_in() -> None:
+    c = core(said="Okay.")
+    response = playing(c)
+    async with speech_over_the_answer(c) as events:
         response.truncate()  # the client stopped playing it and cut its item
-        send.send_nowait(SpeechPaused(600))
-        send.close()
+        events.send_nowait(SpeechPaused(600))
     assert response.state is ResponseState.SILENCED
     assert not any(isinstance(o, Notice) and o.event["type"].endswith("resumed") for o in c.out)
 
@@ -167,12 +176,7 @@ async def test_a_truncated_answer_is_never_resumed_even_opted_in() -> None:
 async def test_opted_in_speech_still_going_after_decide_ms_cancels_the_answer(autojump_clock: object) -> None:
     c = core()
     response = playing(c)
-    send, receive = trio.open_memory_channel[VadEvent](math.inf)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(c.turns.listen, RESUMING, 0, receive)
-        send.send_nowait(SpeechStarted(100))
-        await trio.testing.wait_all_tasks_blocked()
+    async with speech_over_the_answer(c):
         assert response.state is ResponseState.PAUSED
         await trio.sleep(1.01)
         assert response.state is ResponseState.SILENCED and c.turns.response is None
-        send.close()

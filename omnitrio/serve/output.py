@@ -58,9 +58,9 @@ class Output:
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
-        """The tool calls the answer ended with (OpenAI's chat shape); empty when it made none."""
+        """The tool calls the answer made (OpenAI's chat shape), from the results; empty when none."""
         calls = self._results.get("tool_calls")
-        return [dict(call) for call in calls if isinstance(call, Mapping)] if isinstance(calls, list) else []
+        return list(calls) if isinstance(calls, list) else []
 
     @property
     def sample_rate(self) -> int | None:

@@ -18,20 +18,12 @@ VAD events about it are ignored, so a client that appends a recorded sentence in
 commits it by hand is not interrupted by its own sentence.
 
 With server VAD (the default) the audio also streams to the pipeline's ASR session
-(:mod:`.realtime_listen`); its events drive the turn:
-
-* ``speech_started``: ``input_audio_buffer.speech_started``; any prepared answer is dropped; a
-  response in progress (unless ``interrupt_response`` is false) is cancelled at once
-  (``response.done`` saying ``turn_detected``), or, with ``false_interruptions`` set, paused while
-  the speech is judged (:mod:`.realtime_interruption`: a backchannel resumes it, anything else cancels it);
-* ``speech_paused``: the answer to the turn so far is prepared speculatively — transcription,
-  responder and TTS start at once, their output is held back (``semantic_vad``: its transcript is
-  reused, the turn model judges meanwhile; no answer when the words say the turn is unfinished);
-* ``turn_judged`` (``semantic_vad``): judged incomplete, the prepared answer is dropped;
-* ``speech_resumed``: the prepared answer is cancelled, silently;
-* ``speech_stopped``: ``input_audio_buffer.speech_stopped`` and the commit, then the prepared
-  answer is released, or, if none was prepared, a response starts now (``create_response`` false:
-  the turn waits for ``response.create``).
+(:mod:`.realtime_listen`); its typed events go to the turn core (:mod:`.realtime_turn`), which says
+when a turn begins (``input_audio_buffer.speech_started``; the answer playing is cancelled or, opted
+in, paused), when to prepare an answer ahead (held back until released) or drop it, and when the
+turn ends (``input_audio_buffer.speech_stopped``, the commit, then the prepared answer released or
+a response started; ``create_response`` false: the turn waits for ``response.create``).
+``conversation.item.truncate`` of the answer playing ends it (:meth:`~.realtime_response.Response.truncate`).
 
 A session opens with ``session.created`` then ``conversation.created`` (its one conversation).
 
@@ -349,8 +341,11 @@ class RealtimeSession:
                     self._release(self._launch(Response(dict(self.session), item, self.lead)))
 
     def _drop_speculation(self) -> None:
+        """Drop the prepared answer, and the transcription of the turn it was prepared for (never committed)."""
         if self.speculative is not None:
             self.speculative.drop()
+            if self.speculative.turn is not None:
+                self.speculative.turn.transcription.cancel()
             self.speculative = None
 
     # -- responses ---------------------------------------------------------------------------

@@ -134,13 +134,10 @@ class Response:
             self._released.set()
 
     def drop(self) -> None:
-        """A prepared response that will not be released: its work stops, the client never hears of it,
-        and the turn it was prepared for is not transcribed on its behalf."""
+        """A prepared response that will not be released: its work stops, the client never hears of it."""
         if self._state is ResponseState.PREPARED:
             self._state = ResponseState.SILENCED
             self._scope.cancel()
-            if self.turn is not None:
-                self.turn.transcription.cancel()
 
     def interrupt(self, reason: str) -> None:
         """Cancel: stop sending its audio now, abort its request, report ``cancelled`` with ``reason``."""

@@ -20,8 +20,9 @@ order, and says what the session must do through its one ``emit`` callable (:dat
 
 Speech resumed while no turn is open but a response plays (it was resumed over a backchannel) opens
 a turn, as a start does. VAD events about audio that was committed or cleared are ignored, so a
-hand-committed burst never interrupts its own answer. ``emit`` is awaited in order; the events of
-one listener never interleave with another's (a new :meth:`listen` follows the old one's end).
+hand-committed burst never interrupts its own answer. ``emit`` is awaited for each output in
+order, before the next event is applied; cancelling :meth:`listen` (the session replaces its
+listener when turn detection changes) stops it between two events or inside an ``emit``.
 """
 
 from __future__ import annotations
