@@ -9,10 +9,11 @@
 // window.voiceStats is what the page measured (latencies, played samples per item, truncations, the
 // server's event types but the deltas), read by the tests and the benchmark.
 
-const RATE = 24000;
-const PREBUFFER_S = 0.08;
+import { RATE, server, stats, errorMessage } from "./voice-shared.js";
+import { WebSocketTransport } from "./voice-websocket.js";
+import { WebRTCTransport } from "./voice-webrtc.js";
+
 const VOICE_LEVEL = 0.02; // a microphone piece this loud is speech, for the latency readout
-const PLAYED_LEVEL = 0.005; // remote audio this loud is the answer playing (WebRTC)
 
 const State = Object.freeze({
   IDLE: "Not connected.",
@@ -24,23 +25,6 @@ const State = Object.freeze({
 });
 
 const $ = (id) => document.getElementById(id);
-const params = new URLSearchParams(location.search);
-const server = new URL(params.get("server") || location.origin);
-
-const stats = (window.voiceStats = {
-  state: "IDLE",
-  transport: null,
-  events: [],
-  latencies: [],
-  played: {},
-  truncated: {},
-  dropped: {},
-  cutAt: null, // WebRTC: when the server last cut the answer short
-  loudAfterCut: [], // WebRTC: ms after that cut at which answer audio was still heard
-  started: [], // WebRTC: the responses whose audio started playing, in order (output_audio_buffer.started)
-  cut: [], // WebRTC: the responses cut short (output_audio_buffer.cleared)
-  errors: [],
-});
 
 let session = null;
 let config = { model: "", webrtc: false, api_key: false, voices: ["default"] };
@@ -100,15 +84,6 @@ async function loadConfig() {
   const voice = $("voice");
   voice.replaceChildren(...config.voices.map((name) => new Option(name, name)));
   $("key-box").hidden = !config.api_key;
-}
-
-async function errorMessage(response) {
-  try {
-    const body = await response.json();
-    return body.error.message;
-  } catch {
-    return `${response.status} ${response.statusText}`;
-  }
 }
 
 // A short-lived key for this session, minted with the key typed in the page; null when the server has none.
@@ -268,189 +243,6 @@ class Session {
   stopped() {
     this.playingItem = null;
     if (stats.state === "SPEAKING") setState("LISTENING");
-  }
-}
-
-// -- the WebSocket: audio in the events, played by the jitter buffer ---------------------------
-
-class WebSocketTransport {
-  constructor(session, key) {
-    this.session = session;
-    this.key = key;
-    this.truncated = new Set();
-  }
-
-  open() {
-    const url = new URL("/v1/realtime", server);
-    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-    const protocols = ["realtime", ...(this.key ? [`openai-insecure-api-key.${this.key}`] : [])];
-    const ws = (this.ws = new WebSocket(url, protocols));
-    const ctx = this.session.audio;
-    this.player = new AudioWorkletNode(ctx, "playback", {
-      processorOptions: { rate: RATE, prebuffer: PREBUFFER_S },
-      outputChannelCount: [1],
-    });
-    this.player.connect(ctx.destination);
-    this.player.port.onmessage = (event) => this.fromPlayer(event.data);
-    return new Promise((resolve, reject) => {
-      ws.onopen = () => {
-        ws.opened = true;
-        resolve();
-      };
-      ws.onmessage = (event) => this.session.receive(JSON.parse(event.data));
-      ws.onclose = (event) => {
-        const reason = event.reason ? `: ${event.reason}` : "";
-        if (ws.opened) this.session.closed(`The server closed the connection (close ${event.code}${reason}).`);
-        else reject(new Error(`The server refused the WebSocket connection to ${url.origin} (close ${event.code}${reason}).`));
-      };
-    });
-  }
-
-  send(event) {
-    if (this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(event));
-  }
-
-  microphone(pcm) {
-    const bytes = new Uint8Array(pcm);
-    let binary = "";
-    for (let i = 0; i < bytes.length; i += 0x2000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x2000));
-    this.send({ type: "input_audio_buffer.append", audio: btoa(binary) });
-  }
-
-  play(event) {
-    if (this.truncated.has(event.item_id)) {
-      stats.dropped[event.item_id] = (stats.dropped[event.item_id] || 0) + 1;
-      return;
-    }
-    const binary = atob(event.delta);
-    const pcm = new Int16Array(binary.length / 2);
-    const view = new DataView(pcm.buffer);
-    for (let i = 0; i < binary.length; i++) view.setUint8(i, binary.charCodeAt(i));
-    this.player.port.postMessage({ type: "push", item: event.item_id, pcm: pcm.buffer }, [pcm.buffer]);
-  }
-
-  ended(itemId) {
-    this.player.port.postMessage({ type: "end", item: itemId });
-  }
-
-  interrupt(itemId) {
-    this.truncated.add(itemId);
-    this.player.port.postMessage({ type: "clear" });
-  }
-
-  fromPlayer(message) {
-    switch (message.type) {
-      case "started":
-        this.session.started(message.item);
-        break;
-      case "played":
-        stats.played[message.item] = message.samples;
-        break;
-      case "finished":
-        this.session.stopped();
-        break;
-      case "cleared": {
-        if (message.item === null) break;
-        stats.played[message.item] = message.samples;
-        const ms = Math.floor((message.samples * 1000) / RATE);
-        this.send({ type: "conversation.item.truncate", item_id: message.item, content_index: 0, audio_end_ms: ms });
-        this.session.stopped();
-        break;
-      }
-    }
-  }
-
-  close() {
-    this.ws.onclose = null;
-    this.ws.close();
-  }
-}
-
-// -- WebRTC: Opus tracks both ways, the events on the "oai-events" data channel ------------------
-
-class WebRTCTransport {
-  constructor(session, key) {
-    this.session = session;
-    this.key = key;
-    this.assistantAudio = false;
-  }
-
-  async open() {
-    const pc = (this.pc = new RTCPeerConnection());
-    this.session.mic.getAudioTracks().forEach((track) => pc.addTrack(track, this.session.mic));
-    this.element = new Audio();
-    this.element.autoplay = true;
-    pc.ontrack = (event) => {
-      this.element.srcObject = event.streams[0];
-      const ctx = this.session.audio;
-      const meter = new AudioWorkletNode(ctx, "meter");
-      ctx.createMediaStreamSource(event.streams[0]).connect(meter);
-      meter.port.onmessage = (e) => {
-        if (e.data.peak < PLAYED_LEVEL) return;
-        if (this.assistantAudio) this.session.firstAudio();
-        else if (stats.cutAt !== null) stats.loudAfterCut.push(Math.round(performance.now() - stats.cutAt));
-      };
-    };
-    const channel = (this.channel = pc.createDataChannel("oai-events"));
-    const opened = new Promise((resolve, reject) => {
-      channel.onopen = () => resolve();
-      channel.onclose = () => this.session.closed("The WebRTC connection closed.");
-      pc.onconnectionstatechange = () => {
-        if (pc.connectionState === "failed") reject(new Error("The WebRTC connection failed (no ICE route to the server)."));
-      };
-    });
-    channel.onmessage = (event) => this.receive(JSON.parse(event.data));
-    await pc.setLocalDescription(await pc.createOffer());
-    const headers = { "Content-Type": "application/sdp" };
-    if (this.key) headers.Authorization = `Bearer ${this.key}`;
-    const response = await fetch(new URL("/v1/realtime/calls", server), {
-      method: "POST",
-      headers,
-      body: pc.localDescription.sdp,
-    });
-    if (!response.ok) throw new Error(`The server refused the call: ${await errorMessage(response)}`);
-    await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
-    await opened;
-  }
-
-  receive(event) {
-    switch (event.type) {
-      case "output_audio_buffer.started":
-        this.assistantAudio = true;
-        stats.cutAt = null;
-        stats.started.push(event.response_id);
-        this.session.started(event.item_id ?? event.response_id);
-        this.item = event.item_id;
-        break;
-      case "output_audio_buffer.cleared":
-        stats.cutAt = performance.now();
-        stats.cut.push(event.response_id);
-      // falls through
-      case "output_audio_buffer.stopped":
-        this.assistantAudio = false;
-        this.session.stopped();
-        break;
-    }
-    this.session.receive(event);
-  }
-
-  send(event) {
-    if (this.channel.readyState === "open") this.channel.send(JSON.stringify(event));
-  }
-
-  microphone() {} // the microphone goes as the audio track
-
-  play() {} // the answer comes as the audio track
-
-  ended() {}
-
-  interrupt() {
-    this.send({ type: "output_audio_buffer.clear" });
-  }
-
-  close() {
-    this.channel.onclose = null;
-    this.pc.close();
   }
 }
 
