@@ -23,7 +23,8 @@ from toys.browser import RATE, Server, ensure_chromium, launch_args, served, spe
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
-pytestmark = pytest.mark.slow
+# The first test also installs chromium (apt) and starts the server with its models.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 KEY = "sk-voice-page"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

@@ -28,7 +28,8 @@ from toys.browser import Server, ensure_chromium, launch_args, served, speech_wa
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
-pytestmark = pytest.mark.slow
+# The first test also installs chromium (apt) and starts the server with its models.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 NPM = Path(__file__).resolve().parent / "npm"
 KEY = "sk-sdk-test"
@@ -42,12 +43,12 @@ def bundle() -> bytes:
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed")
-    if not (NPM / "node_modules" / "@openai" / "agents-realtime").exists():
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NPM, check=True, capture_output=True, timeout=600)
-    esbuild = NPM / "node_modules" / ".bin" / "esbuild"
     out = NPM / "dist" / "sdk.js"
-    command = [str(esbuild), "sdk-entry.js", "--bundle", "--format=iife", "--platform=browser", f"--outfile={out}"]
-    subprocess.run(command, cwd=NPM, check=True, capture_output=True, timeout=300)
+    esbuild = [str(NPM / "node_modules" / ".bin" / "esbuild"), "sdk-entry.js", "--bundle", "--format=iife"]
+    steps = [[npm, "ci", "--no-audit", "--no-fund"]] if not (NPM / "node_modules" / "@openai").exists() else []
+    for command in [*steps, [*esbuild, "--platform=browser", f"--outfile={out}"]]:
+        done = subprocess.run(command, cwd=NPM, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{' '.join(command[:2])} failed in tests/npm: {done.stderr[-2000:]}"
     return out.read_bytes()
 
 
