@@ -67,7 +67,7 @@ def ensure_chromium() -> str | None:
         if CHROMIUM.exists():
             return None
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = [apt, "install", "-y", "-q", "--no-install-recommends", "chromium"]
+        install = [apt, "install", "-y", "-q", "chromium"]
         for command in ([apt, "update", "-q"], install):
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
