@@ -11,7 +11,8 @@ An ephemeral key opens one realtime session, WebSocket (``openai-insecure-api-ke
 WebRTC call (``Authorization: Bearer ek_...``), and nothing else: it is spent at that handshake,
 and worthless once ``expires_at`` has passed (10 s to 2 h after minting, 600 s by default, as
 OpenAI allows). The ``session`` given at minting is checked as ``session.update`` checks it (a bad
-field is a 400 naming it) and is the call's session from its start. Keys live in this process's
+field is a 400 naming it); a WebRTC call opened with the key starts with it applied (a WebSocket
+client sends its own ``session.update``, as the SDKs do). Keys live in this process's
 memory only; a restart forgets them.
 """
 

@@ -163,12 +163,14 @@ class WebRTCCalls:
     async def _run(self, call_id: str, transport: WebRTCTransport) -> None:
         from omnitrio.serve.realtime import RealtimeSession
 
+        log.info("WebRTC call %s started", call_id)
         try:
             await RealtimeSession(self.ctx, transport).run()
         except Exception:
             log.exception("WebRTC call %s failed", call_id)
         finally:
             self.calls.pop(call_id, None)
+            log.info("WebRTC call %s ended", call_id)
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
                 await transport.close()
 
