@@ -183,7 +183,9 @@ async def test_calls_past_the_session_limit_are_refused_429(nursery: trio.Nurser
     assert (second.status_code, second.json()["error"]["code"]) == (429, "session_limit_reached")
 
 
-async def webrtc_client(url: str, steps: list[dict[str, Any]], until: str, *, clear_on: str | None = None) -> Any:
+async def webrtc_client(
+    url: str, steps: list[dict[str, Any]], until: str, *, clear_on: str | None = None, key: str | None = None
+) -> Any:
     """An aiortc peer's call to ``url``: sends ``steps`` once the events channel opens, collects the
     server's events up to ``until`` (and 1 s of what follows), and the loudest sample of its track.
     ``clear_on``: send ``output_audio_buffer.clear`` when that event arrives."""
@@ -219,8 +221,11 @@ async def webrtc_client(url: str, steps: list[dict[str, Any]], until: str, *, cl
     await pc.setLocalDescription(await pc.createOffer())
     async with httpx.AsyncClient() as client:
         answer = await client.post(
-            f"{url}/v1/realtime/calls", content=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"}
+            f"{url}/v1/realtime/calls",
+            content=pc.localDescription.sdp,
+            headers={"Content-Type": "application/sdp", **({"Authorization": f"Bearer {key}"} if key else {})},
         )
+        answer.raise_for_status()
     await pc.setRemoteDescription(RTCSessionDescription(answer.text, "answer"))
     try:
         await asyncio.wait_for(done.wait(), 20)
@@ -267,3 +272,11 @@ async def test_a_webrtc_client_that_clears_the_output_buffer_gets_the_answer_tru
     assert types.index("output_audio_buffer.cleared") < types.index("conversation.item.truncated")
     assert 0 <= truncated["audio_end_ms"] < 4000  # 4 s of answer: cut at the start, not played through
     assert types.count("output_audio_buffer.started") == 1  # the cut answer does not play again
+
+
+async def test_a_call_opened_with_an_ephemeral_key_starts_with_the_session_it_was_minted_for(keyed: Served) -> None:
+    value = (await mint(keyed, {"session": {"type": "realtime", "instructions": "be brief"}})).json()["value"]
+    client = webrtc_client(keyed.url, [], "session.updated", key=value)
+    events, _ = await trio.to_thread.run_sync(asyncio.run, client)
+    updated = next(event for event in events if event["type"] == "session.updated")
+    assert updated["session"]["instructions"] == "be brief"
