@@ -8,7 +8,9 @@ and ``/v1/models`` lists them per model (``serves``), with OpenAI's model names 
 (:mod:`.models`). A plain HTTP request to ``/v1/realtime`` answers
 426 saying to connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
 An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
-in the body.
+in the body. ``/`` is the voice page (:mod:`.page`); ``/v1/realtime/calls`` the realtime session
+over WebRTC (:mod:`.webrtc`, served while the app's lifespan runs); ``/v1/realtime/client_secrets``
+mints ephemeral keys (:mod:`.client_secrets`).
 
 Before a route runs, a request passes, in order: the count of what users asked
 (:mod:`.api_metrics`), CORS and the WebSocket origin check (:mod:`.origins`), the API key check
@@ -37,14 +39,17 @@ from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.api_metrics import ApiMetrics, CountRequests, api_metrics
 from omnitrio.serve.auth import ApiKeys, RequireApiKey
 from omnitrio.serve.chat import chat_completions
+from omnitrio.serve.client_secrets import ClientSecrets, client_secrets_route
 from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, new_id, served_tasks
 from omnitrio.serve.limits import ServeLimits
 from omnitrio.serve.models import accepted_models, model_card, model_cards, unknown_model
 from omnitrio.serve.origins import browser_middleware
+from omnitrio.serve.page import page_routes
 from omnitrio.serve.realtime import realtime_endpoint
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 from omnitrio.serve.speech import create_speech
 from omnitrio.serve.transcription import create_transcription
+from omnitrio.serve.webrtc import WebRTCCalls, available
 
 
 def create_app(
@@ -58,6 +63,7 @@ def create_app(
     allowed_origins: Sequence[str] = (),
     serves: Iterable[str] | None = None,
     realtime_audio_lead: float = DEFAULT_LEAD,
+    webrtc_hosts: Sequence[str] = ("127.0.0.1",),
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
@@ -71,6 +77,8 @@ def create_app(
     ``serves`` names the tasks offered (``"chat"``, ``"speech"``, ``"transcription"``,
     ``"realtime"``); None takes ``pipeline.config.serves``, and offers every route when that is unset.
     ``realtime_audio_lead`` is how far (seconds) realtime audio may be sent ahead of real time.
+    ``webrtc_hosts``: the addresses WebRTC calls gather ICE candidates on (the server's listen host).
+    WebRTC calls are served while the app's lifespan runs (:mod:`.webrtc`).
     """
     limits = limits or ServeLimits()
     if max_body_bytes is not None:
@@ -85,7 +93,10 @@ def create_app(
         limits=limits,
     )
     metrics = api_metrics(pipeline.metrics_registry)
+    calls = WebRTCCalls(ctx, webrtc_hosts)
+    minted = ClientSecrets()
     routes = [
+        *page_routes(ctx, keys, webrtc=available()),
         Route("/health", partial(_health, ctx), methods=["GET"]),
         Route("/metrics", partial(_metrics, ctx), methods=["GET"]),
         Route("/v1/models", partial(_models, ctx), methods=["GET"]),
@@ -95,15 +106,17 @@ def create_app(
         Route("/v1/audio/transcriptions", partial(create_transcription, ctx), methods=["POST"]),
         Route("/v1/realtime", partial(_realtime_over_http, ctx), methods=["GET"]),
         WebSocketRoute("/v1/realtime", partial(_realtime, ctx, metrics)),
+        Route("/v1/realtime/client_secrets", client_secrets_route(ctx, minted), methods=["POST"]),
+        *calls.routes(),
     ]
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     middleware = [
         Middleware(CountRequests, metrics=metrics),
         *browser_middleware(allowed_origins),
-        Middleware(RequireApiKey, keys=keys, public_metrics=public_metrics),
+        Middleware(RequireApiKey, keys=keys, public_metrics=public_metrics, ephemeral=minted),
         Middleware(Admission, limits=limits),
     ]
-    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware, lifespan=calls.lifespan)
 
 
 def error_response(error: ApiError) -> JSONResponse:

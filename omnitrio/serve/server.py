@@ -115,6 +115,7 @@ async def serve(
         allowed_origins=allowed_origins,
         serves=serves,
         realtime_audio_lead=realtime_audio_lead,
+        webrtc_hosts=(host,),
     )
     async with trio.open_nursery() as nursery:
         if handle_signals:
