@@ -424,6 +424,7 @@ async def main(
         server.send_signal(signal.SIGINT)
         server.wait(30)
     rows = match_turns(times, request_timelines(event_dir))  # the server flushed its events on exit
+    results["turn_milestones_ms"] = rows
     for measured in {row["label"] for row in rows}:
         phases = phase_summary([row for row in rows if row["label"] == measured])
         results[measured]["where_the_ms_went"] = phases

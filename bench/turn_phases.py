@@ -7,8 +7,9 @@ server's timeline events, :mod:`omnitrio.events`), the end of the user's speech,
 session submits it once the turn's transcript is ready: ``transcript_ready``), the ``responder``'s
 input received, its first chunk sent to ``tts`` (the first phrase: prefill and every token up to it;
 the first token alone leaves no event), the first audio chunk out of ``tts`` (first audio
-synthesized). A turn's request is the one not aborted whose first audio chunk came last before the
-client's first audio (the server holds a speculative answer until the turn ends, so it may be early).
+synthesized). A turn's request is the one not aborted by then whose first audio chunk came last
+before the client's first audio (the server holds a speculative answer until the turn ends, so it
+may be early; one dropped was aborted before; one heard may be aborted later, by the next turn).
 
 The VAD edge is measured on the input itself: the server's VAD (its default settings, the same
 resampling to 16 kHz) run over the clip, where it puts the end of speech minus the last voiced sample.
@@ -19,6 +20,7 @@ are the p50 of the gaps between consecutive milestones, in the order the answer 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -67,10 +69,10 @@ def vad_edge_ms(pcm24k: bytes, rate: int, true_end_sample: int) -> float:
 
 
 def request_timelines(directory: Path) -> dict[str, dict[str, float]]:
-    """Per answer request (``rtresp_*``, not aborted): its milestones on the monotonic clock (seconds)."""
+    """Per answer request (``rtresp-*``) that made audio: its milestones on the monotonic clock
+    (seconds), and ``aborted`` when it was."""
     decoder = msgspec.json.Decoder(Event)
     timelines: dict[str, dict[str, float]] = defaultdict(dict)
-    aborted: set[str] = set()
     for path in sorted(directory.glob(FILE_PATTERN)):
         for line in path.read_bytes().splitlines():
             event = decoder.decode(line)
@@ -89,8 +91,8 @@ def request_timelines(directory: Path) -> dict[str, dict[str, float]]:
                 case ("first_stream_chunk", None) if event.fields.get("modality") == "audio":
                     found.setdefault("first_audio_synthesized", t)
                 case ("request_aborted", None) | ("stage_aborted", _):
-                    aborted.add(rid)
-    return {rid: found for rid, found in timelines.items() if rid not in aborted and "first_audio_synthesized" in found}
+                    found.setdefault("aborted", t)
+    return {rid: found for rid, found in timelines.items() if "first_audio_synthesized" in found}
 
 
 def match_turns(turns: list[TurnTimes], timelines: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
@@ -98,12 +100,15 @@ def match_turns(turns: list[TurnTimes], timelines: dict[str, dict[str, float]]) 
     unused = dict(timelines)
     matched = []
     for turn in sorted(turns, key=lambda t: t.first_audio):
-        before = [(found["first_audio_synthesized"], rid) for rid, found in unused.items()]
-        before = [pair for pair in before if pair[0] <= turn.first_audio]
+        before = [
+            (found["first_audio_synthesized"], rid)
+            for rid, found in unused.items()
+            if found["first_audio_synthesized"] <= turn.first_audio < found.get("aborted", math.inf)
+        ]
         milestones = {"speech_stopped": turn.stopped, "first_audio": turn.first_audio}
         if before:
             found = unused.pop(max(before)[1])
-            milestones.update(found)
+            milestones.update({name: t for name, t in found.items() if name in MILESTONES})
         row = {name: round(1000 * (t - turn.end), 1) for name, t in milestones.items()}
         if turn.vad_edge_ms is not None:
             row["vad_edge"] = round(turn.vad_edge_ms, 1)

@@ -28,11 +28,12 @@ def answer(rid: str, start: float) -> list[tuple[float, str, str, str | None, di
     ]
 
 
-def test_a_turn_gets_the_timeline_of_the_answer_it_heard_not_an_aborted_one(tmp_path: Path) -> None:
+def test_a_turn_gets_the_timeline_of_the_answer_it_heard_not_one_dropped_before(tmp_path: Path) -> None:
     dropped = [*answer("rtresp-dropped", 10.2), (10.8, "request_aborted", "rtresp-dropped", None, {})]
-    write_events(tmp_path / "events_main_1.jsonl", [*dropped, *answer("rtresp-kept", 10.3), *answer("listen-x", 10.0)])
+    kept = [*answer("rtresp-kept", 10.3), (12.0, "request_aborted", "rtresp-kept", None, {})]  # the next turn cut it
+    write_events(tmp_path / "events_main_1.jsonl", [*dropped, *kept, *answer("listen-x", 10.0)])
     timelines = request_timelines(tmp_path)
-    assert list(timelines) == ["rtresp-kept"]
+    assert sorted(timelines) == ["rtresp-dropped", "rtresp-kept"]  # answers only, each that made audio
     (row,) = match_turns([TurnTimes("server_vad_sessions_1", 10.0, 10.6, 10.9, vad_edge_ms=20.0)], timelines)
     assert row == {
         "label": "server_vad_sessions_1",
