@@ -229,6 +229,7 @@ class StreamingTranscriber:
             silence_duration_ms=state.detector.policy.incomplete_silence_ms,
             backend=self.vad_backend,
             pause_ms=turn.get("pause_ms", JUDGE_AT_MS),
+            refine_end=False,  # the judge point and the turn model were tuned on the scorer's edge
         )
 
     def _judge(self, state: TranscriptionSession, paused: VadEvent, ctx: SessionContext) -> None:

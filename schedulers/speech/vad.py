@@ -14,7 +14,9 @@ The end of speech is not the end of the last frame scored as speech: a scorer's 
 decays over a few frames after the voice stops. When a turn's first silent frame comes, the end
 is moved back to the last voiced sample of the ``REFINE_MS`` before it (:func:`last_voiced_sample`:
 the last 5 ms window whose loudness is within ``VOICED_DB`` of the turn's loudest), so silences
-(pauses, the stop) are counted from where the voice really stopped.
+(pauses, the stop) are counted from where the voice really stopped.  ``refine_end=False`` keeps the
+scorer's edge (semantic end of turn: its pause length and turn model were tuned on that edge, and
+counted from the true end the same pause judges more mid-sentence gaps).
 
 Events alternate, starting with ``speech_started``, and come in stream order.  With
 ``pause_ms`` set, a turn may also report ``speech_paused`` (``pause_ms`` of silence so far:
@@ -191,6 +193,7 @@ class VoiceActivityDetector:
         backend: VadBackendName = "auto",
         scorer: FrameScorer | None = None,
         pause_ms: int | None = None,
+        refine_end: bool = True,
     ) -> None:
         self.threshold = _check_unit("threshold", threshold)
         self.prefix_padding = _check_ms("prefix_padding_ms", prefix_padding_ms) * ASR_SAMPLE_RATE // 1000
@@ -198,6 +201,7 @@ class VoiceActivityDetector:
         self.pause_ms = None if pause_ms is None else _check_ms("pause_ms", pause_ms)
         self.pause_samples = None if self.pause_ms is None else self.pause_ms * ASR_SAMPLE_RATE // 1000
         self.scorer = scorer if scorer is not None else new_scorer(backend)
+        self.refine_end = refine_end
         self._judged_silence: int | None = None  # samples: this pause's verdict, until speech resumes
         self._turn_start = 0
         self._paused = False
@@ -269,7 +273,7 @@ class VoiceActivityDetector:
 
     def _silent_frame(self) -> Iterator[VadEvent]:
         """The turn's silence grew by a frame: maybe a pause, maybe the end of the turn."""
-        if self._consumed - self._last_speech_end == FRAME_SAMPLES:  # the first silent frame
+        if self.refine_end and self._consumed - self._last_speech_end == FRAME_SAMPLES:  # the first silent frame
             self._last_speech_end = self._voiced_end()
         silent = self._consumed - self._last_speech_end
         if silent >= self._needed_silence():
