@@ -2,7 +2,7 @@
 
 ::
 
-    python -m omnitrio serve [--config FILE] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
+    python -m omnitrio serve [--config FILE] [--model FILE.gguf] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
                              [--api-key KEY ...] [--allowed-origin URL ...] [--limit NAME=VALUE ...]
     python -m omnitrio run [--config FILE] [--set k=v ...] [--audio-out FILE.wav] INPUT
     python -m omnitrio check [--set k=v ...] FILE
@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         "WS /v1/realtime, /health, /metrics. Ctrl-C drains in-flight requests and exits.",
     )
     serve.add_argument("--config", type=Path, help="pipeline TOML file (default: the offline speech pipeline)")
+    serve.add_argument(
+        "--model",
+        type=Path,
+        metavar="FILE.gguf",
+        help="answer with this instruction-tuned GGUF model (same as --set responder.factory.model_path=FILE)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s; 0: any free port)")
     serve.add_argument(
@@ -285,7 +291,8 @@ def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve.auth import keys_from
     from omnitrio.serve.limits import limits_for
 
-    config = load_config(args.config, [*args.overrides, *placement_overrides(args)])
+    model = [f"responder.factory.model_path={json.dumps(str(args.model.resolve()))}"] if args.model else []
+    config = load_config(args.config, [*model, *args.overrides, *placement_overrides(args)])
     try:
         args.api_keys = keys_from(args.api_keys, os.environ)
         args.limits = limits_for(config, args.limits)

