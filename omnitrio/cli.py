@@ -291,8 +291,7 @@ def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve.auth import keys_from
     from omnitrio.serve.limits import limits_for
 
-    model = [f"responder.factory.model_path={json.dumps(str(args.model.resolve()))}"] if args.model else []
-    config = load_config(args.config, [*model, *args.overrides, *placement_overrides(args)])
+    config = load_config(args.config, [*model_overrides(args), *args.overrides, *placement_overrides(args)])
     try:
         args.api_keys = keys_from(args.api_keys, os.environ)
         args.limits = limits_for(config, args.limits)
@@ -313,6 +312,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"omnitrio: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def model_overrides(args: argparse.Namespace) -> list[str]:
+    """``--model FILE`` as the responder's ``model_path`` (an absolute path: stages may run elsewhere)."""
+    return [f"responder.factory.model_path={json.dumps(str(args.model.resolve()))}"] if args.model else []
 
 
 def placement_overrides(args: argparse.Namespace) -> list[str]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,3 +106,34 @@ def test_a_realtime_conversation_keeps_its_keys_values_between_turns(responder: 
     _, second = ask(responder, "k2", {**turn, "messages": history}, {"text": "And of Germany?"})
     assert second.type == "result"
     assert engine.reused_tokens - reused >= first.data.data["usage"]["prompt_tokens"]
+
+
+def test_serve_model_points_the_default_pipeline_at_another_gguf_file(tmp_path: Path) -> None:
+    from omnitrio.cli import DEFAULT_CONFIG, build_parser, model_overrides
+    from omnitrio.config import load
+
+    args = build_parser().parse_args(["serve", "--model", str(tmp_path / "other model.gguf")])
+    config = load(DEFAULT_CONFIG, model_overrides(args))
+    assert config.stage("responder").factory.to_kwargs()["model_path"] == str(tmp_path / "other model.gguf")
+
+
+def test_check_names_a_missing_model_file(tmp_path: Path) -> None:
+    from omnitrio.cli import DEFAULT_CONFIG
+
+    missing = tmp_path / "missing.gguf"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "omnitrio",
+            "check",
+            "--set",
+            f"responder.factory.model_path={missing}",
+            str(DEFAULT_CONFIG),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert f"stage 'responder': {missing}: no such file" in done.stderr
