@@ -137,3 +137,9 @@ def test_check_names_a_missing_model_file(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert f"stage 'responder': {missing}: no such file" in done.stderr
+
+
+def test_tools_offered_to_a_model_whose_template_cannot_call_them_are_refused_naming_tools(responder: Any) -> None:
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+    _, out = ask(responder, "tools", {"task": "chat", "messages": QUESTION, "tools": [tool]})
+    assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "tools"

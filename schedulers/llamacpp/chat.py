@@ -5,7 +5,9 @@ sandbox, as Hugging Face's ``apply_chat_template`` does (``bos_token``/``eos_tok
 vocabulary, ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII text), and
 tokenizes the rendered text with llama.cpp's own tokenizer, control tokens written in it
 (``<|im_start|>``) read as such.  :meth:`LlamaChat.decode` gives an answer's text: control tokens
-dropped, a character split across tokens shown as U+FFFD until its last byte arrives.
+dropped, a character split across tokens shown as U+FFFD until its last byte arrives.  Tools are
+rendered into templates that read a ``tools`` variable (:attr:`LlamaChat.supports_tools`); offering
+them to one that does not is an :class:`~omnitrio.contract.InvalidRequest` naming ``tools``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from schedulers.ar.chat_tokenizer import reads_tools, tool_variables
 from schedulers.llamacpp.errors import ModelFileError
 from schedulers.llamacpp.model import LlamaModel
 
@@ -50,6 +53,7 @@ class LlamaChat:
             self._template = env.from_string(template)
         except Exception as exc:
             raise ModelFileError(model.path, f"its tokenizer.chat_template does not parse: {exc}") from exc
+        self.supports_tools = reads_tools(env, template)
         self._model = model
         llama = model.llama
         self._names = {
@@ -57,17 +61,27 @@ class LlamaChat:
             "eos_token": model.token_text(llama.llama_vocab_eos(model.vocab)),
         }
 
-    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``)."""
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``, and
+        ``tool_calls`` / ``tool_call_id`` where the conversation has them) and the offered ``tools``."""
+        extra = tool_variables(tools, supported=self.supports_tools)
         return str(
-            self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names)
+            self._template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names, **extra
+            )
         )
 
     def encode(self, text: str) -> list[int]:
         return self._model.tokenize(text)
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self.encode(self.render(messages))
+    def encode_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.encode(self.render(messages, tools=tools))
 
     def decode(self, ids: Sequence[int]) -> str:
         return b"".join(self._model.piece(t) for t in ids).decode("utf-8", errors="replace")

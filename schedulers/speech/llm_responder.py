@@ -23,6 +23,8 @@ conversation without a system message gets ``voice_system_prompt``.  A chat whos
 :class:`~omnitrio.contract.InvalidRequest` (``context_length_exceeded``, ``param="messages"``); a
 realtime conversation that grew past it loses its oldest turns instead (the system prompt stays).
 A realtime turn whose transcript is empty (noise) is answered with empty text, without the model.
+Offered ``tools`` are rendered into a chat template that reads them (the answer comes back as text);
+offering them to a model whose template does not is an ``InvalidRequest`` naming ``tools``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from schedulers.llamacpp.chat import LlamaChat
 from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest, TokenEvent
 from schedulers.llamacpp.sampling import Sampling
 from schedulers.llamacpp.sequences import common_prefix
-from schedulers.speech.conversation import Conversation, conversation
+from schedulers.speech.conversation import Conversation, conversation, unheard
 from schedulers.speech.repetition import repeat_start
 from schedulers.speech.tts import complete_sentences_end
 
@@ -102,7 +104,7 @@ class LLMResponder(StepLoop):
     def _handle(self, message: IncomingMessage) -> None:
         rid = message.request_id
         match message.type:
-            case "new_request" if _unheard(message.data):
+            case "new_request" if unheard(message.data):
                 message.data.data = {"text": "", "finish_reason": "stop"}  # noise, a cough: answered with silence
                 self._outbox.put(OutgoingMessage(rid, "result", message.data))
             case "new_request":
@@ -135,7 +137,7 @@ class LLMResponder(StepLoop):
         if target == "tts" and voice and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": voice})
         realtime = isinstance(payload.request.inputs, dict) and payload.request.inputs.get("task") == "realtime"
-        prompt, max_tokens = self._fit(messages, conv.max_tokens, trim=realtime)
+        prompt, max_tokens = self._fit(messages, conv.max_tokens, conv.tools, trim=realtime)
         system = messages[0] if messages[0]["role"] == "system" else None
         opening = self.chat.encode(self.chat.render([system], add_generation_prompt=False)) if system else self._opening
         request = LlamaRequest(
@@ -165,13 +167,15 @@ class LLMResponder(StepLoop):
             logit_bias=conv.logit_bias or {},
         )
 
-    def _fit(self, messages: list[dict[str, str]], asked: int | None, *, trim: bool) -> tuple[list[int], int]:
+    def _fit(
+        self, messages: list[dict[str, Any]], asked: int | None, tools: list[dict[str, Any]] | None, *, trim: bool
+    ) -> tuple[list[int], int]:
         """The prompt ids and the answer's token budget; a realtime conversation drops its oldest turns
         after the system prompt until it fits, a chat that does not fit is refused."""
         context = self.engine.context_length
         keep = 1 if messages and messages[0]["role"] == "system" else 0
         while True:
-            prompt = self.chat.encode_chat(messages)
+            prompt = self.chat.encode_chat(messages, tools)
             room = context - len(prompt)
             max_tokens = asked if asked is not None else min(self.defaults.max_tokens, room)
             if len(prompt) + max_tokens <= context and max_tokens >= 1:
@@ -241,12 +245,3 @@ class LLMResponder(StepLoop):
         if answer.by_sentence and not chunk.strip():
             return []
         return [OutgoingMessage(rid, "stream", {"text": chunk}, target=answer.target, metadata=dict(TEXT))]
-
-
-def _unheard(payload: Any) -> bool:
-    """A realtime turn whose transcript is empty."""
-    if not isinstance(payload, StagePayload) or not isinstance(payload.request.inputs, dict):
-        return False
-    data = payload.data
-    transcript = data.get("text") if isinstance(data, dict) else None
-    return payload.request.inputs.get("task") == "realtime" and isinstance(transcript, str) and not transcript.strip()
