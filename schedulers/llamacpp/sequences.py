@@ -25,15 +25,7 @@ from typing import Any
 
 import attrs
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+from schedulers.ar.kv_sessions import common_prefix
 
 
 @attrs.define(eq=False)

@@ -35,11 +35,11 @@ from typing import Any, Final
 import attrs
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StageOverloaded, StagePayload
+from schedulers.ar.kv_sessions import common_prefix
 from schedulers.ar.step_loop import StepLoop
 from schedulers.llamacpp.chat import LlamaChat
 from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest, TokenEvent
 from schedulers.llamacpp.sampling import Sampling
-from schedulers.llamacpp.sequences import common_prefix
 from schedulers.speech.conversation import Conversation, conversation, unheard
 from schedulers.speech.repetition import repeat_start
 from schedulers.speech.tts import complete_sentences_end
