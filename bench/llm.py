@@ -16,7 +16,9 @@ In one run, on the same GGUF file's F16 copy (the weights the default pipeline s
 The load average is printed before and after: the machine may be shared, and a loaded wall-clock
 figure is not evidence; ``*_cpu_ms_per_token`` (process CPU time per generated token, with 1 thread
 the compute's own) changes much less with load, so ``served_vs_raw_*_cpu_ms_per_token`` (raw's CPU per
-token over the served one's) is the comparison a loaded run can make.  Run: ``.venv/bin/python bench/llm.py [--threads 1] [--tokens 48]``.  Figures go to
+token over the served one's) is the comparison a loaded run can make.
+
+Run: ``.venv/bin/python bench/llm.py [--threads 1] [--tokens 48]``.  Figures go to
 ``bench/results/llm.json``.  Not a test: nothing is asserted.
 """
 
