@@ -143,3 +143,20 @@ def test_tools_offered_to_a_model_whose_template_cannot_call_them_are_refused_na
     tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
     _, out = ask(responder, "tools", {"task": "chat", "messages": QUESTION, "tools": [tool]})
     assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "tools"
+
+
+def test_a_model_llama_cpp_cannot_load_stops_the_stage_at_start_naming_the_file(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    from schedulers.llamacpp.errors import ModelFileError
+
+    path = tmp_path / "unknown-arch.gguf"
+    writer = gguf.GGUFWriter(str(path), "mysteryarch")
+    writer.add_tensor("token_embd.weight", np.zeros((2, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFileError, match=r"unknown-arch\.gguf: llama.cpp cannot load this model"):
+        create_responder_stage(model_path=str(path))

@@ -83,5 +83,9 @@ class LlamaChat:
     def encode_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.encode(self.render(messages, tools=tools))
 
+    def piece(self, token: int) -> bytes:
+        """The bytes ``token`` adds to an answer (none for a control token)."""
+        return self._model.piece(token)
+
     def decode(self, ids: Sequence[int]) -> str:
-        return b"".join(self._model.piece(t) for t in ids).decode("utf-8", errors="replace")
+        return b"".join(map(self._model.piece, ids)).decode("utf-8", errors="replace")

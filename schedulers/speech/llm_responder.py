@@ -66,7 +66,8 @@ class _Answer:
     target: str | None  # where text streams; None: it does not
     by_sentence: bool
     stop: list[str]
-    ids: list[int] = attrs.field(factory=list)
+    tokens: int = 0  # answer tokens so far (the end-of-turn token not counted)
+    raw: bytes = b""  # their text's bytes (a character may still be split)
     sent: int = 0  # characters of the answer already streamed
 
 
@@ -206,8 +207,9 @@ class LLMResponder(StepLoop):
         rid = event.request_id
         answer = self._answers[rid]
         if not event.ends_turn:
-            answer.ids.append(event.token_id)
-        text = self.chat.decode(answer.ids)
+            answer.tokens += 1
+            answer.raw += self.chat.piece(event.token_id)
+        text = answer.raw.decode("utf-8", errors="replace")
         finish = event.finish_reason
         for stop in answer.stop:
             at = text.find(stop)
@@ -222,7 +224,7 @@ class LLMResponder(StepLoop):
         if finish is None:
             return outputs
         del self._answers[rid]
-        usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": len(answer.ids)}
+        usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.tokens}
         payload = answer.payload
         payload.data = {"text": text, "finish_reason": finish, "usage": usage}
         return [*outputs, OutgoingMessage(rid, "result", payload)]
