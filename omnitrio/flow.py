@@ -76,10 +76,9 @@ class Consumed:
 
 
 class Outbox(Protocol):
-    """The part of :class:`omnitrio.bridge.SchedulerBridge` the backlog pause drives."""
+    """The part of :class:`omnitrio.outbox_drain.OutboxDrain` the backlog pause drives."""
 
-    @property
-    def paused(self) -> bool: ...
+    paused: bool
 
     def pause(self) -> None: ...
 

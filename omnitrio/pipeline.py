@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from omnitrio.children import Children, stage_health
+from omnitrio.children import Children
 from omnitrio.config import PipelineConfig
 from omnitrio.coordinator import Coordinator, RequestStream
 from omnitrio.events import EventRecorder, combine_hooks
+from omnitrio.health import Figures, stage_entry
 from omnitrio.metrics import PipelineMetrics
 from omnitrio.stage import Stage
 from omnitrio.topology import MAIN
@@ -73,7 +74,8 @@ class Pipeline:
 
     async def health(self) -> dict[str, Any]:
         """``{"requests": n, "overdue_requests": k, "oldest_request_age_s": s | None,
-        "stages": {name: {alive, pid, process, active_requests, restarts}}}``.
+        "stages": {name: {alive, pid, process, active_requests, restarts, dead}}}`` (see
+        :mod:`omnitrio.health`).
 
         ``overdue_requests`` counts requests still held past their deadline (see
         ``Coordinator.request_ages``); ``oldest_request_age_s`` is the age of the oldest live one.
@@ -83,7 +85,7 @@ class Pipeline:
         """
         pid = os.getpid()
         stages = {
-            name: stage_health(True, pid, stage.plan.config.process or MAIN, stage.active_requests, stage.restarts)
+            name: stage_entry(True, pid, stage.plan.config.process or MAIN, Figures.of(stage))
             for name, stage in self._stages.items()
         }
         stages.update(await self._children.health())

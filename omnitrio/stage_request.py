@@ -35,6 +35,7 @@ from omnitrio.events import (
 from omnitrio.fanin import FanIn, FanInError
 from omnitrio.flow import CREDIT_BATCH, Consumed, Credits, let_through
 from omnitrio.mailbox import Mailbox
+from omnitrio.supervision import StageDead
 from omnitrio.topology import StageFunctionError
 
 if TYPE_CHECKING:
@@ -206,6 +207,12 @@ class StageRequest:
             self.phase = Phase.LOST
             self.fail_with(RuntimeError(f"scheduler crashed: {type(failure).__name__}: {failure}"))
 
+    def dead(self, reason: str) -> None:
+        """The stage is dead (no scheduler will serve it): fail it, whatever its phase."""
+        if self.phase < Phase.LOST:
+            self.phase = Phase.LOST
+            self.fail_with(StageDead(reason))
+
     # -- 3. outputs -----------------------------------------------------------------
 
     @property
@@ -236,7 +243,7 @@ class StageRequest:
                 async for outputs in self.outputs.slices(OUTPUT_SLICE):
                     bridge = self.stage.bridge
                     if bridge is not None:
-                        let_through(bridge, self.outputs)  # the backlog shrinks only as a slice is taken
+                        let_through(bridge.outbox, self.outputs)  # the backlog shrinks only as a slice is taken
                     for n, out in enumerate(outputs):
                         if n:  # a local send of the output before may have aborted the request
                             await trio.lowlevel.checkpoint_if_cancelled()
@@ -339,7 +346,7 @@ class StageRequest:
         self.outputs.close()
         bridge = stage.bridge
         if bridge is not None:
-            let_through(bridge, ())  # the backlog that paused it may have been this request's
+            let_through(bridge.outbox, ())  # the backlog that paused it may have been this request's
             if held and outcome is not Outcome.DONE:
                 bridge.abort(rid)
         stage.board.let_go(rid, self.inc, stage.name, self.leases)

@@ -54,11 +54,13 @@ class HealthQuery(msgspec.Struct, tag="hq", array_like=True):
 
 
 class HealthReply(msgspec.Struct, tag="hr", array_like=True):
-    """Per stage: ``[active_requests, restarts of its scheduler, queue_depth]``."""
+    """Per stage: ``[active_requests, restarts of its scheduler, queue_depth]``; ``dead``: why
+    each dead stage is (see :mod:`omnitrio.health`)."""
 
     qid: int
     process: str
     stages: dict[str, list[int]]
+    dead: dict[str, str] = {}
 
 
 class Shutdown(msgspec.Struct, tag="bye", array_like=True):
