@@ -30,6 +30,7 @@ import trio
 from omnitrio.contract import OmniRequest, StagePayload
 from omnitrio.envelopes import (
     COORDINATOR,
+    UNBOUND,
     Abort,
     Complete,
     Credit,
@@ -301,7 +302,7 @@ class Coordinator:
     def deliver(self, envelope: ToCoordinator) -> None:
         """Accept one message from a stage (synchronous; never blocks)."""
         handle = self._requests.get(envelope.rid)
-        if handle is None or handle.inc != envelope.inc:
+        if handle is None or (handle.inc != envelope.inc and envelope.inc != UNBOUND):
             return
         match envelope:
             case StreamOut(src=src, chunk_id=chunk_id, body=body, modality=modality):

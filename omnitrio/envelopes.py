@@ -15,6 +15,10 @@ from typing import Any
 import msgspec
 
 COORDINATOR = "@coordinator"
+UNBOUND = 0
+"""The incarnation of a request a scheduler admitted by itself (an ``admitted`` output: no
+stage input told the stage which life it is).  No submission has it (they count from 1);
+the coordinator and stages match it to the live request of that id."""
 
 
 class Payload(msgspec.Struct, tag="p", array_like=True):

@@ -24,10 +24,8 @@ already live at the stage.  The inbox feed sees the message taken, on the schedu
 thread, and :meth:`OutboxDrain.fence` queues a fence behind those outputs and wakes trio
 to drain it: a fence takes a place in a bounded outbox like an output does.
 
-Pausing (:meth:`OutboxDrain.pause`) leaves the outputs in the scheduler's outbox.  Memory
-stays bounded only when that outbox is bounded (``queue.Queue(maxsize=...)``: its ``put``
-then blocks the scheduler) — ``put_messages`` of :class:`omnitrio.contract` queues appends
-a whole batch past ``maxsize``, so a batching scheduler may exceed it by one batch.
+Pausing (:meth:`OutboxDrain.pause`) leaves the outputs in the scheduler's outbox (see
+:mod:`omnitrio.flow` for what that bounds).
 """
 
 from __future__ import annotations

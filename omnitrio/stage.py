@@ -33,7 +33,7 @@ import trio
 
 from omnitrio.bridge import LoopIdle, SchedulerBridge
 from omnitrio.contract import IncomingMessage, OutgoingMessage
-from omnitrio.envelopes import Abort, Chunk, Credit, Done, Failed, Payload, Released, ToStage
+from omnitrio.envelopes import UNBOUND, Abort, Chunk, Credit, Done, Failed, Payload, Released, ToStage
 from omnitrio.events import EventRecorder
 from omnitrio.flow import hold_back
 from omnitrio.inbox_feed import InboxFeed
@@ -158,7 +158,7 @@ class Stage:
                     self.board.send(Released(rid, inc, self.name))
             case Credit(rid=rid, inc=inc, n=n, src=src):
                 req = self.requests.get(rid)
-                if req is not None and req.inc == inc:
+                if req is not None and (req.inc == inc or req.inc == UNBOUND):
                     req.grant(src, n)
             case Payload() | Chunk() | Done():
                 req = self._request_for(envelope)
@@ -220,4 +220,4 @@ class Stage:
                 if self.bridge is not None:
                     hold_back(self.bridge.outbox, backlog)
             elif out.type == "admitted" and self._nursery is not None:
-                self._start(StageRequest(self, out.request_id, 0, Phase.SCHEDULED))
+                self._start(StageRequest(self, out.request_id, UNBOUND, Phase.SCHEDULED))
