@@ -11,7 +11,7 @@ from typing import Any
 
 from omnitrio.children import Children
 from omnitrio.config import PipelineConfig
-from omnitrio.coordinator import Coordinator, RequestStream
+from omnitrio.coordinator import Coordinator
 from omnitrio.events import EventRecorder, combine_hooks
 from omnitrio.health import Figures, stage_entry
 from omnitrio.metrics import PipelineMetrics
@@ -40,37 +40,12 @@ class Pipeline:
         self.metrics = PipelineMetrics(stage_health=self._stage_gauges, request_ages=coordinator.request_ages)
         self.metrics_registry = self.metrics.registry
         coordinator.on_event = combine_hooks(self.metrics.on_event, recorder.coordinator_event if recorder else None)
-
-    async def submit(
-        self,
-        request_id: str,
-        inputs: Any,
-        *,
-        params: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> Any:
-        """Run one request; return the terminal ``payload.data`` (see ``Coordinator.submit``).
-
-        ``params`` and ``metadata`` become the fields of the ``OmniRequest`` every stage sees.
-        """
-        return await self.coordinator.submit(request_id, inputs, params=params, timeout=timeout, metadata=metadata)
-
-    def stream(
-        self,
-        request_id: str,
-        inputs: Any,
-        *,
-        params: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> RequestStream:
-        """Stream one request (see ``Coordinator.stream``)."""
-        return self.coordinator.stream(request_id, inputs, params=params, timeout=timeout, metadata=metadata)
-
-    async def abort(self, request_id: str, *, wait: bool = False) -> bool:
-        """Abort a live request everywhere; True if it was live (see ``Coordinator.abort``)."""
-        return await self.coordinator.abort(request_id, wait=wait)
+        self.submit = coordinator.submit
+        """Run one request; return the terminal ``payload.data`` (:meth:`Coordinator.submit`)."""
+        self.stream = coordinator.stream
+        """Stream one request (:meth:`Coordinator.stream`)."""
+        self.abort = coordinator.abort
+        """Abort a live request everywhere; True if it was live (:meth:`Coordinator.abort`)."""
 
     async def health(self) -> dict[str, Any]:
         """``{"requests": n, "overdue_requests": k, "oldest_request_age_s": s | None,
