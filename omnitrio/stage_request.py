@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -39,7 +39,24 @@ from omnitrio.supervision import StageDead
 from omnitrio.topology import StageFunctionError
 
 if TYPE_CHECKING:
-    from omnitrio.stage import Stage
+    from omnitrio.bridge import SchedulerBridge
+    from omnitrio.events import EventRecorder
+    from omnitrio.switchboard import Switchboard
+    from omnitrio.tombstones import Tombstones
+    from omnitrio.topology import StagePlan
+
+
+class Host(Protocol):
+    """What a request uses of its stage (:class:`omnitrio.stage.Stage`)."""
+
+    name: str
+    plan: StagePlan
+    board: Switchboard
+    recorder: EventRecorder | None
+    bridge: SchedulerBridge | None
+    requests: dict[str, StageRequest]
+    tombstones: Tombstones
+
 
 OUTPUT_SLICE = 32
 """Most outputs one request handles per turn: a burst leaves in batches, other requests wait one slice."""
@@ -107,7 +124,7 @@ class StageRequest:
         "stage",
     )
 
-    def __init__(self, stage: Stage, request_id: str, inc: int, phase: Phase = Phase.ARRIVING) -> None:
+    def __init__(self, stage: Host, request_id: str, inc: int, phase: Phase = Phase.ARRIVING) -> None:
         self.stage = stage
         self.request_id = request_id
         self.inc = inc

@@ -37,7 +37,35 @@ Audio at the API edge is PCM16 mono: chat and realtime at 24 kHz, speech ``pcm``
 (``Overloaded``…) become HTTP statuses even for streaming requests; see :mod:`.api_errors`.
 """
 
-from omnitrio.serve.app import create_app
-from omnitrio.serve.server import BindError, bind_socket, serve
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omnitrio.serve.app import create_app
+    from omnitrio.serve.server import BindError, bind_socket, serve
+
+_HOMES = {
+    "BindError": "omnitrio.serve.server",
+    "bind_socket": "omnitrio.serve.server",
+    "create_app": "omnitrio.serve.app",
+    "serve": "omnitrio.serve.server",
+}
+"""Where each public name lives: loaded on first use, so importing a submodule (the socket-free
+``realtime_session``) loads neither the app nor hypercorn."""
 
 __all__ = ["BindError", "bind_socket", "create_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'omnitrio.serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
