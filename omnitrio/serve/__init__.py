@@ -14,8 +14,11 @@ What the server hands a pipeline (``inputs``), by route:
 - speech: ``{"task": "speech", "input": str, "voice": str, "speed": float}``
 - transcription: ``{"task": "transcription", "audio": float32 mono numpy array at 16 kHz,
   "language": str | None, "prompt": str | None}``
-- realtime: ``{"task": "realtime", "audio": float32 mono numpy array at 16 kHz (the committed turn,
-  possibly empty), "session": {session config, GA shape, with response.create overrides}}``
+- realtime, which sends no input of its own: a committed turn is transcribed with
+  ``{"task": "transcription", "audio": ..., "quick": True}``, a response is a chat request with
+  ``"session_id"`` (the session's, or None for an out-of-band response), ``"max_tokens"``,
+  ``"modalities"`` and ``"speed"`` added, and server VAD drives an ASR session stage with
+  ``{"task": "asr_session", "command": {"op": "open" | "append" | "abort", "session_id", ...}}``
 
 What a pipeline streams back (``StreamMessage.modality`` and ``chunk``):
 
