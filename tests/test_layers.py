@@ -147,7 +147,9 @@ async def test_metrics_show_what_a_stage_process_holds_now() -> None:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             for held in (1, 2):
                 nursery.start_soon(pipeline.submit, f"r{held}", "x")
-                await trio.sleep(0.3)
+                with trio.fail_after(30):  # each health() waits for the stage process's answer
+                    while (await pipeline.health())["stages"]["slow"]["active_requests"] < held:
+                        pass
                 text = (await client.get("/metrics")).text
                 assert f'omnitrio_stage_active_requests{{stage="slow"}} {held:.1f}' in text
         nursery.cancel_scope.cancel()
