@@ -4,8 +4,6 @@ The inputs it accepts (``payload.request.inputs``):
 
 * chat: ``{"task": "chat", "messages": [...], "max_tokens", "temperature", "top_p", "seed", "stop"}``
   (OpenAI's meaning: ``stop`` is a string or up to 4; ``None`` means the default);
-* a realtime turn: ``{"task": "realtime", "messages": [...], "session_id": str, "max_tokens"}``
-  whose transcript (``payload.data["text"]``, from the ASR stage) is appended as the last user message;
 * a plain string: one user message.
 
 A chat whose messages carried audio arrives from the ASR stage with ``payload.data`` holding the
@@ -86,14 +84,7 @@ def conversation(payload: StagePayload) -> Conversation:
     data = raw_inputs(payload)  # a chat whose messages carried audio: ASR's transcribed copy of the inputs
     chat = data if isinstance(data, dict) and data.get("task") == "chat" and "messages" in data else inputs
     messages = _messages(chat.get("messages", []))
-    if inputs.get("task") == "realtime":
-        data = payload.data
-        transcript = data.get("text") if isinstance(data, dict) else None
-        if not isinstance(transcript, str):
-            raise ValueError("a realtime turn reaches the responder with its transcript as {'text': str}")
-        if transcript.strip():
-            messages.append({"role": "user", "content": transcript.strip()})
-    elif not messages and isinstance(inputs.get("text"), str):
+    if not messages and isinstance(inputs.get("text"), str):
         messages = [{"role": "user", "content": inputs["text"]}]
     session_id = inputs.get("session_id")
     if session_id is not None and not isinstance(session_id, str):

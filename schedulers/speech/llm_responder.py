@@ -14,8 +14,7 @@ Concatenated, the chunks are exactly the result's ``text``.  ``stop`` strings en
 them (``finish_reason: "stop"``); text that might be the start of a stop string is held back until
 it is not.  A conversation with a ``session_id`` keeps its keys/values between turns, and the
 prompt's opening (the system prompt and the first role header) is computed once for all.
-Conversations longer than the context lose their oldest turns (the system prompt stays).  A realtime
-turn whose transcript is empty (noise) is answered with empty text, without the model.
+Conversations longer than the context lose their oldest turns (the system prompt stays).
 """
 
 from __future__ import annotations
@@ -127,10 +126,6 @@ class LLMResponder(ARScheduler):
     def _handle(self, message: Any) -> None:
         if message.type in ("abort", "stream_chunk", "stream_done"):
             self._answers.pop(message.request_id, None)
-        if message.type == "new_request" and _unheard(message.data):
-            message.data.data = {"text": "", "finish_reason": "stop"}  # noise, a cough: answered with silence
-            self._outbox.put(OutgoingMessage(message.request_id, "result", message.data))
-            return
         super()._handle(message)
         if message.type == "new_request" and message.request_id not in self._live:
             self._answers.pop(message.request_id, None)  # rejected: the error is already out
@@ -182,12 +177,3 @@ class LLMResponder(ARScheduler):
         if answer.by_sentence and not chunk.strip():
             return []
         return [OutgoingMessage(rid, "stream", {"text": chunk}, target=answer.target, metadata=dict(TEXT))]
-
-
-def _unheard(payload: Any) -> bool:
-    """A realtime turn whose transcript is empty."""
-    if not isinstance(payload, StagePayload) or not isinstance(payload.request.inputs, dict):
-        return False
-    data = payload.data
-    transcript = data.get("text") if isinstance(data, dict) else None
-    return payload.request.inputs.get("task") == "realtime" and isinstance(transcript, str) and not transcript.strip()

@@ -5,10 +5,9 @@ The HTTP layer puts the request in ``payload.data["raw_inputs"]`` at the entry s
     {"task": "speech", "input": str, "voice": str, "speed": float}
     {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None, "quick": bool}
     {"task": "chat", "messages": [...], "modalities": [...]}   (parts may be input_audio: see below)
-    {"task": "realtime", "audio": float32 16 kHz, "session": {...}}
 
 Downstream of another stage the text arrives as ``payload.data["text"]`` instead; it is spoken at
-the request's ``speed`` (a chat or realtime request may carry one) unless the data names its own. A
+the request's ``speed`` (a chat request may carry one) unless the data names its own. A
 chat whose messages carry ``input_audio`` parts goes through ASR first, which hands on the same chat
 inputs with each clip replaced by a text part holding its transcript (:func:`transcribed_chat`).
 """
@@ -84,7 +83,7 @@ def transcription_request(payload: StagePayload) -> TranscriptionRequest:
     language = inputs.get("language")
     if language is not None and not isinstance(language, str):
         raise ValueError(f"language must be a string or null, got {language!r}")
-    quick = inputs.get("task") == "realtime" or inputs.get("quick") is True  # someone waits on it (a realtime turn)
+    quick = inputs.get("quick") is True  # someone waits on it (a realtime turn)
     return TranscriptionRequest(audio=audio, language=language or None, quick=quick)
 
 
