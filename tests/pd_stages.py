@@ -18,7 +18,9 @@ def _channel(key: str) -> queue.Queue[Any]:
     return _CHANNELS.setdefault(key, queue.Queue())
 
 
-class Prefill:
+class _Partner:
+    """One side of the pair: queues, the channel, no-op warm-up and abort."""
+
     def __init__(self, key: str) -> None:
         self.inbox: queue.Queue[IncomingMessage | None] = queue.Queue()
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
@@ -27,6 +29,11 @@ class Prefill:
     def warm_up_serving_thread(self) -> None:
         return None
 
+    def abort(self, request_id: str) -> None:
+        return None
+
+
+class Prefill(_Partner):
     def start(self) -> None:
         while (msg := self.inbox.get()) is not None:
             if msg.type == "new_request":
@@ -37,20 +44,9 @@ class Prefill:
     def stop(self) -> None:
         self.inbox.put(None)
 
-    def abort(self, request_id: str) -> None:
-        return None
 
-
-class Decode:
+class Decode(_Partner):
     """Reads only its partner's channel; its inbox brings nothing it needs."""
-
-    def __init__(self, key: str) -> None:
-        self.inbox: queue.Queue[IncomingMessage | None] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
-        self._channel = _channel(key)
-
-    def warm_up_serving_thread(self) -> None:
-        return None
 
     def start(self) -> None:
         while (item := self._channel.get()) is not None:
@@ -62,9 +58,6 @@ class Decode:
 
     def stop(self) -> None:
         self._channel.put(None)
-
-    def abort(self, request_id: str) -> None:
-        return None
 
 
 def create_prefill(key: str) -> Prefill:
