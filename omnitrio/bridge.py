@@ -17,8 +17,9 @@ whose :class:`Run` is one of:
   what we free).  A cancelled ``run`` raises ``Cancelled``, so a caller sees this one as
   :attr:`SchedulerBridge.state` only.
 
-``task_status.started(run)`` fires once warm-up has finished, with ``STARTED`` — or
-``FAILED_TO_START``, and then ``run`` returns at once.  Who restarts a scheduler is
+``task_status.started(run)`` fires once warm-up has finished, with ``STARTED`` (``CRASHED``
+when ``start()`` raised before the stage saw it start) — or ``FAILED_TO_START``, and then
+``run`` returns at once.  Who restarts a scheduler is
 :mod:`omnitrio.supervision`, not the bridge.
 
 Priority: with ``nice > 0`` (stage processes, from ``PipelineConfig.scheduler_nice``) the
