@@ -47,7 +47,7 @@ class StageDead(RuntimeError):
     """A request reached (or was held by) a stage whose scheduler could not be rebuilt."""
 
 
-class Health(enum.Enum):
+class SchedulerState(enum.Enum):
     """Whether a stage's scheduler can serve."""
 
     STARTING = "starting"
@@ -97,7 +97,7 @@ class SchedulerSupervisor:
         self.feed = feed
         self._on_crash = on_crash
         self._on_dead = on_dead
-        self.health = Health.STARTING
+        self.state = SchedulerState.STARTING
         self.restarts = 0
         """Schedulers built after the first (successful or not)."""
         self.dead_reason: str | None = None
@@ -105,29 +105,29 @@ class SchedulerSupervisor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled or dead; ``started`` once the first scheduler has warmed up."""
         scheduler = await trio.to_thread.run_sync(self._build)  # StartupError: the stage cannot start
-        bridge: SchedulerBridge | None = self._make_bridge(scheduler, self.feed)
-        assert bridge is not None
+        bridge = self._make_bridge(scheduler, self.feed)
         outcome = await self._first_life(bridge, task_status)
+        delivered = bridge.outbox.delivered
         crashed_in_a_row = 0
         while True:
-            assert outcome.error is not None
-            crashed_in_a_row = 1 if self._delivered(bridge) else crashed_in_a_row + 1
-            self.health = Health.RESTARTING
-            log.error("stage %r: scheduler %s, restarting it: %r", self.name, outcome.run.value, outcome.error)
-            self._on_crash(outcome.error)
+            crashed_in_a_row = 1 if delivered else crashed_in_a_row + 1
+            error = outcome.error or RuntimeError(f"scheduler of stage {self.name!r} {outcome.run.value}")
+            self.state = SchedulerState.RESTARTING
+            log.error("stage %r: scheduler %s, restarting it: %r", self.name, outcome.run.value, error)
+            self._on_crash(error)
             if self.restarts >= self.policy.restarts:
-                self._die(f"its scheduler {outcome.run.value} ({_describe(outcome.error)})")
+                self._die(f"its scheduler {outcome.run.value} ({type(error).__name__}: {error})")
                 return
             await trio.sleep(self.policy.delay(crashed_in_a_row))
             self.restarts += 1
             try:
                 scheduler = await trio.to_thread.run_sync(self._build)
             except StartupError as exc:
-                outcome = Outcome(Run.FAILED_TO_START, exc)
-                bridge = None
+                outcome, delivered = Outcome(Run.FAILED_TO_START, exc), False
                 continue
             bridge = self._make_bridge(scheduler, self.feed)
             outcome = await self._life(bridge)
+            delivered = bridge.outbox.delivered
 
     async def _first_life(self, bridge: SchedulerBridge, task_status: trio.TaskStatus[None]) -> Outcome:
         outcome = await self._life(bridge, task_status.started)
@@ -145,22 +145,15 @@ class SchedulerSupervisor:
 
         async with trio.open_nursery() as nursery:
             if await nursery.start(life) is not Run.FAILED_TO_START:
-                self.health = Health.SERVING
+                self.state = SchedulerState.SERVING
                 started()
         return ended[0]
 
-    def _delivered(self, bridge: SchedulerBridge | None) -> bool:
-        return bridge is not None and bridge.outbox.delivered
-
     def _die(self, why: str) -> None:
-        self.health = Health.DEAD
+        self.state = SchedulerState.DEAD
         self.dead_reason = (
             f"stage {self.name!r} is dead: {why}; gave up after {self.restarts} restart(s) (scheduler_restarts)"
         )
         log.error("%s", self.dead_reason)
         self.feed.clear()
         self._on_dead(self.dead_reason)
-
-
-def _describe(error: BaseException | None) -> str:
-    return "no error" if error is None else f"{type(error).__name__}: {error}"
