@@ -119,11 +119,7 @@ class CallerRequest:
         self._consumed: Consumed | None = None
 
     # -- 1. answered (by the stages, through the coordinator) -------------------------
-
-    def stream_out(self, message: StreamMessage) -> None:
-        """A terminal stage's chunk for the caller."""
-        if self.phase is Phase.RUNNING:
-            self.events.put(message)
+    # A terminal stage's stream chunk goes straight into ``events`` while the request runs.
 
     def complete(self, stage: str, body: Any) -> None:
         """A terminal stage's result; the last expected one completes the request."""

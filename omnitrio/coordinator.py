@@ -252,7 +252,8 @@ class Coordinator:
             case StreamOut(src=src, chunk_id=chunk_id, body=body, modality=modality):
                 if chunk_id == 0:
                     self.emit(envelope.rid, FIRST_STREAM_CHUNK, {"from_stage": src, "modality": modality})
-                request.stream_out(StreamMessage(envelope.rid, src, chunk_id, body, modality))
+                if request.phase is Phase.RUNNING:  # a chunk after the end is dropped (the hot path: no call)
+                    request.events.put(StreamMessage(envelope.rid, src, chunk_id, body, modality))
             case Complete(src=src, body=body):
                 request.complete(src, body)
             case Failed(stage=stage, error_type=error_type, message=message, overloaded=overloaded):
