@@ -29,9 +29,9 @@ def responder() -> Iterator[Any]:
         yield stage
 
 
-def ask(responder: Any, rid: str, inputs: Any, data: Any = None) -> tuple[list[OutgoingMessage], OutgoingMessage]:
+def ask(responder: Any, rid: str, inputs: Any) -> tuple[list[OutgoingMessage], OutgoingMessage]:
     """Send one request; its stream chunks and its result (or error), in order."""
-    payload = StagePayload(rid, OmniRequest(inputs, params={"stream": True}), data or {"raw_inputs": inputs})
+    payload = StagePayload(rid, OmniRequest(inputs, params={"stream": True}), {"raw_inputs": inputs})
     responder.inbox.put(IncomingMessage(rid, "new_request", payload))
     chunks = []
     while (out := responder.outbox.get(timeout=300)).type == "stream":
@@ -75,8 +75,9 @@ def test_a_chat_longer_than_the_context_is_refused_naming_the_limit_and_the_coun
 
 def test_a_long_realtime_conversation_drops_its_oldest_turns_instead(responder: Any) -> None:
     history = [{"role": "user" if i % 2 == 0 else "assistant", "content": "Hello there. " * 20} for i in range(12)]
-    inputs = {"task": "realtime", "messages": history, "session_id": "long-talk", "max_tokens": 8}
-    _, out = ask(responder, "rt-long", inputs, {"text": "What is the capital of France?"})
+    history.append({"role": "user", "content": "What is the capital of France?"})
+    inputs = {"task": "chat", "messages": history, "session_id": "long-talk", "max_tokens": 8}
+    _, out = ask(responder, "rt-long", inputs)
     assert out.type == "result" and out.data.data["usage"]["prompt_tokens"] <= 512 - 8
 
 
@@ -98,12 +99,12 @@ def test_a_spoken_answer_gets_the_short_answer_system_prompt(responder: Any) -> 
 
 def test_a_realtime_conversation_keeps_its_keys_values_between_turns(responder: Any) -> None:
     engine = responder.engine
-    turn = {"task": "realtime", "messages": [], "session_id": "kept", "max_tokens": 16}
-    _, first = ask(responder, "k1", turn, {"text": "What is the capital of France?"})
-    said = first.data.data["text"]
-    history = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": said}]
+    history = [{"role": "user", "content": "What is the capital of France?"}]
+    turn = {"task": "chat", "messages": history, "session_id": "kept", "max_tokens": 16, "modalities": ["audio"]}
+    _, first = ask(responder, "k1", turn)
+    history += [{"role": "assistant", "content": first.data.data["text"]}, {"role": "user", "content": "And Germany?"}]
     reused = engine.reused_tokens
-    _, second = ask(responder, "k2", {**turn, "messages": history}, {"text": "And of Germany?"})
+    _, second = ask(responder, "k2", {**turn, "messages": history})
     assert second.type == "result"
     assert engine.reused_tokens - reused >= first.data.data["usage"]["prompt_tokens"]
 

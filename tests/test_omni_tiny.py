@@ -33,6 +33,8 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SAMPLES_PER_TOKEN = 4 * 256  # talker frames per token x vocoder hop
 MAX_TOKENS = 8
 
+pytestmark = pytest.mark.timeout(600)  # builds and runs omni-tiny: past the global 120 s when busy
+
 
 def chat(content: Any, modalities: list[str] | None = None) -> dict[str, Any]:
     return {
@@ -211,12 +213,6 @@ def run_responder(data: Any, inputs: Any) -> Any:
     finally:
         responder.stop()
         thread.join(timeout=10)
-
-
-def test_responder_answers_a_realtime_transcript_with_text() -> None:
-    out = run_responder({"text": "turn left", "language": "en"}, {"task": "realtime"})
-    assert out.type == "result"
-    assert isinstance(out.data.data["text"], str) and len(out.data.data["output_token_ids"]) == 6
 
 
 def test_responder_answers_raw_chat_inputs() -> None:

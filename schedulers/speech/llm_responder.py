@@ -21,8 +21,8 @@ A conversation with a ``session_id`` keeps its keys/values between turns, and th
 conversation without a system message gets ``voice_system_prompt``.  A chat whose prompt plus
 ``max_tokens`` does not fit the context fails with
 :class:`~omnitrio.contract.InvalidRequest` (``context_length_exceeded``, ``param="messages"``); a
-realtime conversation that grew past it loses its oldest turns instead (the system prompt stays).
-A realtime turn whose transcript is empty (noise) is answered with empty text, without the model.
+kept conversation (one with a ``session_id``: a realtime session's) that grew past it loses its
+oldest turns instead (the system prompt stays).
 Offered ``tools`` are rendered into a chat template that reads them (the answer comes back as text);
 offering them to a model whose template does not is an ``InvalidRequest`` naming ``tools``.
 """
@@ -40,7 +40,7 @@ from schedulers.ar.step_loop import StepLoop
 from schedulers.llamacpp.chat import LlamaChat
 from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest, TokenEvent
 from schedulers.llamacpp.sampling import Sampling
-from schedulers.speech.conversation import Conversation, conversation, unheard
+from schedulers.speech.conversation import Conversation, conversation
 from schedulers.speech.repetition import repeat_start
 from schedulers.speech.tts import complete_sentences_end
 
@@ -105,9 +105,6 @@ class LLMResponder(StepLoop):
     def _handle(self, message: IncomingMessage) -> None:
         rid = message.request_id
         match message.type:
-            case "new_request" if unheard(message.data):
-                message.data.data = {"text": "", "finish_reason": "stop"}  # noise, a cough: answered with silence
-                self._outbox.put(OutgoingMessage(rid, "result", message.data))
             case "new_request":
                 try:
                     request, answer = self.parse(rid, message.data)
@@ -137,8 +134,8 @@ class LLMResponder(StepLoop):
         voice = self.defaults.voice_system_prompt
         if target == "tts" and voice and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": voice})
-        realtime = isinstance(payload.request.inputs, dict) and payload.request.inputs.get("task") == "realtime"
-        prompt, max_tokens = self._fit(messages, conv.max_tokens, conv.tools, trim=realtime)
+        tools = conv.tools if conv.tool_choice != "none" else None
+        prompt, max_tokens = self._fit(messages, conv.max_tokens, tools, trim=conv.session_id is not None)
         system = messages[0] if messages[0]["role"] == "system" else None
         opening = self.chat.encode(self.chat.render([system], add_generation_prompt=False)) if system else self._opening
         request = LlamaRequest(
@@ -165,14 +162,14 @@ class LLMResponder(StepLoop):
             frequency_penalty=d.frequency_penalty if conv.frequency_penalty is None else conv.frequency_penalty,
             presence_penalty=d.presence_penalty if conv.presence_penalty is None else conv.presence_penalty,
             repeat_penalty=d.repeat_penalty,
-            logit_bias=conv.logit_bias or {},
+            logit_bias=_known_tokens(conv.logit_bias, self.engine.model.n_vocab),
         )
 
     def _fit(
         self, messages: list[dict[str, Any]], asked: int | None, tools: list[dict[str, Any]] | None, *, trim: bool
     ) -> tuple[list[int], int]:
-        """The prompt ids and the answer's token budget; a realtime conversation drops its oldest turns
-        after the system prompt until it fits, a chat that does not fit is refused."""
+        """The prompt ids and the answer's token budget; a kept conversation (a realtime session's) drops
+        its oldest turns after the system prompt until it fits, a chat that does not fit is refused."""
         context = self.engine.context_length
         keep = 1 if messages and messages[0]["role"] == "system" else 0
         while True:
@@ -247,3 +244,13 @@ class LLMResponder(StepLoop):
         if answer.by_sentence and not chunk.strip():
             return []
         return [OutgoingMessage(rid, "stream", {"text": chunk}, target=answer.target, metadata=dict(TEXT))]
+
+
+def _known_tokens(biases: dict[int, float] | None, vocab_size: int) -> dict[int, float]:
+    """``logit_bias`` checked against the vocabulary: an id beyond it is the caller's mistake."""
+    for token in biases or {}:
+        if token >= vocab_size:
+            raise InvalidRequest(
+                f"logit_bias names token {token}; this model's token ids are 0..{vocab_size - 1}", param="logit_bias"
+            )
+    return dict(biases or {})
