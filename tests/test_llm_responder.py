@@ -136,7 +136,7 @@ def test_check_names_a_missing_model_file(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1
+    assert done.returncode != 0
     assert f"stage 'responder': {missing}: no such file" in done.stderr
 
 
