@@ -20,6 +20,10 @@ cancel a response at once as OpenAI's does; without it the defaults apply.
 
 ``idle_timeout_ms`` is null (the default) or 5000–30000, as OpenAI allows it.
 
+A field sent as ``null`` in an update is not given (the session keeps its value), as clients that
+serialise every optional field send it, except where null is a value of its own: ``turn_detection``
+(manual turns), ``transcription`` and ``noise_reduction`` (off), ``tracing`` and ``prompt`` (none).
+
 The rest of OpenAI's GA session is checked here too: ``output_modalities`` (``["audio"]`` or
 ``["text"]``), ``instructions``, ``max_output_tokens`` (1–4096 or ``"inf"``), ``audio.output.voice`` and
 ``.speed`` (0.25–1.5), ``audio.input.transcription`` (an object or null); a value that cannot be served
@@ -50,6 +54,11 @@ _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "
 _FIXED = frozenset({"id", "object", "model"})
 _BETA_MIRRORS = frozenset({"voice", "turn_detection"})  # copies of audio.output.voice, audio.input.turn_detection
 PLAYED_VOICE = "default"  # the pipeline has one voice; every voice name a client may send selects it
+NULL_IS_A_VALUE = frozenset(
+    {"turn_detection", "transcription", "noise_reduction", "tracing", "prompt"}
+    | {"input_audio_transcription", "input_audio_noise_reduction"}  # the beta spellings
+)
+"""Session fields (at the top or in ``audio.input/output``) where null says "off"; elsewhere null is "not given"."""
 
 
 @attrs.define
@@ -227,7 +236,7 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
     session = copy.deepcopy(dict(current))
     for key, value in update.items():
         match key:
-            case _ if key in _FIXED:
+            case _ if key in _FIXED or (value is None and key not in NULL_IS_A_VALUE):
                 continue
             case "audio":
                 _merge_audio(session, value)
@@ -274,6 +283,8 @@ def _merge_audio(session: dict[str, Any], audio: Any) -> None:
         for key, value in part.items():
             param = f"session.audio.{direction}.{key}"
             match key:
+                case _ if value is None and key not in NULL_IS_A_VALUE:
+                    continue
                 case "format":
                     session["audio"][direction]["format"] = _checked_format(value, param)
                 case "turn_detection" if direction == "input":
