@@ -13,8 +13,8 @@ GA = pydantic.TypeAdapter(GaEvent)
 BETA = pydantic.TypeAdapter(BetaEvent)
 SESSION_EXTRAS = {".session.id", ".session.object"}
 OMNITRIO_EVENTS = {  # extension events (omnitrio.serve.realtime_interruption) and their fields
-    "output_audio_buffer.paused": {"event_id", "response_id", "audio_end_ms", "decide_ms"},
-    "output_audio_buffer.resumed": {"event_id", "response_id", "reason", "transcript"},
+    "omnitrio.output_audio_buffer.paused": {"event_id", "response_id", "audio_end_ms", "decide_ms"},
+    "omnitrio.output_audio_buffer.resumed": {"event_id", "response_id", "reason", "transcript"},
 }
 
 

@@ -56,7 +56,7 @@ from omnitrio.serve.realtime_idle import IdleTimeout
 from omnitrio.serve.realtime_interruption import Interruptions, Overheard
 from omnitrio.serve.realtime_listen import TurnListener
 from omnitrio.serve.realtime_metrics import realtime_metrics
-from omnitrio.serve.realtime_protocol import render, wants_beta
+from omnitrio.serve.realtime_protocol import render, wants_beta, wants_extensions
 from omnitrio.serve.realtime_response import Response, respond
 from omnitrio.serve.realtime_response_create import requested_response
 from omnitrio.serve.realtime_session import (
@@ -143,7 +143,8 @@ class RealtimeConnection:
             if audio and response is not None and response.silenced:
                 continue  # barge-in: audio of a cancelled response is not played
             outgoing = self.edge.outgoing(event, None if response is None else response.session)
-            rendered = None if outgoing is None else render(outgoing, beta=self.beta)
+            extensions = wants_extensions(self.session)
+            rendered = None if outgoing is None else render(outgoing, beta=self.beta, extensions=extensions)
             if rendered is not None:
                 await self.websocket.send_text(json.dumps(rendered, separators=(",", ":")))
             if response is not None:

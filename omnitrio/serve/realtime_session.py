@@ -20,6 +20,9 @@ cancel a response at once as OpenAI's does; without it the defaults apply.
 
 ``idle_timeout_ms`` is null (the default) or 5000–30000, as OpenAI allows it.
 
+``omnitrio_events`` (an extension, absent by default): true sends omnitrio's own ``omnitrio.*``
+events too (:mod:`.realtime_protocol`).
+
 A field sent as ``null`` in an update is not given (the session keeps its value), as clients that
 serialise every optional field send it, except where null is a value of its own: ``turn_detection``
 (manual turns), ``transcription`` and ``noise_reduction`` (off), ``tracing`` and ``prompt`` (none).
@@ -262,6 +265,10 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
                 if not isinstance(value, str):
                     raise EventError(f"session.instructions must be a string, got {type(value).__name__}", key)
                 session["instructions"] = value
+            case "omnitrio_events":
+                if not isinstance(value, bool):
+                    raise EventError(f"session.omnitrio_events must be true or false, got {value!r}", f"session.{key}")
+                session[key] = value
             case "tools":
                 if not isinstance(value, list):
                     raise EventError("session.tools must be a list", "session.tools")
