@@ -75,6 +75,8 @@ IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than
 OUTBOX_SIZE = 64
 RELEASE_TIMEOUT = 10.0  # how long an interrupted response's release is watched, for the metric
 _MS = REALTIME_RATE // 1000  # samples per millisecond at the API rate
+# OpenAI's words: LiveKit ignores this error by them (its cancel on speech_started races the server's own).
+CANCEL_NOT_ACTIVE = "Cancellation failed: no active response found"
 
 
 @attrs.define(eq=False)
@@ -226,7 +228,7 @@ class RealtimeConnection:
                 self._start_response(event.get("response"))
             case "response.cancel":
                 if self.response is None:
-                    raise EventError("there is no response in progress to cancel", code="response_cancel_not_active")
+                    raise EventError(CANCEL_NOT_ACTIVE, code="response_cancel_not_active")
                 self.response.interrupt("client_cancelled")
                 self._interrupted(self.response)
             case unknown:

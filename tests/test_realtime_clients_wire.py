@@ -1,6 +1,10 @@
-"""Optional fields sent as ``null`` are "not given", as clients that serialise every field send them
+"""What client libraries send and expect beyond the API reference's examples, on the toy pipeline.
+
+Optional fields sent as ``null`` are "not given", as clients that serialise every field send them
 (LiveKit's ``generate_reply`` sends ``"instructions": null``); where null is a value (turn detection
-off), it keeps that meaning."""
+off), it keeps that meaning. A ``response.cancel`` that loses the race with the server's own
+cancel gets OpenAI's error wording, which LiveKit recognises.
+"""
 
 from __future__ import annotations
 
@@ -65,3 +69,12 @@ async def test_null_turn_detection_still_turns_server_vad_off(served: Served) ->
         await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
         session = (await receive_until(rt, "session.updated"))[-1]["session"]
     assert session["audio"]["input"]["turn_detection"] is None
+
+
+async def test_a_cancel_with_no_response_in_progress_gets_openais_wording(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await manual_turns(rt)
+        await rt.send({"type": "response.cancel"})
+        error = (await receive_until(rt, "error"))[-1]["error"]
+    assert error["code"] == "response_cancel_not_active"
+    assert error["message"].startswith("Cancellation failed")  # LiveKit ignores this one by its words
