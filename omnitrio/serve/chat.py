@@ -2,10 +2,12 @@
 
 Streaming follows OpenAI's audio chat streaming: a first chunk with ``delta.role``, then
 ``delta.content`` for text, ``delta.audio.data`` (base64 PCM16 mono 24 kHz, whatever
-``audio.format`` says) and ``delta.audio.transcript`` for speech, a last chunk with
-``finish_reason: "stop"``, an optional usage chunk (``stream_options.include_usage``) and
+``audio.format`` says) and ``delta.audio.transcript`` for speech, the model's tool calls whole in one
+``delta.tool_calls`` chunk (each with its ``index``), a last chunk with ``finish_reason`` (``"stop"``,
+``"length"`` or ``"tool_calls"``), an optional usage chunk (``stream_options.include_usage``) and
 ``data: [DONE]``. A whole answer carries ``message.audio.data`` encoded as ``audio.format``
-(``wav`` or ``pcm16``, 24 kHz) and ``message.audio.transcript``.
+(``wav`` or ``pcm16``, 24 kHz), ``message.audio.transcript`` and the model's ``message.tool_calls``.
+``tools`` and ``tool_choice`` reach the responder as the client sent them.
 
 Messages reach the pipeline as the client sent them. An ``input_audio`` part must carry base64
 ``data`` in ``format`` ``wav`` (any rate, a file ``soundfile`` reads) or ``pcm16`` (raw PCM16 mono
@@ -47,6 +49,8 @@ async def chat_completions(ctx: ServeContext, request: Request) -> WatchedRespon
         "top_p": body.top_p,
         "seed": body.seed,
         "stop": body.stop,
+        "tools": body.tools,
+        "tool_choice": body.tool_choice,
     }
     chat = _Chat(ctx, new_id("chatcmpl"), body, inputs, "audio" in modalities)
     if body.stream:
@@ -133,6 +137,9 @@ class _Chat:
             async for message in messages:
                 await self._forward(emitter, output.add(message))
         await self._forward(emitter, output.finish())
+        if output.tool_calls:
+            calls = [{"index": i, **call} for i, call in enumerate(output.tool_calls)]
+            await emitter.write(self._chunk({"tool_calls": calls}))
         await emitter.write(self._chunk({}, output.finish_reason))
         options = self.body.stream_options
         if options is not None and options.include_usage:
@@ -147,6 +154,8 @@ class _Chat:
                 output.add(item)
         output.finish()
         message: dict[str, Any] = {"role": "assistant", "content": output.text or None}
+        if output.tool_calls:
+            message["tool_calls"] = output.tool_calls
         if self.audio:
             fmt = "wav" if self.body.audio is None else self.body.audio.format
             pcm = bytes(output.pcm)

@@ -60,6 +60,8 @@ class ChatRequest(msgspec.Struct):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
 
 
 class SpeechRequest(msgspec.Struct):

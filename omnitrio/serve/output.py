@@ -50,8 +50,17 @@ class Output:
 
     @property
     def finish_reason(self) -> str:
-        """``"length"`` when the answer was cut at its token limit, else ``"stop"``."""
+        """``"length"`` when the answer was cut at its token limit, ``"tool_calls"`` when it calls tools,
+        else ``"stop"``."""
+        if self.tool_calls:
+            return "tool_calls"
         return "length" if self._results.get("finish_reason") == "length" else "stop"
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The tool calls the answer made (OpenAI's chat shape), from the results; empty when none."""
+        calls = self._results.get("tool_calls")
+        return list(calls) if isinstance(calls, list) else []
 
     @property
     def sample_rate(self) -> int | None:

@@ -5,6 +5,9 @@
 (``token_type == 3``, e.g. ``<|im_start|>``) matched whole in text, and renders
 ``tokenizer.chat_template`` with jinja2 in a sandbox, as Hugging Face does.  ``encode(render(...))``
 of a conversation is the prompt the model was trained on; ``decode`` drops control tokens.
+Whether the model can be offered tools is read from the template: it can when the template reads a
+``tools`` variable (:attr:`ChatTokenizer.supports_tools`); rendering tools for one that does not is an
+:class:`~omnitrio.contract.InvalidRequest` naming ``tools`` (a 400), never a prompt without them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from omnitrio.contract import InvalidRequest
 from schedulers.ar.gguf_file import GGUFModel
 
 _CONTROL: Final = 3
@@ -28,7 +32,9 @@ class ChatTokenizer:
         self._inner = inner
         self.vocab_size: int = inner.get_vocab_size(with_added_tokens=True)
         self.eos_token_id = eos_token_id
-        self._template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = environment.from_string(template)
+        self.supports_tools = reads_tools(environment, template)
         self._names = {"bos_token": bos_token, "eos_token": eos_token}
 
     def encode(self, text: str) -> list[int]:
@@ -37,14 +43,43 @@ class ChatTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._inner.decode(list(ids), skip_special_tokens=True))
 
-    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``)."""
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``, and
+        ``tool_calls`` / ``tool_call_id`` where the conversation has them) and the offered ``tools``."""
+        extra = tool_variables(tools, supported=self.supports_tools)
         return str(
-            self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names)
+            self._template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names, **extra
+            )
         )
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self.encode(self.render(messages))
+    def encode_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.encode(self.render(messages, tools=tools))
+
+
+def reads_tools(environment: Any, template: str) -> bool:
+    """Whether the chat ``template`` (parsed by the jinja2 ``environment``) reads a ``tools`` variable."""
+    from jinja2 import meta
+
+    return "tools" in meta.find_undeclared_variables(environment.parse(template))
+
+
+def tool_variables(tools: list[dict[str, Any]] | None, *, supported: bool) -> dict[str, Any]:
+    """The template variables for the offered ``tools``; offering them to a template that does not read
+    them is an :class:`~omnitrio.contract.InvalidRequest` naming ``tools``."""
+    if not tools:
+        return {}
+    if not supported:
+        raise InvalidRequest(
+            "tools: this model's chat template has no place for tools, so it cannot call them", param="tools"
+        )
+    return {"tools": tools}
 
 
 def chat_tokenizer(model: GGUFModel) -> ChatTokenizer:

@@ -8,6 +8,10 @@ The inputs it accepts (``payload.request.inputs``):
   whose transcript (``payload.data["text"]``, from the ASR stage) is appended as the last user message;
 * a plain string: one user message.
 
+Chat and realtime inputs may also offer ``tools`` and a ``tool_choice``; an assistant message may
+carry ``tool_calls`` and a ``tool`` message its ``tool_call_id`` (shapes in
+:mod:`schedulers.speech.tools`; those messages keep them beside ``role`` and ``content``).
+
 A chat whose messages carried audio arrives from the ASR stage with ``payload.data`` holding the
 inputs with each clip's transcript in its place; those messages are the ones read.
 
@@ -21,8 +25,9 @@ from typing import Any, Final
 
 import attrs
 
-from omnitrio.contract import StagePayload
+from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers.speech.requests import content_text, raw_inputs
+from schedulers.speech.tools import tool_calls_of, tool_choice_of, tools_of
 
 _ROLES: Final = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP: Final = 4
@@ -30,25 +35,38 @@ MAX_STOP: Final = 4
 
 @attrs.frozen
 class Conversation:
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     session_id: str | None
     max_tokens: int | None
     temperature: float | None
     top_p: float | None
     seed: int | None
     stop: list[str]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
 
 
-def _messages(raw: Any) -> list[dict[str, str]]:
+def _messages(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
         raise ValueError(f"messages must be a list, got {type(raw).__name__}")
-    messages = []
+    messages: list[dict[str, Any]] = []
     for i, message in enumerate(raw):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
             raise ValueError(f"messages[{i}] needs a role in {sorted(_ROLES)}")
         content = message.get("content")
         text = "" if content is None else content_text(content)
-        messages.append({"role": _ROLES[message["role"]], "content": text})
+        read: dict[str, Any] = {"role": _ROLES[message["role"]], "content": text}
+        if read["role"] == "assistant" and message.get("tool_calls"):
+            read["tool_calls"] = tool_calls_of(message["tool_calls"], f"messages[{i}].tool_calls")
+        if read["role"] == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidRequest(
+                    f"messages[{i}]: a tool message needs the tool_call_id it answers",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            read["tool_call_id"] = call_id
+        messages.append(read)
     return messages
 
 
@@ -99,6 +117,7 @@ def conversation(payload: StagePayload) -> Conversation:
     if session_id is not None and not isinstance(session_id, str):
         raise ValueError(f"session_id must be a string, got {session_id!r}")
     max_tokens = _optional(inputs, "max_tokens", int, 1)
+    tools = tools_of(inputs.get("tools"))
     return Conversation(
         messages,
         session_id,
@@ -107,4 +126,15 @@ def conversation(payload: StagePayload) -> Conversation:
         _optional(inputs, "top_p", float, 0.0, 1.0),
         _optional(inputs, "seed", int),
         _stop(inputs.get("stop")),
+        tools=tools,
+        tool_choice=tool_choice_of(inputs.get("tool_choice"), tools),
     )
+
+
+def unheard(payload: Any) -> bool:
+    """Whether ``payload`` is a realtime turn whose transcript is empty (noise, a cough): answered with silence."""
+    if not isinstance(payload, StagePayload) or not isinstance(payload.request.inputs, dict):
+        return False
+    data = payload.data
+    transcript = data.get("text") if isinstance(data, dict) else None
+    return payload.request.inputs.get("task") == "realtime" and isinstance(transcript, str) and not transcript.strip()

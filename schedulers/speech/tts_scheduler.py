@@ -14,7 +14,8 @@ Per request, in order:
   ``metadata={"modality": "audio"}``, one per sentence (``text`` is that sentence, after a space
   when it is not the first; the resampler's tail comes last with ``text`` empty), so a client can
   align the transcript with the samples sentence by sentence; then a ``result`` whose ``payload.data`` is
-  ``{"transcript", "sample_rate", "num_samples"}``;
+  ``{"transcript", "sample_rate", "num_samples"}`` (and the upstream answer's ``tool_calls``, when it
+  called tools);
 * otherwise: a single ``result`` that also carries the whole clip as ``"pcm"``;
 * bad input or a synthesis failure: one ``error`` (the exception) and nothing more.
 
@@ -200,6 +201,9 @@ class SentenceStreamingTTSScheduler:
         }
         if not job.stream:
             data["pcm"] = np.concatenate(job.collected) if job.collected else np.zeros(0, dtype=np.int16)
+        answered = job.payload.data if job.payload is not None else None
+        if isinstance(answered, dict) and answered.get("tool_calls"):
+            data["tool_calls"] = answered["tool_calls"]  # a spoken answer that also calls tools
         result = job.payload if job.payload is not None else data
         if isinstance(result, StagePayload):
             result.data = data
