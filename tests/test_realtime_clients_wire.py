@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from omnitrio.client import open_realtime
+from omnitrio.serve.realtime_protocol import render
 from tests.fake_pipeline import Served, start_server
 from tests.test_serve_realtime import chats, manual_turns, receive_until, say
 
@@ -78,3 +79,23 @@ async def test_a_cancel_with_no_response_in_progress_gets_openais_wording(served
         error = (await receive_until(rt, "error"))[-1]["error"]
     assert error["code"] == "response_cancel_not_active"
     assert error["message"].startswith("Cancellation failed")  # LiveKit ignores this one by its words
+
+
+def test_omnitrio_events_go_only_to_a_session_that_asked_for_them() -> None:
+    paused = {"type": "omnitrio.output_audio_buffer.paused", "response_id": "resp-1"}
+    assert render(paused, beta=False) is None and render(paused, beta=True) is None
+    assert render(paused, beta=False, extensions=True) == paused
+
+
+async def test_a_session_asks_for_omnitrio_events_with_true_or_false_only(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await rt.receive()
+        await rt.send({"type": "session.update", "session": {"turn_detection": None}})
+        default = (await receive_until(rt, "session.updated"))[-1]["session"]
+        await rt.send({"type": "session.update", "session": {"omnitrio_events": "yes"}})
+        error = (await receive_until(rt, "error"))[-1]["error"]
+        await rt.send({"type": "session.update", "session": {"omnitrio_events": True}})
+        session = (await receive_until(rt, "session.updated"))[-1]["session"]
+    assert "omnitrio_events" not in default  # a default session is OpenAI's shape only
+    assert error["param"] == "session.omnitrio_events"
+    assert session["omnitrio_events"] is True
