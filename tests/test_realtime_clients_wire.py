@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from omnitrio.client import open_realtime
-from omnitrio.serve.realtime_protocol import render
+from omnitrio.serve.realtime_protocol import wanted
 from tests.fake_pipeline import Served, start_server
 from tests.test_serve_realtime import chats, manual_turns, receive_until, say
 
@@ -83,8 +83,9 @@ async def test_a_cancel_with_no_response_in_progress_gets_openais_wording(served
 
 def test_omnitrio_events_go_only_to_a_session_that_asked_for_them() -> None:
     paused = {"type": "omnitrio.output_audio_buffer.paused", "response_id": "resp-1"}
-    assert render(paused, beta=False) is None and render(paused, beta=True) is None
-    assert render(paused, beta=False, extensions=True) == paused
+    assert not wanted(paused, {"omnitrio_events": False}) and not wanted(paused, {})
+    assert wanted(paused, {"omnitrio_events": True})
+    assert wanted({"type": "response.done"}, {})
 
 
 async def test_a_session_asks_for_omnitrio_events_with_true_or_false_only(served: Served) -> None:

@@ -289,7 +289,7 @@ async def test_retrieve_returns_the_item_with_its_audio_and_delete_removes_it(se
     assert chats(served)[0].inputs["messages"] == [{"role": "user", "content": "only this"}]
 
 
-async def test_function_call_items_reach_the_responder_as_text(served: Served) -> None:
+async def test_function_call_items_reach_the_responder_in_the_chat_shape(served: Served) -> None:
     call = {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'}
     result = {"type": "function_call_output", "call_id": "c1", "output": "sunny"}
     async with open_realtime(served.ws_url) as rt:
@@ -300,8 +300,9 @@ async def test_function_call_items_reach_the_responder_as_text(served: Served) -
         await rt.send({"type": "response.create"})
         await receive_until(rt, "response.done")
     messages = chats(served)[0].inputs["messages"]
-    assert messages[0]["role"] == "assistant" and "weather" in messages[0]["content"]
-    assert messages[1] == {"role": "tool", "content": "sunny"}
+    called = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    assert messages[0] == {"role": "assistant", "content": "", "tool_calls": [called]}
+    assert messages[1] == {"role": "tool", "content": "sunny", "tool_call_id": "c1"}
 
 
 async def test_a_later_response_sees_the_earlier_answer(served: Served) -> None:
@@ -481,3 +482,18 @@ async def test_an_input_audio_item_is_transcribed_for_the_responder(served: Serv
         await receive_until(rt, "response.done")
     assert added["item"]["content"] == [{"type": "input_audio", "transcript": None}]
     assert chats(served)[0].inputs["messages"] == [{"role": "user", "content": "heard 1.00 seconds"}]
+
+
+async def test_a_truncated_answer_gets_no_more_audio_and_is_cancelled(served: Served) -> None:
+    async with open_realtime(served.ws_url) as rt:
+        await long_reply(rt)
+        events = await receive_until(rt, "response.output_audio.delta")
+        item_id = events[-1]["item_id"]
+        await rt.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 0})
+        after = await receive_until(rt, "response.done")
+        await rt.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        retrieved = (await receive_until(rt, "conversation.item.retrieved"))[-1]["item"]
+    truncated = [e["type"] for e in after].index("conversation.item.truncated")
+    assert "response.output_audio.delta" not in [e["type"] for e in after[truncated:]]
+    assert after[-1]["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+    assert "audio" not in retrieved["content"][0]  # cut at 0 ms, and nothing added since

@@ -132,3 +132,14 @@ def test_a_verdict_must_be_a_non_negative_integer_of_milliseconds() -> None:
     assert [next(events).type, next(events).type] == ["speech_started", "speech_paused"]
     with pytest.raises(ValueError, match="silence_ms"):
         detector.judge(-1)
+
+
+@pytest.mark.parametrize("gap", [0.2, 0.3, 0.45])
+def test_speech_soon_after_a_turn_starts_a_turn_of_its_own_where_the_last_one_stopped(gap: float) -> None:
+    # Speech `gap` s after a turn ended: its prefix padding (300 ms) would reach into that turn.
+    detector = VoiceActivityDetector(scorer=EnergyScorer(), prefix_padding_ms=300, silence_duration_ms=500)
+    clip = np.concatenate([quiet(0.5), tone(1.0), quiet(0.5 + gap), tone(0.5), quiet(1.0)])
+    events = detector.feed(clip)
+    assert [e.type for e in events] == ["speech_started", "speech_stopped"] * 2
+    _, stopped, again, _ = events
+    assert stopped.sample <= again.sample <= 16_000 * (2 + gap)  # not inside the last turn, nor after the voice

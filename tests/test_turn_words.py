@@ -46,8 +46,15 @@ def test_the_words_veto_and_the_audio_decides_the_rest() -> None:
     vetoed = judge(medium, 0.99, "ends on the preposition 'for'")
     assert not vetoed.complete and vetoed.end_after_ms == medium.incomplete_silence_ms
     assert judge(medium, 0.6, None).complete
-    assert not judge(medium, 0.4, None).complete
+    doubted = judge(medium, 0.4, None)
+    assert not doubted.complete and doubted.end_after_ms == medium.doubted_silence_ms
     assert judge(medium, None, None).complete  # the words alone, without objection
+
+
+def test_the_audio_models_doubt_alone_waits_less_than_unfinished_words() -> None:
+    for eagerness in ("low", "medium", "high"):
+        policy = policy_for(eagerness)
+        assert policy.complete_silence_ms < judge(policy, 0.05, None).end_after_ms <= policy.incomplete_silence_ms // 4
 
 
 def test_eagerness_orders_threshold_and_silences() -> None:

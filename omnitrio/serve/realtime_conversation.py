@@ -13,8 +13,10 @@ What a caller may rely on:
   that sentence's audio (:class:`Spoken`), not word timings, so within the sentence being played
   the heard text is taken in proportion of characters to samples, cut back to a word boundary.
 * :func:`messages_of` renders items (the conversation, or a response's own ``input``) for the responder as chat messages
-  (``instructions`` first, assistant audio as heard, function calls as text); items with no text
-  (an audio item whose transcription failed or was empty) are left out.
+  (``instructions`` first, assistant audio as heard, function calls in OpenAI's chat shape: an
+  assistant message with ``tool_calls``, consecutive calls in one, and a ``tool`` message with
+  ``tool_call_id`` for each output); items with no text (an audio item whose transcription failed
+  or was empty) are left out.
 """
 
 from __future__ import annotations
@@ -217,12 +219,17 @@ class Conversation:
         item.spoken = [s for s in item.spoken if s.start < end]
 
 
-def messages_of(items: list[Item], instructions: str) -> list[dict[str, str]]:
+def messages_of(items: list[Item], instructions: str) -> list[dict[str, Any]]:
     """``items`` as chat messages for the responder, ``instructions`` first (see the module docstring)."""
-    messages = [{"role": "system", "content": instructions}] if instructions else []
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     for item in items:
         rendered = _message(item.body, item.heard)
-        if rendered is not None and rendered["content"]:
+        if rendered is None or not (rendered["content"] or rendered.get("tool_calls")):
+            continue
+        last = messages[-1] if messages else {}
+        if rendered.get("tool_calls") and last.get("tool_calls") and not last["content"]:
+            last["tool_calls"] += rendered["tool_calls"]  # calls of one answer: one assistant message
+        else:
             messages.append(rendered)
     return messages
 
@@ -243,7 +250,7 @@ def heard_text(spoken: list[Spoken], end: int) -> str:
     return " ".join(word for word in words if word)
 
 
-def _message(body: Mapping[str, Any], heard: str | None) -> dict[str, str] | None:
+def _message(body: Mapping[str, Any], heard: str | None) -> dict[str, Any] | None:
     match body:
         case {"type": "message", "role": str(role), "content": list(content)}:
             texts = [
@@ -252,7 +259,8 @@ def _message(body: Mapping[str, Any], heard: str | None) -> dict[str, str] | Non
             ]
             return {"role": role, "content": " ".join(text.strip() for text in texts if text.strip())}
         case {"type": "function_call", "name": name, "arguments": arguments, "call_id": call_id}:
-            return {"role": "assistant", "content": f"[function call {name}({arguments}), call_id {call_id}]"}
-        case {"type": "function_call_output", "output": output}:
-            return {"role": "tool", "content": str(output)}
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            return {"role": "assistant", "content": "", "tool_calls": [call]}
+        case {"type": "function_call_output", "output": output, "call_id": call_id}:
+            return {"role": "tool", "content": str(output), "tool_call_id": call_id}
     return None

@@ -1,15 +1,17 @@
 """Speech over a response: pause it, then decide whether the user really interrupted.
 
-When the user starts speaking while a released audio response plays (and the session's
-``interrupt_response`` is true), the connection does not cancel the response at once, as OpenAI's
-server does; it *pauses* it: no more of its audio is sent (its pacer holds), and the client is
-told with ``omnitrio.output_audio_buffer.paused``. The response keeps being produced meanwhile. Then:
+By default speech over a response cancels it at once, as OpenAI's server does. A session that opts
+in with ``turn_detection.false_interruptions`` (an object; see
+:class:`~omnitrio.serve.backchannel.FalseInterruptions`) gets this instead: when the user starts
+speaking while a released audio response plays (and ``interrupt_response`` is true), the response
+is *paused*: no more of its audio is sent (its pacer holds), and the client is told with
+``omnitrio.output_audio_buffer.paused``. The response keeps being produced meanwhile. Then:
 
 * when the user pauses (the VAD's ``speech_paused``), what they said since they started is
   transcribed (``semantic_vad`` brings the transcript with the pause) and judged by the session's
   :class:`~omnitrio.serve.backchannel.InterruptionPolicy`: no words, or only backchannels ("uh-huh",
-  "okay"), **resume**: the audio goes on from where it stopped, ``omnitrio.output_audio_buffer.resumed`` says
-  so with what was heard, and that speech never becomes a turn (it is dropped from the input
+  "okay"), **resume**: the audio goes on from where it stopped, ``omnitrio.output_audio_buffer.resumed``
+  says so with what was heard, and that speech never becomes a turn (it is dropped from the input
   buffer: no commit, no answer); anything else **cancels** the response as a barge-in does
   (``response.done`` with ``cancelled`` / ``turn_detected``) and the speech goes on as a turn;
 * when the user is still speaking ``decide_ms`` after they started, it is no backchannel: the
@@ -18,8 +20,7 @@ told with ``omnitrio.output_audio_buffer.paused``. The response keeps being prod
 ``omnitrio.output_audio_buffer.paused`` and ``.resumed`` are omnitrio extensions, named after the GA
 protocol's ``output_audio_buffer.*`` family (``started`` / ``stopped`` / ``cleared``, which OpenAI
 sends to WebRTC clients), and sent only to a session with ``"omnitrio_events": true``
-(:mod:`.realtime_protocol`). A session turns the behaviour off with
-``turn_detection.false_interruptions: null``: speech then cancels at once.
+(:mod:`.realtime_protocol`). A response whose item the client truncated is never resumed.
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ import attrs
 import trio
 
 from omnitrio.serve.backchannel import FalseInterruptions, words_of
-from omnitrio.serve.context import ServeContext
-from omnitrio.serve.realtime_response import Response
-from omnitrio.serve.realtime_transcribe import transcript_of
+from omnitrio.serve.realtime_response import Response, ResponseState
 
 Outcome = Literal["resume", "cancel"]
 
@@ -47,7 +46,7 @@ class Overheard:
     deadline: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
     def paused_event(self) -> dict[str, Any]:
-        sent_ms = int(1000 * self.response.pacer.sent_seconds)
+        sent_ms = int(1000 * self.response.sent_seconds)
         return {
             "type": "omnitrio.output_audio_buffer.paused",
             "response_id": self.response.id,
@@ -72,11 +71,11 @@ class Interruptions:
 
     def __init__(
         self,
-        ctx: ServeContext,
+        transcribe: Callable[[bytes], Awaitable[str]],
         emit: Callable[[dict[str, Any]], Awaitable[None]],
         cancel: Callable[[Response], None],
     ) -> None:
-        self.ctx = ctx
+        self.transcribe = transcribe
         self.emit = emit
         self.cancel = cancel
         self.pending: Overheard | None = None
@@ -85,7 +84,7 @@ class Interruptions:
         """Pause ``response``: speech began over it; it is cancelled if still undecided after ``decide_ms``."""
         self.forget()
         self.pending = overheard = Overheard(response, settings)
-        response.pacer.pause()
+        response.pause()
         nursery.start_soon(self._cancel_after_window, overheard)
         return overheard
 
@@ -96,17 +95,17 @@ class Interruptions:
         assert overheard is not None
         if transcript is None:
             try:
-                transcript = await transcript_of(self.ctx, audio)
+                transcript = await self.transcribe(audio)
             except Exception:
                 transcript = None  # judged as a real interruption: the safe side
-        if self.pending is not overheard:
-            return False  # the window ran out meanwhile, or the response ended
+        if self.pending is not overheard or overheard.response.state is not ResponseState.PAUSED:
+            return False  # the window ran out meanwhile, or the response ended or was truncated
         self.forget()
         if transcript is None or overheard.settings.policy.decide(transcript) == "cancel":
             self.cancel(overheard.response)
             return False
         await self.emit(overheard.resumed_event(transcript))
-        overheard.response.pacer.resume()
+        overheard.response.resume()
         return True
 
     def forget(self, response: Response | None = None) -> None:

@@ -4,7 +4,8 @@ A :class:`TurnListener` owns one ASR session of the pipeline (a ``SessionSchedul
 driven with ordinary pipeline requests whose inputs are ``{"task": "asr_session", "command": {"op":
 "open" | "append" | "abort", "session_id", ...}}``: ``open`` asks for server VAD with the client's
 settings, each ``append`` carries the PCM16 24 kHz bytes the client sent since the last one, and
-the VAD events the stage streams back (``modality == "vad"``) go to ``on_event`` in stream order.
+the VAD events the stage streams back (``modality == "vad"``) go, typed (:data:`~.realtime_turn.VadEvent`,
+:func:`vad_event`), to the listener's channel in stream order; the channel is closed when ``run`` ends.
 
 Why through the pipeline and not a VAD in the server: the server never imports model code, and a
 pipeline may run its stages in other processes. The cost is one small request per append; while
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -39,13 +39,28 @@ from omnitrio.messages import StreamMessage
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServedPipeline
 from omnitrio.serve.realtime_session import TurnDetection
+from omnitrio.serve.realtime_turn import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnJudged, VadEvent
 
 PAUSE_LEAD_MS = 400  # start preparing the answer when this much silence is still needed to end the turn
 SEMANTIC_PAUSE_MS = 200  # semantic_vad judges a turn (and prepares its answer) after this much silence
 CLOSE_TIMEOUT = 2.0
 logger = logging.getLogger(__name__)
 
-OnEvent = Callable[[dict[str, Any]], Awaitable[None]]
+
+def vad_event(chunk: dict[str, Any]) -> VadEvent | None:
+    """The typed event of one ``vad`` stream chunk of the ASR stage (None: a kind this server ignores)."""
+    match chunk:
+        case {"type": "speech_started", "audio_start_ms": int(ms)}:
+            return SpeechStarted(ms)
+        case {"type": "speech_stopped", "audio_end_ms": int(ms)}:
+            return SpeechStopped(ms)
+        case {"type": "speech_paused", "audio_ms": int(ms)}:
+            return SpeechPaused(ms, chunk.get("transcript"), chunk.get("unfinished"))
+        case {"type": "speech_resumed", "audio_ms": int(ms)}:
+            return SpeechResumed(ms)
+        case {"type": "turn_judged", "audio_ms": int(ms), "turn_complete": bool(complete)}:
+            return TurnJudged(ms, complete, dict(chunk.get("decision_ms") or {}))
+    return None
 
 
 def session_config(detection: TurnDetection) -> dict[str, Any]:
@@ -75,14 +90,14 @@ class TurnListener:
         pipeline: ServedPipeline,
         session_id: str,
         detection: TurnDetection,
-        on_event: OnEvent,
+        events: trio.MemorySendChannel[VadEvent],
         *,
         timeout: float | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.session_id = session_id
         self.detection = detection
-        self.on_event = on_event
+        self.events = events
         self.timeout = timeout
         self._audio_in, self._audio = trio.open_memory_channel[bytes](math.inf)
         self._commands = 0
@@ -94,6 +109,10 @@ class TurnListener:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the ASR session, then forward audio until cancelled; the session is aborted on any exit."""
+        with self.events:
+            await self._run(task_status)
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         try:
             await self._command("open", config=session_config(self.detection))
             task_status.started()
@@ -121,7 +140,9 @@ class TurnListener:
             async for message in messages:
                 if isinstance(message, StreamMessage) and message.modality == "vad":
                     self._log_judgement(message.chunk)
-                    await self.on_event(message.chunk)
+                    event = vad_event(message.chunk)
+                    if event is not None:
+                        await self.events.send(event)
 
     def _log_judgement(self, event: dict[str, Any]) -> None:
         if event.get("type") == "turn_judged":

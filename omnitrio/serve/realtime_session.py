@@ -15,8 +15,9 @@ values), ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "au
 ``null`` (the client commits turns and asks for responses itself); :func:`turn_detection` reads it
 with every field filled in. Either VAD object may carry the omnitrio extension
 ``false_interruptions``: ``{"decide_ms", "backchannels", "max_words"}`` (each optional; see
-:class:`~omnitrio.serve.backchannel.FalseInterruptions`) or ``null``, when user speech should
-cancel a response at once as OpenAI's does; without it the defaults apply.
+:class:`~omnitrio.serve.backchannel.FalseInterruptions`): speech over a response pauses it and a
+backchannel resumes it (:mod:`~omnitrio.serve.realtime_interruption`); without it, or ``null`` (the
+default), user speech cancels a response at once, as OpenAI's does.
 
 ``idle_timeout_ms`` is null (the default) or 5000–30000, as OpenAI allows it.
 
@@ -102,7 +103,7 @@ class TurnDetection:
     interrupt_response: bool
     type: str = "server_vad"
     eagerness: str = "auto"  # semantic_vad only
-    false_interruptions: FalseInterruptions | None = attrs.field(factory=FalseInterruptions)
+    false_interruptions: FalseInterruptions | None = None  # None: speech cancels a response at once
     idle_timeout_ms: int | None = None
 
 
@@ -112,7 +113,7 @@ def turn_detection(session: Mapping[str, Any]) -> TurnDetection | None:
     if value is None:
         return None
     fields = {**SERVER_VAD, **value}
-    interruptions = fields.get("false_interruptions", {})
+    interruptions = fields.get("false_interruptions")
     return TurnDetection(
         threshold=fields["threshold"],
         prefix_padding_ms=fields["prefix_padding_ms"],

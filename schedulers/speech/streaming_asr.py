@@ -17,7 +17,9 @@ Session ``config`` (the open command's ``config``):
   "audio_ms": ...}`` (see :class:`~schedulers.speech.vad.VoiceActivityDetector`);
   or ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "auto", "pause_ms"}``: the
   same events, but a turn silent ``EARLY_MS`` (100; or, when appends come in big pieces, its
-  pause) is transcribed (``quick``) and ``speech_paused`` says so at once with that ``transcript``
+  pause) is transcribed (``quick``; the audio since its last such silence, with at least ``CONTEXT_MS``
+  before it, joined to the words known: a pause costs the same in a long turn) and ``speech_paused`` says
+  so at once with that ``transcript``
   and the words' objection ``unfinished`` (None when they have none), so a server can start
   preparing its answer while the silence goes on (speech coming back first: ``speech_resumed``);
   at the pause of ``pause_ms`` (default 200) the turn is judged on those words and its audio
@@ -54,6 +56,9 @@ from schedulers.speech.vad import VadBackendName, VadEvent, VoiceActivityDetecto
 _WORD = re.compile(r"[^\w']+")
 EARLY_MS = 100  # semantic_vad: a turn silent this long is transcribed and announced, ahead of its judgement
 EARLY_SAMPLES = EARLY_MS * ASR_SAMPLE_RATE // 1000
+CONTEXT_MS = 1500  # semantic_vad: at least this much known audio is decoded with a turn's new part
+CONTEXT_SAMPLES = CONTEXT_MS * ASR_SAMPLE_RATE // 1000
+SLACK_WORDS = 2
 
 
 def _heard(audio_ms: int, transcript: str) -> dict[str, Any]:
@@ -70,6 +75,22 @@ def _norm(word: str) -> str:
     return _WORD.sub("", word.lower())
 
 
+def merged_words(known: str, heard: str) -> str | None:
+    """``known`` followed by ``heard``, a decode that began inside the audio of ``known``'s last words:
+    the longest run of ``known``'s last words (at least two, or all of a shorter ``known``) found in
+    ``heard`` within its first ``SLACK_WORDS`` words (a word cut at the decode's start is misheard)
+    is where they join; ``heard``'s spelling is kept from there. None when no such run is found."""
+    old, new = known.split(), heard.split()
+    old_norm, new_norm = [_norm(w) for w in old], [_norm(w) for w in new]
+    for size in range(min(len(old), len(new)), min(2, len(old)) - 1, -1):
+        if size == 0:
+            break
+        for skip in range(min(SLACK_WORDS, len(new) - size) + 1):
+            if old_norm[len(old) - size :] == new_norm[skip : skip + size]:
+                return " ".join(old[: len(old) - size] + new[skip:])
+    return None
+
+
 @attrs.frozen
 class EarlyTranscript:
     """A semantic turn transcribed at ``EARLY_MS`` of silence: whose (turn start, last speech
@@ -78,6 +99,25 @@ class EarlyTranscript:
     key: tuple[int, int]
     transcript: str
     seconds: float
+
+
+@attrs.frozen
+class TurnWords:
+    """What the turn starting at ``turn_start`` said, as transcribed at its pauses (``ends``: the
+    samples each transcript reached, all in silence; the last is where ``text`` ends)."""
+
+    turn_start: int
+    ends: tuple[int, ...]
+    text: str
+
+    @property
+    def end(self) -> int:
+        return self.ends[-1]
+
+    def context_start(self) -> int:
+        """The latest pause at least ``CONTEXT_MS`` before :attr:`end` (or the turn's start): a decode
+        from there begins in silence and repeats enough known words to join them."""
+        return max((end for end in self.ends if end <= self.end - CONTEXT_SAMPLES), default=self.turn_start)
 
 
 @attrs.define(eq=False)
@@ -91,6 +131,7 @@ class TranscriptionSession:
     vad: VoiceActivityDetector | None = None
     detector: SemanticTurnDetector | None = None  # semantic_vad: judges each pause
     early: EarlyTranscript | None = None  # semantic_vad: the turn transcribed (and announced) ahead of its pause
+    words: TurnWords | None = None  # semantic_vad: the open turn's words so far, each part transcribed once
     chunks: list[FloatAudio] = attrs.field(factory=list)
     samples: int = 0
     decoded_samples: int = 0
@@ -177,7 +218,7 @@ class StreamingTranscriber:
             transcript, asr_seconds = early.transcript, early.seconds  # the same words: only silence came since
         else:
             began = time.perf_counter()
-            transcript = self.recognizer.transcribe(audio, state.language, quick=True)
+            transcript = self._turn_words(state, paused.sample)
             asr_seconds = time.perf_counter() - began
             ctx.emit(_heard(paused.ms, transcript), modality="vad")
         began = time.perf_counter()
@@ -251,9 +292,28 @@ class StreamingTranscriber:
         if self._early_for(state, key, ctx) is not None or not EARLY_SAMPLES <= silent < (state.vad.pause_samples or 0):
             return
         began = time.perf_counter()
-        transcript = self.recognizer.transcribe(state.audio()[key[0] : speech_end + silent], state.language, quick=True)
+        transcript = self._turn_words(state, speech_end + silent)
         state.early = EarlyTranscript(key, transcript, time.perf_counter() - began)
         ctx.emit(_heard((speech_end + silent) * 1000 // ASR_SAMPLE_RATE, transcript), modality="vad")
+
+    def _turn_words(self, state: TranscriptionSession, end: int) -> str:
+        """The open turn's words up to sample ``end``. The audio since the words known from its last
+        pause is decoded from an earlier pause at least ``CONTEXT_MS`` before, whose words are matched
+        against the known ones (:func:`merged_words`); only when they do not match is the whole turn
+        decoded. So a pause costs about the same in a long turn as in a short one."""
+        assert state.vad is not None
+        start = state.vad.turn_start
+        known = state.words
+        text = None
+        if known is not None and known.turn_start == start and start < known.end <= end:
+            since = known.context_start()
+            heard = self.recognizer.transcribe(state.audio()[since:end], state.language, quick=True)
+            text = merged_words(known.text, heard) if since > start else heard
+        if text is None:
+            known = None
+            text = self.recognizer.transcribe(state.audio()[start:end], state.language, quick=True)
+        state.words = TurnWords(start, (*(known.ends if known is not None else ()), end), text)
+        return text
 
     def _partial(self, state: TranscriptionSession, ctx: SessionContext) -> None:
         words = self.recognizer.transcribe(state.audio(), state.language).split()

@@ -10,10 +10,13 @@ speaker to go on.  Two signals make the judgement, combined by one rule (:func:`
   complete when the model's probability reaches the eagerness's threshold.
 
 So the words can only veto, and when they veto the model is not run at all.  ``eagerness``
-(:func:`policy_for`) sets the threshold, the silence a complete turn waits, and the silence an
-incomplete one waits (OpenAI's maximum timeouts: 8 s, 4 s and 2 s for low, medium and high;
-``auto`` is ``medium``).  A speaker who resumes talking before the wait is over simply continues
-the turn; the next pause is judged afresh with the longer audio and transcript.
+(:func:`policy_for`) sets the threshold and three silences: a complete turn's (short), a turn the
+words say is unfinished (OpenAI's maximum timeouts: 8 s, 4 s and 2 s for low, medium and high;
+``auto`` is ``medium``), and, between them, a turn whose words do not object but whose audio the
+model doubts: the model alone is often unsure of long utterances that are complete, so its doubt
+alone never holds a turn open as long as unfinished words do.  A speaker who resumes talking
+before the wait is over simply continues the turn; the next pause is judged afresh with the
+longer audio and transcript.
 """
 
 from __future__ import annotations
@@ -41,18 +44,19 @@ class EagernessPolicy:
 
     threshold: float
     complete_silence_ms: int
-    incomplete_silence_ms: int
+    incomplete_silence_ms: int  # the words say the turn is unfinished
+    doubted_silence_ms: int  # the words do not object, the model doubts the turn is over
 
 
 def policy_for(eagerness: Any) -> EagernessPolicy:
     """The policy of ``"low" | "medium" | "high" | "auto"``; anything else is a ValueError naming it."""
     match eagerness:
         case "high":
-            return EagernessPolicy(threshold=0.3, complete_silence_ms=200, incomplete_silence_ms=2000)
+            return EagernessPolicy(0.3, complete_silence_ms=200, incomplete_silence_ms=2000, doubted_silence_ms=500)
         case "medium" | "auto":
-            return EagernessPolicy(threshold=0.5, complete_silence_ms=250, incomplete_silence_ms=4000)
+            return EagernessPolicy(0.5, complete_silence_ms=250, incomplete_silence_ms=4000, doubted_silence_ms=1000)
         case "low":
-            return EagernessPolicy(threshold=0.7, complete_silence_ms=500, incomplete_silence_ms=8000)
+            return EagernessPolicy(0.7, complete_silence_ms=500, incomplete_silence_ms=8000, doubted_silence_ms=2000)
         case _:
             raise ValueError(f"eagerness must be one of low, medium, high, auto; got {eagerness!r}")
 
@@ -77,7 +81,10 @@ def judge(policy: EagernessPolicy, probability: float | None, unfinished: str | 
     Passing ``probability=None`` judges by the words alone; ``unfinished=None`` by the audio alone.
     """
     complete = unfinished is None and (probability is None or probability >= policy.threshold)
-    silence = policy.complete_silence_ms if complete else policy.incomplete_silence_ms
+    if complete:
+        silence = policy.complete_silence_ms
+    else:
+        silence = policy.incomplete_silence_ms if unfinished is not None else policy.doubted_silence_ms
     return TurnJudgement(complete, silence, probability, unfinished)
 
 

@@ -4,7 +4,9 @@
 ``speech_started`` / ``speech_stopped`` events at absolute sample offsets in the stream:
 
 * ``speech_started.sample`` is where speech was first detected, moved back by
-  ``prefix_padding_ms`` (never before 0) — the start of the audio a model should hear;
+  ``prefix_padding_ms``, but never before 0 nor before the previous turn's ``speech_stopped``
+  (that audio belongs to the turn that ended): the start of the audio a model should hear, so
+  speech that follows a turn closely starts a turn of its own;
 * ``speech_stopped.sample`` is where ``silence_duration_ms`` of silence after the last
   speech frame completed — the end of that audio, silence included.
 
@@ -172,6 +174,7 @@ class VoiceActivityDetector:
         self._consumed = 0  # samples scored so far
         self._speaking = False
         self._last_speech_end = 0
+        self._last_stop = 0  # the previous turn's speech_stopped sample: no later turn starts before it
 
     @property
     def speaking(self) -> bool:
@@ -209,7 +212,7 @@ class VoiceActivityDetector:
             if not self._speaking and probability >= self.threshold:
                 self._speaking = True
                 self._last_speech_end = self._consumed
-                self._turn_start = max(0, frame_start - self.prefix_padding)
+                self._turn_start = max(self._last_stop, frame_start - self.prefix_padding)
                 yield VadEvent("speech_started", self._turn_start)
             elif self._speaking and probability >= self.threshold - _HYSTERESIS:
                 self._last_speech_end = self._consumed
@@ -243,6 +246,7 @@ class VoiceActivityDetector:
 
     def _stop(self) -> VadEvent:
         stopped = VadEvent("speech_stopped", self._last_speech_end + self._needed_silence())
+        self._last_stop = stopped.sample
         self._speaking = self._paused = False
         self._judged_silence = None
         return stopped

@@ -1,0 +1,52 @@
+"""``WS /v1/realtime``: the WebSocket transport of a realtime session.
+
+Each text frame is one client event; binary frames are :class:`~.realtime_transport.Unreadable`.
+Server events are rendered for the protocol the client asked for at connect (GA, or beta with
+``OpenAI-Beta: realtime=v1``; :mod:`.realtime_protocol`) and sent one per text frame, compact JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from omnitrio.serve.realtime_protocol import render, wants_beta
+from omnitrio.serve.realtime_transport import ClientEvent, Incoming, Unreadable
+
+
+class WebSocketTransport:
+    """A :class:`~.realtime_transport.RealtimeTransport` over an accepted Starlette WebSocket."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self.beta = wants_beta(websocket)
+        self._gone = False
+
+    async def receive(self) -> Incoming | None:
+        if self._gone:
+            return None
+        message = await self.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            self._gone = True
+            return None
+        text = message.get("text")
+        if text is None:
+            return Unreadable("binary frames are not accepted; send JSON text events")
+        return ClientEvent(text)
+
+    async def send(self, event: dict[str, Any]) -> None:
+        rendered = render(event, beta=self.beta)
+        if rendered is None or self._gone:
+            return
+        try:
+            await self.websocket.send_text(json.dumps(rendered, separators=(",", ":")))
+        except (WebSocketDisconnect, RuntimeError):
+            self._gone = True  # the client left; receive() says so next
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        if self._gone or self.websocket.application_state != WebSocketState.CONNECTED:
+            return
+        self._gone = True
+        await self.websocket.close(code, reason)

@@ -1,0 +1,92 @@
+"""semantic_vad's work at a pause does not grow with the turn before it (no speech models).
+
+A long turn with many short pauses (each past the early-transcript silence, none long enough to
+judge) is transcribed as it goes; at each pause the recognizer is given the stretch since the last
+one and a bounded context before it (from an earlier pause), never the whole turn again, so a long turn ends as soon
+after its speech as a short one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+
+from omnitrio.contract import OmniRequest
+from schedulers.session import SESSION_METADATA_KEY
+from schedulers.speech import turn_model
+from schedulers.speech.streaming_asr import CONTEXT_SAMPLES, StreamingTranscriber, merged_words
+
+RATE = 16_000
+
+
+@attrs.define
+class CountingRecognizer:
+    """Says a word per 0.5 s it is given; remembers how many samples each call decoded."""
+
+    decoded: list[int] = attrs.field(factory=list)
+
+    def transcribe(self, audio: Any, language: str | None = None, *, quick: bool = False) -> str:
+        self.decoded.append(int(np.asarray(audio).size))
+        return " ".join(["word"] * max(1, int(np.asarray(audio).size) // (RATE // 2))) + "."
+
+
+class SureModel:
+    def probability_complete(self, audio_16k: Any) -> float:
+        return 0.99
+
+
+class Ctx:
+    pending = 0
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, chunk: Any, modality: str = "text") -> None:
+        if modality == "vad":
+            self.events.append(chunk)
+
+
+def tone(seconds: float) -> np.ndarray:
+    return (0.3 * np.sin(np.arange(int(RATE * seconds)) * 0.2)).astype(np.float32)
+
+
+def run_turn(monkeypatch: pytest.MonkeyPatch, stretches: int) -> tuple[CountingRecognizer, list[dict[str, Any]]]:
+    """A turn of ``stretches`` 1 s stretches of speech, 150 ms apart, then 1 s of silence, fed in 40 ms pieces."""
+    monkeypatch.setattr(turn_model, "shared_turn_model", lambda threads=1: SureModel())
+    recognizer = CountingRecognizer()
+    transcriber = StreamingTranscriber(recognizer, vad_backend="energy")  # type: ignore[arg-type]
+    config = {"sample_rate": RATE, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
+    state = transcriber.open(None, OmniRequest(metadata={SESSION_METADATA_KEY: {"config": config}}))  # type: ignore[arg-type]
+    gap = np.zeros(RATE * 15 // 100, np.float32)
+    clip = np.concatenate(
+        [np.zeros(RATE // 2, np.float32), *[np.concatenate([tone(1.0), gap]) for _ in range(stretches)]]
+    )
+    clip = np.concatenate([clip, np.zeros(RATE, np.float32)])
+    ctx = Ctx()
+    for start in range(0, clip.size, RATE * 4 // 100):
+        transcriber.append(state, clip[start : start + RATE * 4 // 100], None, ctx)  # type: ignore[arg-type]
+    return recognizer, ctx.events
+
+
+def test_a_pause_of_a_long_turn_decodes_a_bounded_stretch(monkeypatch: pytest.MonkeyPatch) -> None:
+    recognizer, events = run_turn(monkeypatch, stretches=8)
+    assert [e["type"] for e in events].count("speech_stopped") == 1
+    assert len(recognizer.decoded) >= 4  # the turn was transcribed at its pauses, as it went
+    assert max(recognizer.decoded) <= CONTEXT_SAMPLES + 4 * RATE  # never the whole (9 s) turn again
+
+
+def test_a_long_turn_is_judged_on_as_little_new_audio_as_a_short_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    short, _ = run_turn(monkeypatch, stretches=1)
+    long, _ = run_turn(monkeypatch, stretches=8)
+    assert long.decoded[-1] <= short.decoded[-1] + CONTEXT_SAMPLES + 1.5 * RATE  # its stretch, a bounded context
+
+
+def test_words_decoded_with_context_join_the_known_ones_where_they_overlap() -> None:
+    assert merged_words("What is the capital.", "the capital of France?") == "What is the capital of France?"
+    assert merged_words("What is the capital", "pital of France?") is None  # no two words in common
+    assert merged_words("Book a table for", "a table for four, please.") == "Book a table for four, please."
+    assert merged_words("Book a table", "uh, table for two.") is None
+    assert merged_words("Hello.", "Oh hello there.") == "hello there."
