@@ -2,7 +2,7 @@
 
 Each client (the official ``openai`` SDK, openai-agents' ``RealtimeRunner``, pipecat's
 ``OpenAIRealtimeLLMService``, livekit-plugins-openai's ``RealtimeModel.session()``) runs the test
-suite's client script (``tests/clients/``, each library in its own venv, :mod:`tests.clients.venvs`)
+suite's client script (``toys/realtime_clients/``, each library in its own venv, :mod:`toys.realtime_clients.venvs`)
 ``--runs`` times, one session at a time, with the session settings the library picks itself (the
 Agents SDK and LiveKit ask for ``semantic_vad``; the others keep the server's ``server_vad``).
 Figures, from each script's clock:
@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.realtime_turn import start_server, summary  # noqa: E402
-from tests.clients import venvs  # noqa: E402
-from tests.clients.drive import SCRIPTS, run_client, turn, write_settings  # noqa: E402
+from toys.realtime_clients import venvs  # noqa: E402
+from toys.realtime_clients.drive import SCRIPTS, run_client, turn, write_settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "realtime_clients.json"
 

@@ -1,7 +1,7 @@
 """Realtime clients nobody here wrote, unchanged, against ``python -m omnitrio serve`` (the default pipeline).
 
-Each client library runs as a subprocess script (``tests/clients/NAME.py``, in its own venv from
-:mod:`tests.clients.venvs`; the official ``openai`` SDK in the project's) through a text turn, a
+Each client library runs as a subprocess script (``toys/realtime_clients/NAME.py``, in its own venv from
+:mod:`toys.realtime_clients.venvs`; the official ``openai`` SDK in the project's) through a text turn, a
 spoken turn (speech from the server's own voice, fed through the client's audio input API in real
 time) and a barge-in over a spoken answer, then the answer to what the barge-in said. The script
 reports what it saw as JSON lines; these tests judge them. The server runs the "repeat" responder,
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.clients.drive import SAID, SCRIPTS, TEXT, run_client, turn, write_settings
 from tests.realtime_sdk_types import ga_event_types
 from tests.test_realtime_conformance import Server, server  # noqa: F401  (the module's server fixture)
+from toys.realtime_clients.drive import SAID, SCRIPTS, TEXT, run_client, turn, write_settings
 from toys.speech_text import heard_as
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a client venv is built on first use

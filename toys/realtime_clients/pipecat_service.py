@@ -36,7 +36,7 @@ class Errors(FrameProcessor):
 
 
 async def main(args: dict[str, Any]) -> None:
-    turns = Turns()
+    turns = Turns(errors_are_the_clients=True)
     parse = events.parse_server_event
 
     def parse_and_see(message: str) -> Any:

@@ -16,7 +16,7 @@ from common import Turns, error, report, run
 async def main(args: dict[str, Any]) -> None:
     agent = RealtimeAgent(name="assistant", instructions="Answer briefly.")
     runner = RealtimeRunner(agent, config={"model_settings": {"model_name": "omnitrio-speech"}})
-    turns = Turns()
+    turns = Turns(errors_are_the_clients=True)
     session = await runner.run(model_config={"url": args["ws_url"] + "?model=omnitrio-speech", "api_key": "unused"})
     async with session:
 

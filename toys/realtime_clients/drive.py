@@ -1,4 +1,4 @@
-"""Running a client script (``tests/clients/SCRIPT.py``) against a served pipeline, for tests and bench.
+"""Running a client script (``toys/realtime_clients/SCRIPT.py``) against a served pipeline, for tests and bench.
 
 :func:`write_settings` synthesizes the turns' speech with the server's own voice
 (``/v1/audio/speech``) and writes the run settings :mod:`common` reads; :func:`run_client` runs
@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tests.clients import venvs
+from toys.realtime_clients import venvs
 from toys.venvs import clean_env
 
 HERE = Path(__file__).resolve().parent
@@ -56,7 +56,7 @@ def write_settings(folder: Path, http_url: str) -> Path:
 
 
 def run_client(script: str, settings: Path) -> list[dict[str, Any]]:
-    """Run ``tests/clients/SCRIPT.py`` once; the JSON lines it printed (its stderr is shown on failure)."""
+    """Run ``toys/realtime_clients/SCRIPT.py`` once; the JSON lines it printed (its stderr is shown on failure)."""
     venv = SCRIPTS[script]
     python, env = (sys.executable, None) if venv is None else (str(venvs.interpreter(venv)), clean_env())
     command = [python, str(HERE / f"{script}.py"), str(settings)]

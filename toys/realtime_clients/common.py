@@ -1,11 +1,12 @@
 """What every client script shares (stdlib only: each runs in its client's own venv).
 
-A script is run as ``python tests/clients/NAME.py ARGS.json``; the JSON file names the server
+A script is run as ``python toys/realtime_clients/NAME.py ARGS.json``; the JSON file names the server
 (``ws_url``, ``http_url``) and the three turns: ``text`` (a user message), ``spoken`` and
 ``long`` (PCM16 24 kHz files of speech, with ``*_end_s``: where their speech ends), and ``barge``
 (said over the answer to ``long``, its speech starting at ``barge_start_s``). It prints JSON
 lines on stdout (:func:`report`): ``{"kind": "event", "type"}`` for each server event it saw,
-``{"kind": "error", "message"}`` for each error the client reported or raised, and one
+``{"kind": "error", "message"}`` for each error the client reported or raised (the server's ``error``
+events too, for a client that leaves them to its user), and one
 ``{"kind": "turn", "step": "text" | "spoken" | "barge_in" | "follow_up", ...}`` per turn (the last:
 the answer to what the barge-in said), ``{"kind": "client", ...}`` for what the client library
 signalled itself, then ``{"kind": "end"}``.
@@ -83,13 +84,19 @@ class Turns:
     with the client's own calls (``send_text``, ``append``) by :meth:`scenario`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, errors_are_the_clients: bool = False) -> None:
         self.queue: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue()
+        self.errors_are_the_clients = errors_are_the_clients
 
     def received(self, event: dict[str, Any]) -> None:
+        """One server event. An ``error`` event is reported as the client's error unless the client
+        library judges them itself (``errors_are_the_clients``: it reports those it does not ignore)."""
         report("event", type=event.get("type"), **({"full": event} if DEBUG and "delta" not in event else {}))
         if event.get("type") == "error":
-            error(f"server error event: {event.get('error')}")
+            if self.errors_are_the_clients:
+                report("server_error", error=event.get("error"))
+            else:
+                error(f"server error event: {event.get('error')}")
         self.queue.put_nowait((time.monotonic(), event))
 
     async def answer(

@@ -28,7 +28,7 @@ async def play(generation: llm.GenerationCreatedEvent) -> None:
 
 
 async def main(args: dict[str, Any]) -> None:
-    turns = Turns()
+    turns = Turns(errors_are_the_clients=True)
     players: set[asyncio.Task[None]] = set()
     async with aiohttp.ClientSession() as http:
         model = openai.realtime.RealtimeModel(

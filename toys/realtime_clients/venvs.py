@@ -1,10 +1,10 @@
 """The realtime client libraries the tests drive, each in its own venv, pinned here and only here.
 
-``tests/clients/.venvs/NAME`` (ignored by git) holds one client library and what it depends on;
+``toys/realtime_clients/.venvs/NAME`` (ignored by git) holds one client library and what it depends on;
 nothing of it goes into the project's venv, and the server never imports any of it. The official
 ``openai`` SDK is a test dependency of the project itself (``pyproject.toml``), so its client runs
 with the project's interpreter. :func:`interpreter` builds a venv on first use (idempotent, under a
-file lock, so parallel test workers build each venv once); ``python -m tests.clients.venvs [NAME ...]``
+file lock, so parallel test workers build each venv once); ``python -m toys.realtime_clients.venvs [NAME ...]``
 builds them ahead and prints how long each install took.
 """
 
