@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="validate a config and print its stage graph",
         description="Load and validate a pipeline file (importing every factory and function it names) "
-        "and print its stages and edges. Exit 0 when valid, 2 with the error otherwise.",
+        "and print its stages and edges. Exit 0 when valid, 2 with the error otherwise (a stage that "
+        "needs a package not installed here included).",
     )
     check.add_argument("file", type=Path, metavar="FILE", help="pipeline TOML file")
     overrides(check)
@@ -232,7 +233,7 @@ def _check(args: argparse.Namespace) -> int:
     problems = preflight(config)
     for problem in problems:
         print(f"omnitrio: error: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return 2 if problems else 0  # a config that cannot run here (a package missing) is a config error
 
 
 def preflight(config: PipelineConfig) -> list[str]:

@@ -41,6 +41,7 @@ from omnitrio.envelopes import (
     ToStage,
 )
 from omnitrio.errors import (
+    BadRequest,
     DuplicateRequest,
     Overloaded,
     PipelineClosed,
@@ -53,6 +54,7 @@ from omnitrio.events import (
     FIRST_STREAM_CHUNK,
     REQUEST_ABORTED,
     REQUEST_FAILED,
+    REQUEST_INVALID,
     REQUEST_REJECTED,
     REQUEST_SUBMITTED,
     TERMINAL_RESPONSE,
@@ -156,7 +158,7 @@ class Coordinator:
         """Run one request to completion and return the terminal stage's ``payload.data``.
 
         With several terminal stages the result is ``{stage: data}``.  Raises
-        :class:`RequestFailed`, :class:`RequestAborted`, :class:`RequestTimeout`,
+        :class:`RequestFailed`, :class:`BadRequest`, :class:`RequestAborted`, :class:`RequestTimeout`,
         :class:`Overloaded` or :class:`DuplicateRequest`.
         """
         async with RequestStream(self, request_id, inputs, params, timeout, metadata) as stream:
@@ -318,15 +320,20 @@ class Coordinator:
                     self._emit(envelope.rid, TERMINAL_RESPONSE, {"from_stage": src})
                     handle.finished = True
                     handle.events.close()
-            case Failed(stage=stage, error_type=error_type, message=message, overloaded=overloaded):
+            case Failed(stage=stage, error_type=error_type, message=message, overloaded=overloaded, code=code):
                 if handle.finished:
                     return
                 error: RequestError
-                if overloaded:
+                fields = {"stage": stage, "error_type": error_type, "message": message}
+                if code is not None:
+                    error = BadRequest(envelope.rid, stage, message, code, envelope.param)
+                    self._emit(envelope.rid, REQUEST_INVALID, {**fields, "code": code})
+                elif overloaded:
                     error = Overloaded(envelope.rid, f"stage {stage!r}: {message}")
+                    self._emit(envelope.rid, REQUEST_FAILED, fields)
                 else:
                     error = RequestFailed(envelope.rid, stage, error_type, message)
-                self._emit(envelope.rid, REQUEST_FAILED, {"stage": stage, "error_type": error_type, "message": message})
+                    self._emit(envelope.rid, REQUEST_FAILED, fields)
                 self._abort_everywhere(handle, error)
             case Released(stage=stage):
                 handle.unacked.discard(stage)

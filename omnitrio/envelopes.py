@@ -88,7 +88,9 @@ class StreamOut(msgspec.Struct, tag="S", array_like=True):
 
 
 class Failed(msgspec.Struct, tag="F", array_like=True):
-    """Stage ``stage`` failed the request; ``overloaded`` marks a full queue (HTTP 503)."""
+    """Stage ``stage`` failed the request; ``overloaded`` marks a full queue (HTTP 503).
+
+    ``code`` set (with ``param``) marks the caller's mistake, a scheduler's ``InvalidRequest``."""
 
     rid: str
     inc: int
@@ -96,6 +98,8 @@ class Failed(msgspec.Struct, tag="F", array_like=True):
     error_type: str
     message: str
     overloaded: bool = False
+    code: str | None = None
+    param: str | None = None
 
 
 class Released(msgspec.Struct, tag="R", array_like=True):

@@ -55,6 +55,22 @@ class RequestTimeout(RequestAborted, TimeoutError):
         self.timeout = timeout
 
 
+class BadRequest(RequestError, ValueError):
+    """A stage refused the request as the caller's mistake (its scheduler raised
+    :class:`omnitrio.contract.InvalidRequest`): not a stage failure, and not retryable as sent.
+
+    ``code`` is OpenAI's (``"context_length_exceeded"``, ``"invalid_value"``…), ``param`` the field
+    at fault (or None); the message is the stage's own, for the caller to read as it is.
+    The request's state has been dropped at every stage, as for :class:`RequestFailed`.
+    """
+
+    def __init__(self, request_id: str, stage: str, message: str, code: str, param: str | None) -> None:
+        super().__init__(request_id, message)
+        self.stage = stage
+        self.code = code
+        self.param = param
+
+
 class Overloaded(RequestError):
     """Admission refused: the pipeline or a stage queue is at its bound. Retry later."""
 

@@ -66,6 +66,7 @@ REQUEST_SUBMITTED = "request_submitted"
 FIRST_STREAM_CHUNK = "first_stream_chunk"  # from_stage, modality
 TERMINAL_RESPONSE = "terminal_response"  # from_stage
 REQUEST_FAILED = "request_failed"  # stage, error_type, message (a stage's failure)
+REQUEST_INVALID = "request_invalid"  # stage, error_type, message, code (the caller's mistake)
 REQUEST_ABORTED = "request_aborted"  # reason
 REQUEST_REJECTED = "request_rejected"  # reason
 

@@ -24,9 +24,15 @@ Metric names and labels::
     omnitrio_request_latency_seconds                   histogram  submit → result, completed requests only
     omnitrio_time_to_first_token_seconds               histogram  submit → first text/tokens chunk
     omnitrio_time_to_first_audio_seconds               histogram  submit → first audio chunk
-    omnitrio_requests_total{outcome}                   counter    completed | failed | aborted | rejected
+    omnitrio_requests_total{outcome}                   counter    completed | failed | invalid | aborted | rejected
     omnitrio_stage_failures_total{stage, error_type}   counter   (each failure is also logged, as a warning)
+    omnitrio_client_errors_total{stage, code}          counter    refused as the caller's mistake (``invalid``):
+                                                                  not a stage failure
     omnitrio_aborts_total{reason}                      counter
+
+These count *pipeline* requests: a realtime session makes many (one per ASR command). What users
+asked (HTTP requests, realtime sessions and responses) is ``omnitrio_api_requests_total``
+(:mod:`omnitrio.serve.api_metrics`).
 
 All methods are for the coordinator's thread; prometheus_client itself is thread-safe.
 """
@@ -53,7 +59,7 @@ RequestAgesFn = Callable[[], Any]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 FIRST_CHUNK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-OUTCOMES = ("completed", "failed", "aborted", "rejected")
+OUTCOMES = ("completed", "failed", "invalid", "aborted", "rejected")
 
 _FIRST_CHUNK_KIND = {"text": "token", "tokens": "token", "token": "token", "audio": "audio"}
 
@@ -103,6 +109,9 @@ class PipelineMetrics:
         self.stage_failures = Counter(
             "omnitrio_stage_failures", "Requests failed by a stage", ["stage", "error_type"], registry=r
         )
+        self.client_errors = Counter(
+            "omnitrio_client_errors", "Requests a stage refused as the caller's mistake", ["stage", "code"], registry=r
+        )
         self.aborts = Counter("omnitrio_aborts", "Aborted requests by reason", ["reason"], registry=r)
         self._stage_collector = _StageCollector(stage_health)
         r.register(self._stage_collector)
@@ -132,7 +141,9 @@ class PipelineMetrics:
     def request_finished(self, outcome: str, seconds: float | None = None) -> None:
         """A started request ended; ``seconds`` (submit to result) is observed for completed ones."""
         if outcome not in OUTCOMES or outcome == "rejected":
-            raise ValueError(f"request_finished: outcome must be completed, failed or aborted, got {outcome!r}")
+            raise ValueError(
+                f"request_finished: outcome must be completed, failed, invalid or aborted, got {outcome!r}"
+            )
         self.in_flight.dec()
         self._finished[outcome].inc()
         if outcome == "completed" and seconds is not None:
@@ -154,7 +165,7 @@ class PipelineMetrics:
         """The coordinator's ``on_event`` hook: update the metrics from one coordinator event.
 
         Relies on each ``request_submitted`` being followed by exactly one of
-        ``terminal_response``, ``request_failed`` or ``request_aborted`` for that id (which
+        ``terminal_response``, ``request_failed``, ``request_invalid`` or ``request_aborted`` for that id (which
         forgets the request); ``first_stream_chunk`` events after the first of each kind
         (token / audio) are ignored, as are events for ids it has not seen submitted.
         """
@@ -185,6 +196,10 @@ class PipelineMetrics:
                     )
                     self.stage_failed(stage, error_type)
                     self.request_finished("failed")
+            case events.REQUEST_INVALID:
+                if self._live.pop(request_id, None) is not None:
+                    self.client_errors.labels(str(fields.get("stage", "unknown")), str(fields.get("code", ""))).inc()
+                    self.request_finished("invalid")
             case events.REQUEST_ABORTED:
                 if self._live.pop(request_id, None) is not None:
                     self.aborted(str(fields.get("reason", "unknown")))

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload, StreamItem
+from omnitrio.contract import (
+    IncomingMessage,
+    InvalidRequest,
+    OutgoingMessage,
+    StageOverloaded,
+    StagePayload,
+    StreamItem,
+)
 from omnitrio.envelopes import COORDINATOR, Chunk, Complete, Credit, Done, Failed, Payload, Released, StreamOut
 from omnitrio.events import (
     STAGE_ABORTED,
@@ -325,7 +332,10 @@ class StageRequest:
         if stage.recorder is not None:
             stage.recorder.emit(self.request_id, stage.name, STAGE_FAILED, error_type=error_type)
         overloaded = isinstance(error, StageOverloaded)
-        stage.board.send(Failed(self.request_id, self.inc, stage.name, error_type, message, overloaded))
+        failed = Failed(self.request_id, self.inc, stage.name, error_type, message, overloaded)
+        if isinstance(error, InvalidRequest):
+            failed.code, failed.param = error.code, error.param
+        stage.board.send(failed)
 
     # -- 4. finish ------------------------------------------------------------------
 

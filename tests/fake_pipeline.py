@@ -6,9 +6,12 @@ the end (an abort) and when. Words in the request text pick a behaviour:
 
 - ``overload``: ``Overloaded`` when the stream is entered (admission refused)
 - ``fail``: one text chunk, then ``RequestFailed`` from stage ``fake``
+- ``toolong``: ``BadRequest`` ``context_length_exceeded`` before any output (a stage refused it)
 - ``timeout``: ``RequestTimeout`` when the stream is entered
 - ``slow``: 400 chunks 5 ms apart, so a client can leave in the middle
 - ``mute``: no audio at all, whatever the task
+
+A transcription that asks for ``timestamps`` gets ``language``, one segment and timed ``words``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 import prometheus_client
 import trio
 
-from omnitrio.errors import DuplicateRequest, Overloaded, RequestAborted, RequestFailed, RequestTimeout
+from omnitrio.errors import BadRequest, DuplicateRequest, Overloaded, RequestAborted, RequestFailed, RequestTimeout
 from omnitrio.messages import CompleteMessage, StreamMessage
 
 STAGE = "fake"
@@ -116,6 +119,10 @@ class FakePipeline:
         with_text = task in ("chat", "transcription")
         chunk_id = 0
         count = 400 if "slow" in words else len(reply)
+        if "toolong" in words:
+            request.outcome = "failed"
+            message = "This model's maximum context length is 1024 tokens. However, you requested 2000 tokens."
+            raise BadRequest(rid, STAGE, message, "context_length_exceeded", "messages")
         for i in range(count):
             if request.abort_requested.is_set():
                 raise RequestAborted(rid)
@@ -135,7 +142,12 @@ class FakePipeline:
         text = " ".join(reply) + " "
         request.outcome = "completed"
         usage = {"prompt_tokens": len(words), "completion_tokens": len(reply)}
-        yield CompleteMessage(rid, STAGE, {"text": text, "transcript": text, "usage": usage})
+        result: dict[str, Any] = {"text": text, "transcript": text, "usage": usage}
+        if inputs.get("timestamps") is not None:  # a timed transcript: one segment, a word per 0.1 s
+            seconds = inputs["audio"].size / 16_000
+            result |= {"language": "en", "segments": [{"id": 0, "start": 0.0, "end": seconds, "text": text}]}
+            result["words"] = [{"word": w, "start": i / 10, "end": (i + 1) / 10} for i, w in enumerate(reply)]
+        yield CompleteMessage(rid, STAGE, result)
 
     def _reply(self, inputs: dict[str, Any]) -> list[str]:
         match inputs["task"]:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from schedulers.ar.sampling import sample_rows
+from schedulers.ar.sampling import Penalties, penalize, sample_rows
 
 VOCAB = 4096
 
@@ -39,3 +39,25 @@ def test_a_flat_distribution_keeps_a_nucleus_wider_than_any_shortlist(top_p: flo
     drawn = draws(torch.zeros(VOCAB), top_p=top_p, n=3000)
     assert len(drawn) > 1000
     assert len(drawn) <= math.ceil(top_p * VOCAB)
+
+
+def test_penalties_follow_openais_definition_over_the_answer_so_far() -> None:
+    logits = torch.zeros(1, 8)
+    adjusted = penalize(logits, [Penalties(frequency=0.5, presence=1.0, bias={6: 3.0})], [[2, 2, 2, 5]])
+    expected = torch.zeros(8)
+    expected[2] = -(1.0 + 0.5 * 3)
+    expected[5] = -(1.0 + 0.5 * 1)
+    expected[6] = 3.0
+    assert torch.equal(adjusted[0], expected)
+
+
+def test_a_logit_bias_of_minus_100_bans_the_greedy_choice() -> None:
+    logits = logits_of({3: 0.9}, 0.1 / VOCAB)[None]
+    banned = penalize(logits, [Penalties(bias={3: -100.0})], [[]])
+    assert sample_rows(banned, [0.0], [1.0], [torch.Generator()]) != [3]
+    assert sample_rows(logits, [0.0], [1.0], [torch.Generator()]) == [3]
+
+
+def test_rows_without_penalties_are_left_as_they_are() -> None:
+    logits = torch.randn(2, 16)
+    assert penalize(logits, [Penalties(), Penalties()], [[1, 2], [3]]) is logits

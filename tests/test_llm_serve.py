@@ -110,3 +110,20 @@ async def test_a_realtime_response_with_no_user_turn_answers_the_instructions() 
     done = event["response"]
     assert done["status"] == "completed"
     assert done["output"][0]["content"][0]["text"].strip()
+
+
+async def test_a_request_over_the_context_is_a_400_whole_or_streamed_and_penalties_change_a_loop() -> None:
+    async with client() as api:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await api.chat.completions.create(
+                    model="gpt-4o-mini", messages=QUESTION, max_tokens=1000, stream=stream
+                )
+            assert refused.value.code == "context_length_exceeded" and refused.value.param == "messages"
+            assert "maximum context length is 1024 tokens" in refused.value.message
+        cat: list[Any] = [{"role": "user", "content": "What's a good name for a pet cat?"}]
+        plain = await api.chat.completions.create(model="omnitrio-speech", messages=cat, max_tokens=60)
+        penalised = await api.chat.completions.create(
+            model="omnitrio-speech", messages=cat, max_tokens=60, frequency_penalty=1.0
+        )
+        assert penalised.choices[0].message.content != plain.choices[0].message.content

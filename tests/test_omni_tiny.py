@@ -33,6 +33,8 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SAMPLES_PER_TOKEN = 4 * 256  # talker frames per token x vocoder hop
 MAX_TOKENS = 8
 
+pytestmark = pytest.mark.timeout(600)  # builds and runs omni-tiny: past the global 120 s when busy
+
 
 def chat(content: Any, modalities: list[str] | None = None) -> dict[str, Any]:
     return {

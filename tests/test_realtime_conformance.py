@@ -45,6 +45,8 @@ SENTENCE = "Turn left at the second traffic light."
 THREE = "The train leaves at nine. The library closes at ten tonight. We need more chairs."
 DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta"}
 
+pytestmark = pytest.mark.timeout(600)  # its server loads the speech pipeline: past the global 120 s when busy
+
 
 class Server:
     def __init__(self, port: int) -> None:

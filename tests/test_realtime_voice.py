@@ -21,7 +21,7 @@ from omnitrio.serve import serve
 from tests.test_speech_pipeline import REPEAT
 from toys.speech_text import heard_as
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # serves the speech pipeline
 SENTENCE = "Turn left at the second traffic light."
 LONG = "The train to Boston leaves from platform seven. The library closes at nine. We need chairs for the room."
 # Long enough that its spoken reply is still streaming when the barge-in is heard.

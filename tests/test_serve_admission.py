@@ -46,7 +46,7 @@ async def test_a_request_past_the_concurrency_limit_gets_429_with_retry_after(nu
     assert refused.headers["retry-after"] == "1"
     assert "max_concurrent_requests" in refused.json()["error"]["message"]
     assert health.status_code == 200  # /health is never held back
-    assert models == ["fake-omni"]
+    assert models[0] == "fake-omni"  # then the OpenAI names it answers to
 
 
 async def connect_refused(served: Served) -> tuple[dict[str, object], int | None]:
@@ -97,15 +97,21 @@ async def test_an_upload_longer_than_max_audio_seconds_is_413(nursery: trio.Nurs
     assert served.fake.history[-1].inputs["audio"].size == 8000  # only the short one reached the pipeline
 
 
-async def test_a_realtime_message_past_max_event_bytes_closes_with_1009(nursery: trio.Nursery) -> None:
+async def test_a_realtime_message_past_max_event_bytes_gets_an_error_naming_the_limit_then_1009(
+    nursery: trio.Nursery,
+) -> None:
     served = await start_server(nursery, limits=ServeLimits(max_event_bytes=64 * 1024))
+    events = []
     async with open_realtime(served.ws_url) as rt:
         await rt.receive()
         await rt.send({"type": "input_audio_buffer.append", "audio": "AAAA" * 20_000})
         with trio.fail_after(5), pytest.raises(trio_websocket.ConnectionClosed) as closed:
             while True:
-                await rt.receive()
-    assert closed.value.reason.code == 1009
+                events.append(await rt.receive())
+    errors = [event["error"] for event in events if event["type"] == "error" and "turn detection" not in str(event)]
+    assert [error["code"] for error in errors] == ["event_too_large"]
+    assert "limit of 65536 bytes (max_event_bytes)" in errors[0]["message"]
+    assert closed.value.reason.code == 1009 and "65536" in (closed.value.reason.reason or "")
     async with httpx.AsyncClient(base_url=served.url) as client:
         assert (await client.get("/health")).status_code == 200
 

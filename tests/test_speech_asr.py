@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
+from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 
 pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
 pytest.importorskip("faster_whisper", reason="the speech extra (faster-whisper) is not installed")
@@ -22,6 +22,8 @@ from schedulers.speech.vad import FRAME_SAMPLES
 from toys.speech_text import heard_as
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
+
+pytestmark = pytest.mark.timeout(300)  # loads Whisper and Piper: past the global 120 s when busy
 
 
 def words(text: str) -> list[str]:
@@ -87,6 +89,24 @@ def test_batch_asr_resamples_audio_given_with_its_rate(asr_stage: Any, speech_16
     asr_stage.inbox.put(transcription("t24", resample(speech_16k, 16_000, 24_000), sample_rate=24_000))
     (result,) = until_final(asr_stage, "t24")
     assert heard_as(result.data.data["text"], SENTENCE)
+
+
+def test_batch_asr_gives_timed_segments_and_words_when_asked(asr_stage: Any, speech_16k: np.ndarray) -> None:
+    asr_stage.inbox.put(transcription("timed", speech_16k, timestamps="word"))
+    (result,) = until_final(asr_stage, "timed")
+    data = result.data.data
+    seconds = speech_16k.size / 16_000
+    assert data["language"] == "en" and heard_as(data["text"], SENTENCE)
+    assert data["segments"] and all(0 <= s["start"] < s["end"] <= seconds + 0.5 for s in data["segments"])
+    assert heard_as(" ".join(w["word"] for w in data["words"]), SENTENCE)
+    assert [w["start"] for w in data["words"]] == sorted(w["start"] for w in data["words"])
+
+
+def test_an_unsupported_language_is_the_callers_mistake_naming_the_ones_served(asr_stage: Any) -> None:
+    asr_stage.inbox.put(transcription("fr", np.zeros(16_000, np.float32), language="fr"))
+    (error,) = until_final(asr_stage, "fr")
+    assert isinstance(error.data, InvalidRequest) and error.data.param == "language"
+    assert "'fr' is not supported" in str(error.data) and "'en'" in str(error.data)
 
 
 def test_batch_asr_rejects_missing_audio_by_name(asr_stage: Any) -> None:

@@ -19,6 +19,8 @@ SENTENCE = "Turn left at the second traffic light."
 # The "repeat" responder: answers these tests can predict word for word.
 REPEAT = ("responder.factory.mode=repeat",)
 
+pytestmark = pytest.mark.timeout(600)  # runs the speech models: past the global 120 s when busy
+
 
 @asynccontextmanager
 async def speech_pipeline() -> AsyncIterator[Pipeline]:

@@ -6,6 +6,8 @@ import pytest
 
 from schedulers.speech.short_window import degenerate, window_seconds
 
+pytestmark = pytest.mark.timeout(300)  # loads Whisper: past the global 120 s when busy
+
 
 @pytest.mark.parametrize(
     "text",

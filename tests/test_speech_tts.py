@@ -15,6 +15,8 @@ from schedulers.speech.tts import check_speed, split_sentences
 
 TWO_SENTENCES = "The weather is lovely today. Let us go for a walk in the park."
 
+pytestmark = pytest.mark.timeout(300)  # loads Piper: past the global 120 s when busy
+
 
 def test_split_sentences_keeps_abbreviations_and_quotes() -> None:
     text = 'Dr. Smith arrived. "Is it done?" she asked!\nYes'

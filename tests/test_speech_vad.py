@@ -10,6 +10,8 @@ from schedulers.speech.vad import EnergyScorer, VadEvent, VoiceActivityDetector
 
 LEAD, TAIL = 16_000, 24_000  # 1 s of silence before, 1.5 s after
 
+pytestmark = pytest.mark.timeout(300)  # loads Silero VAD and Piper: past the global 120 s when busy
+
 
 @pytest.fixture(scope="module")
 def padded_speech() -> tuple[np.ndarray, int]:

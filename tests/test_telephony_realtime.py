@@ -22,6 +22,8 @@ from toys.speech_text import heard_as
 
 SENTENCE = "Turn left at the second traffic light."
 
+pytestmark = pytest.mark.timeout(600)  # serves the speech pipeline: past the global 120 s when busy
+
 
 def formats(update: dict[str, Any]) -> tuple[str, str]:
     session = updated_session(default_session("sess", "m"), update)

@@ -14,6 +14,8 @@ from schedulers.speech.turn_model import WINDOW_SAMPLES, last_window
 
 PAUSE = np.zeros(ASR_SAMPLE_RATE // 5, dtype=np.float32)  # the 200 ms pause a decision is taken at
 
+pytestmark = pytest.mark.timeout(300)  # loads Smart Turn and Piper: past the global 120 s when busy
+
 
 @pytest.fixture(scope="module")
 def model() -> Any:

@@ -21,7 +21,7 @@ from omnitrio.client import RealtimeClient, open_realtime
 from tests.test_realtime_voice import events_until, pcm16, realtime_url, send_audio, transcript
 from toys.speech_text import heard_as
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # serves the speech pipeline
 CUT = "I would like to book a table for"
 REST = "four people, please."
 COMPLETE = "What is the capital of France?"

@@ -2,8 +2,12 @@
 
 Every error leaves the server as ``{"error": {"message", "type", "param", "code"}}`` with a status
 that says whose fault it was: 4xx for the request (the message names the field), 5xx for the
-server. Pipeline exceptions map to statuses in :func:`from_pipeline_error`; anything unexpected
-becomes a 500 whose body carries no traceback (the traceback goes to the ``omnitrio.serve`` log).
+server. As OpenAI does, every request a client can fix is a 400 ``invalid_request_error`` (a
+malformed body, a wrong type, a value out of range, a request that cannot fit the model's context:
+``param`` names the field, ``code`` says what is wrong), so the OpenAI SDKs raise ``BadRequestError``.
+Pipeline exceptions map to statuses in :func:`from_pipeline_error` (a stage's
+:class:`~omnitrio.errors.BadRequest` is such a 400); anything unexpected becomes a 500 whose body
+carries no traceback (the traceback goes to the ``omnitrio.serve`` log).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from typing import Any
 
 import attrs
 
+from omnitrio.contract import InvalidRequest
 from omnitrio.errors import (
+    BadRequest,
     DuplicateRequest,
     Overloaded,
     PipelineClosed,
@@ -49,8 +55,8 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def invalid_value(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
-    """422: the body is well formed but a value is not one this server accepts."""
-    return ApiError(422, message, param=param, code=code)
+    """400 ``invalid_value``: the body is well formed but a value is not one this server accepts."""
+    return ApiError(400, message, param=param, code=code)
 
 
 def from_pipeline_error(exc: BaseException) -> ApiError | None:
@@ -58,6 +64,8 @@ def from_pipeline_error(exc: BaseException) -> ApiError | None:
     match exc:
         case BaseExceptionGroup(exceptions=[single]):  # one error that crossed a nursery
             return from_pipeline_error(single)
+        case BadRequest(code=code, param=param) | InvalidRequest(code=code, param=param):
+            return ApiError(400, str(exc), param=param, code=code)
         case Overloaded():
             return ApiError(429, str(exc), "server_error", code="overloaded", headers={"Retry-After": "1"})
         case PipelineClosed():

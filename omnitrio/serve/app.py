@@ -4,17 +4,22 @@
 async library is trio (routes use trio directly); :mod:`omnitrio.serve.server` runs it on hypercorn.
 Unknown routes and methods answer 404/405 with the OpenAI error body; a route whose task the
 pipeline does not serve (``PipelineConfig.serves``) answers 404 naming the routes it does serve,
-and ``/v1/models`` lists them per model (``serves``). A plain HTTP request to ``/v1/realtime`` answers
+and ``/v1/models`` lists them per model (``serves``), with OpenAI's model names each route answers to
+(:mod:`.models`). A plain HTTP request to ``/v1/realtime`` answers
 426 saying to connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
 An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
-in the body.
+in the body. ``/`` is the voice page (:mod:`.page`); ``/v1/realtime/calls`` the realtime session
+over WebRTC (:mod:`.webrtc`, served while the app's lifespan runs); ``/v1/realtime/client_secrets``
+mints ephemeral keys (:mod:`.client_secrets`).
 
-Before a route runs, a request passes, in order: CORS and the WebSocket origin check
-(:mod:`.origins`), the API key check (:mod:`.auth`), and admission (:mod:`.admission`).
+Before a route runs, a request passes, in order: the count of what users asked
+(:mod:`.api_metrics`), CORS and the WebSocket origin check (:mod:`.origins`), the API key check
+(:mod:`.auth`), and admission (:mod:`.admission`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
@@ -31,15 +36,20 @@ from starlette.websockets import WebSocket
 
 from omnitrio.serve.admission import Admission
 from omnitrio.serve.api_errors import ApiError, as_api_error
+from omnitrio.serve.api_metrics import ApiMetrics, CountRequests, api_metrics
 from omnitrio.serve.auth import ApiKeys, RequireApiKey
 from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, served_tasks
+from omnitrio.serve.client_secrets import ClientSecrets, client_secrets_route
+from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, new_id, served_tasks
 from omnitrio.serve.limits import ServeLimits
+from omnitrio.serve.models import accepted_models, model_card, model_cards, unknown_model
 from omnitrio.serve.origins import browser_middleware
+from omnitrio.serve.page import page_routes
 from omnitrio.serve.realtime import realtime_endpoint
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 from omnitrio.serve.speech import create_speech
 from omnitrio.serve.transcription import create_transcription
+from omnitrio.serve.webrtc import WebRTCCalls, available
 
 
 def create_app(
@@ -53,6 +63,7 @@ def create_app(
     allowed_origins: Sequence[str] = (),
     serves: Iterable[str] | None = None,
     realtime_audio_lead: float = DEFAULT_LEAD,
+    webrtc_hosts: Sequence[str] = ("127.0.0.1",),
 ) -> Starlette:
     """The OpenAI-compatible app for ``pipeline``.
 
@@ -66,6 +77,8 @@ def create_app(
     ``serves`` names the tasks offered (``"chat"``, ``"speech"``, ``"transcription"``,
     ``"realtime"``); None takes ``pipeline.config.serves``, and offers every route when that is unset.
     ``realtime_audio_lead`` is how far (seconds) realtime audio may be sent ahead of real time.
+    ``webrtc_hosts``: the addresses WebRTC calls gather ICE candidates on (the server's listen host).
+    WebRTC calls are served while the app's lifespan runs (:mod:`.webrtc`).
     """
     limits = limits or ServeLimits()
     if max_body_bytes is not None:
@@ -79,7 +92,11 @@ def create_app(
         realtime_audio_lead=realtime_audio_lead,
         limits=limits,
     )
+    metrics = api_metrics(pipeline.metrics_registry)
+    calls = WebRTCCalls(ctx, webrtc_hosts)
+    minted = ClientSecrets()
     routes = [
+        *page_routes(ctx, keys, webrtc=available()),
         Route("/health", partial(_health, ctx), methods=["GET"]),
         Route("/metrics", partial(_metrics, ctx), methods=["GET"]),
         Route("/v1/models", partial(_models, ctx), methods=["GET"]),
@@ -88,15 +105,18 @@ def create_app(
         Route("/v1/audio/speech", partial(create_speech, ctx), methods=["POST"]),
         Route("/v1/audio/transcriptions", partial(create_transcription, ctx), methods=["POST"]),
         Route("/v1/realtime", partial(_realtime_over_http, ctx), methods=["GET"]),
-        WebSocketRoute("/v1/realtime", partial(_realtime, ctx)),
+        WebSocketRoute("/v1/realtime", partial(_realtime, ctx, metrics)),
+        Route("/v1/realtime/client_secrets", client_secrets_route(ctx, minted), methods=["POST"]),
+        *calls.routes(),
     ]
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     middleware = [
+        Middleware(CountRequests, metrics=metrics),
         *browser_middleware(allowed_origins),
-        Middleware(RequireApiKey, keys=keys, public_metrics=public_metrics),
+        Middleware(RequireApiKey, keys=keys, public_metrics=public_metrics, ephemeral=minted),
         Middleware(Admission, limits=limits),
     ]
-    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware, lifespan=calls.lifespan)
 
 
 def error_response(error: ApiError) -> JSONResponse:
@@ -141,39 +161,35 @@ async def _metrics(ctx: ServeContext, request: Request) -> Response:
     return Response(prometheus_client.generate_latest(registry), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
-def _model_card(ctx: ServeContext) -> dict[str, Any]:
-    return {
-        "id": ctx.pipeline.name,
-        "object": "model",
-        "created": ctx.created,
-        "owned_by": "omnitrio",
-        "serves": ctx.routes(),
-    }
-
-
 async def _models(ctx: ServeContext, request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+    return JSONResponse({"object": "list", "data": model_cards(ctx)})
 
 
 async def _model(ctx: ServeContext, request: Request) -> Response:
-    model = request.path_params["model"]
-    if model != ctx.pipeline.name:
-        raise ApiError(
-            404,
-            f"model {model!r} not found; this server serves {ctx.pipeline.name!r}",
-            param="model",
-            code="model_not_found",
-        )
-    return JSONResponse(_model_card(ctx))
+    return JSONResponse(model_card(ctx, request.path_params["model"]))
 
 
-async def _realtime(ctx: ServeContext, websocket: WebSocket) -> None:
-    """The realtime session, or a 404 answer to the upgrade when the pipeline does not serve realtime."""
+async def _realtime(ctx: ServeContext, metrics: ApiMetrics, websocket: WebSocket) -> None:
+    """The realtime session, or a 404 answer to the upgrade when the pipeline does not serve realtime.
+
+    A ``?model=`` the route does not serve is refused as OpenAI refuses it: the socket opens, one
+    ``error`` event (``invalid_request_error``, ``model_not_found``, naming the served model) is
+    sent, and the socket closes with 1008 (policy violation)."""
     try:
         ctx.require("realtime")
     except ApiError as error:
+        metrics.count("realtime_session", "client_error")
         await websocket.send_denial_response(error_response(error))
         return
+    model = websocket.query_params.get("model")
+    if model is not None and model not in accepted_models(ctx, "realtime"):
+        metrics.count("realtime_session", "client_error")
+        refusal = unknown_model(ctx, "realtime", model)
+        await websocket.accept()
+        await websocket.send_text(json.dumps({"type": "error", "event_id": new_id("event"), **refusal.body()}))
+        await websocket.close(1008, f"model {model!r} not found"[:120])
+        return
+    metrics.count("realtime_session", "ok")
     await realtime_endpoint(ctx, websocket)
 
 

@@ -10,6 +10,10 @@ which clients see as 403). The offered key is never echoed. Keys are compared in
 (:func:`hmac.compare_digest`, against every configured key). ``/health`` is always open, and with
 no keys configured every route is.
 
+A realtime handshake (``/v1/realtime``, ``/v1/realtime/calls``) may instead offer an ephemeral key
+minted by ``/v1/realtime/client_secrets`` (:mod:`.client_secrets`): it admits that one session and
+is spent; its session settings reach the route as ``scope["state"][SECRET_SESSION]``.
+
 ``OMNITRIO_API_KEY`` holds one key or several separated by commas (whitespace around each is
 ignored), so a key cannot contain a comma or whitespace.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 import attrs
 from starlette.datastructures import Headers
@@ -28,6 +33,13 @@ from omnitrio.serve.api_errors import ApiError
 
 ENV_VAR = "OMNITRIO_API_KEY"
 SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+EPHEMERAL_PREFIX = "ek_"
+SECRET_SESSION = "omnitrio.client_secret_session"
+REALTIME_HANDSHAKES = frozenset({("websocket", None, "/v1/realtime"), ("http", "POST", "/v1/realtime/calls")})
+
+
+class Ephemeral(Protocol):
+    def redeem(self, value: str) -> dict[str, Any] | None: ...
 
 
 def _checked_keys(keys: Iterable[str]) -> tuple[str, ...]:
@@ -85,19 +97,35 @@ def guarded(path: str, *, public_metrics: bool) -> bool:
 class RequireApiKey:
     """ASGI middleware: a guarded HTTP request or WebSocket without a configured key gets 401."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, *, public_metrics: bool = False) -> None:
+    def __init__(
+        self, app: ASGIApp, keys: ApiKeys, *, public_metrics: bool = False, ephemeral: Ephemeral | None = None
+    ) -> None:
         self.app = app
         self.keys = keys
         self.public_metrics = public_metrics
+        self.ephemeral = ephemeral
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind, path = scope["type"], scope.get("path", "")
         if self.keys and kind in ("http", "websocket") and guarded(path, public_metrics=self.public_metrics):
             offered = offered_key(scope)
-            if not self.keys.admits(offered):
+            if not self.keys.admits(offered) and not self._redeemed(scope, offered):
                 await _unauthorized(scope, receive, send, offered is None)
                 return
         await self.app(scope, receive, send)
+
+    def _redeemed(self, scope: Scope, offered: str | None) -> bool:
+        """Whether ``offered`` is an ephemeral key for this realtime handshake (spent now if so)."""
+        if self.ephemeral is None or offered is None or not offered.startswith(EPHEMERAL_PREFIX):
+            return False
+        handshake = (scope["type"], scope.get("method"), scope.get("path"))
+        if handshake not in REALTIME_HANDSHAKES:
+            return False
+        session = self.ephemeral.redeem(offered)
+        if session is None:
+            return False
+        scope.setdefault("state", {})[SECRET_SESSION] = session
+        return True
 
 
 async def _unauthorized(scope: Scope, receive: Receive, send: Send, missing: bool) -> None:

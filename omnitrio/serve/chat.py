@@ -1,6 +1,8 @@
 """``POST /v1/chat/completions``: text and audio output, whole or streamed as SSE.
 
-Streaming follows OpenAI's audio chat streaming: a first chunk with ``delta.role``, then
+Streaming follows OpenAI's audio chat streaming: a first chunk with ``delta.role`` (sent once the
+pipeline's first output arrived, so a request a stage refuses, e.g. one that cannot fit the model's
+context, is still an error answer with its 4xx status, not a 200 and an error event), then
 ``delta.content`` for text, ``delta.audio.data`` (base64 PCM16 mono 24 kHz, whatever
 ``audio.format`` says) and ``delta.audio.transcript`` for speech, the model's tool calls whole in one
 ``delta.tool_calls`` chunk (each with its ``index``), a last chunk with ``finish_reason`` (``"stop"``,
@@ -27,7 +29,8 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError, bad_request
 from omnitrio.serve.audio import REALTIME_RATE, AudioFormatError, b64, decode_audio_file, encode_wav
 from omnitrio.serve.context import ServeContext, new_id, read_body
-from omnitrio.serve.openai_types import ChatRequest, check_chat, check_model, decode_json
+from omnitrio.serve.models import check_model
+from omnitrio.serve.openai_types import ChatRequest, check_chat, decode_json, logit_bias
 from omnitrio.serve.output import Delta, Output
 from omnitrio.serve.sse import SSE_DONE, SSE_MEDIA_TYPE, Emitter, WatchedResponse, json_bytes, sse_event
 
@@ -35,7 +38,7 @@ from omnitrio.serve.sse import SSE_DONE, SSE_MEDIA_TYPE, Emitter, WatchedRespons
 async def chat_completions(ctx: ServeContext, request: Request) -> WatchedResponse:
     ctx.require("chat")
     body = decode_json(await read_body(request, ctx.max_body_bytes), ChatRequest)
-    check_model(body.model, ctx.pipeline.name)
+    check_model(ctx, "chat", body.model)
     modalities = check_chat(body)
     await trio.to_thread.run_sync(check_input_audio, body.messages)
     audio = body.audio
@@ -49,6 +52,9 @@ async def chat_completions(ctx: ServeContext, request: Request) -> WatchedRespon
         "top_p": body.top_p,
         "seed": body.seed,
         "stop": body.stop,
+        "frequency_penalty": body.frequency_penalty,
+        "presence_penalty": body.presence_penalty,
+        "logit_bias": logit_bias(body),
         "tools": body.tools,
         "tool_choice": body.tool_choice,
     }
@@ -133,7 +139,12 @@ class _Chat:
         output = Output(audio_rate=REALTIME_RATE, want_audio=self.audio)
         stream = self.ctx.pipeline.stream(self.id, self.inputs, timeout=self.ctx.request_timeout)
         async with stream as messages:
+            # Nothing is written before the pipeline's first output: a request it refuses (one that
+            # cannot fit the context…) is still an error answer with its own status, not a 200.
+            first = await anext(aiter(messages), None)
             await emitter.write(self._chunk({"role": "assistant", "content": ""}))
+            if first is not None:
+                await self._forward(emitter, output.add(first))
             async for message in messages:
                 await self._forward(emitter, output.add(message))
         await self._forward(emitter, output.finish())

@@ -1,9 +1,11 @@
 """OpenAI request bodies: decode, type-check and value-check them, or say exactly what is wrong.
 
-Decoding is two steps with two statuses. msgspec checks the JSON and the *types* (a wrong type or
-a missing field is a 400 whose ``param`` is the field path, e.g. ``messages[0].role``); then each
-``check_*`` function checks the *values* this server supports (a 422 naming the field). Unknown
-fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.
+Decoding is two steps, both answered 400 as OpenAI answers them. msgspec checks the JSON and the
+*types* (a wrong type or a missing field: ``param`` is the field path, e.g. ``messages[0].role``);
+then each ``check_*`` function checks the *values* this server supports (``code`` ``invalid_value``,
+``param`` naming the field). A top-level field the route does not know is a 400 naming it (a
+parameter silently ignored is a wrong answer), except the fields OpenAI documents as optional hints
+a server may disregard (:data:`CHAT_HINTS`, :data:`SPEECH_HINTS`): those are accepted and ignored.
 
 Limits a client can rely on: a speech ``input`` is at most 4,096 characters and must hold something
 to speak (a letter or a digit); a chat message's text is at most 65,536 characters; ``voice`` is
@@ -14,19 +16,20 @@ pipeline's one voice; anything else is a 400 that lists them.
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
-from omnitrio.serve.api_errors import ApiError, bad_request, invalid_value
+from omnitrio.serve.api_errors import bad_request, invalid_value
 
 T = TypeVar("T")
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<field>[^`]*)`")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 CHAT_MODALITIES = frozenset({"text", "audio"})
 CHAT_AUDIO_FORMATS = frozenset({"wav", "pcm16"})
-SPEECH_FORMATS = frozenset({"wav", "pcm"})
+SPEECH_FORMATS = frozenset({"mp3", "opus", "aac", "flac", "wav", "pcm"})
 SPEECH_STREAM_FORMATS = frozenset({"audio", "sse"})
 TRANSCRIPTION_FORMATS = frozenset({"json", "text", "verbose_json"})
 MAX_SPEECH_INPUT = 4096
@@ -37,7 +40,28 @@ OPENAI_VOICES = (
 VOICES = ("default", *OPENAI_VOICES)
 
 
-class ChatAudio(msgspec.Struct):
+CHAT_HINTS: Final = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "reasoning_effort",
+    "verbosity",
+    "prediction",
+    "web_search_options",
+    "function_call",  # the deprecated forms of tool_choice / tools: read as absent
+    "functions",
+)
+"""Chat fields accepted and ignored: hints about storage, billing, caching and routing, which change no
+answer this server gives. ``logprobs`` (only ``false``) and ``top_logprobs`` (only 0) are checked."""
+SPEECH_HINTS: Final = ("user",)
+
+
+class ChatAudio(msgspec.Struct, forbid_unknown_fields=True):
     voice: str = "default"
     format: str = "wav"
 
@@ -46,7 +70,7 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
-class ChatRequest(msgspec.Struct):
+class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
     messages: list[dict[str, Any]]
     model: str | None = None
     stream: bool = False
@@ -60,18 +84,40 @@ class ChatRequest(msgspec.Struct):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
-    tools: list[Any] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None  # the pipeline decides what it can do with them
     tool_choice: Any = None
+    # CHAT_HINTS, accepted and ignored:
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    parallel_tool_calls: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    safety_identifier: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    function_call: Any = None
+    functions: Any = None
 
 
-class SpeechRequest(msgspec.Struct):
+class SpeechRequest(msgspec.Struct, forbid_unknown_fields=True):
     input: str
     model: str | None = None
     voice: str = "default"
-    response_format: str = "wav"
+    response_format: str = "mp3"
     stream_format: str = "audio"
     speed: float = 1.0
     instructions: str | None = None
+    user: Any = None  # SPEECH_HINTS
 
 
 def decode_json(body: bytes, kind: type[T]) -> T:
@@ -82,6 +128,12 @@ def decode_json(body: bytes, kind: type[T]) -> T:
         message = str(exc)
         match = _PATH.search(message)
         param = match["path"].lstrip(".") if match else None
+        unknown = _UNKNOWN.match(message)
+        if unknown is not None:
+            field = ".".join(part for part in (param, unknown["field"]) if part)
+            raise bad_request(
+                f"unrecognized request argument supplied: {field}", param=field, code="unknown_parameter"
+            ) from None
         raise bad_request(f"invalid request body: {message}", param=param) from None
     except msgspec.DecodeError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
@@ -118,6 +170,20 @@ def check_chat(request: ChatRequest) -> list[str]:
         raise invalid_value("only n=1 is supported", "n")
     _check_range(request.temperature, "temperature", 0.0, 2.0)
     _check_range(request.top_p, "top_p", 0.0, 1.0)
+    if request.seed is not None and not -(2**63) <= request.seed < 2**64:
+        raise invalid_value(f"seed must be a 64-bit integer, got {request.seed}", "seed")
+    _check_range(request.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+    _check_range(request.presence_penalty, "presence_penalty", -2.0, 2.0)
+    logit_bias(request)
+    if request.logprobs:
+        raise invalid_value("logprobs are not supported by this server; leave logprobs false", "logprobs")
+    if request.top_logprobs:
+        raise invalid_value("top_logprobs are not supported by this server; leave it 0", "top_logprobs")
+    fmt = request.response_format
+    if fmt is not None and fmt.get("type", "text") != "text":
+        raise invalid_value(
+            f"response_format {fmt.get('type')!r} is not supported; only {{'type': 'text'}} is", "response_format"
+        )
     if isinstance(request.stop, list) and len(request.stop) > 4:
         raise invalid_value(f"stop may hold at most 4 sequences, got {len(request.stop)}", "stop")
     for name in ("max_tokens", "max_completion_tokens"):
@@ -125,6 +191,20 @@ def check_chat(request: ChatRequest) -> list[str]:
         if value is not None and value < 1:
             raise invalid_value(f"{name} must be at least 1, got {value}", name)
     return modalities
+
+
+def logit_bias(request: ChatRequest) -> dict[int, float] | None:
+    """OpenAI's ``{"token id": bias}`` with its keys as ints; 400 for a key that is not a token id
+    or a bias outside -100..100."""
+    if request.logit_bias is None:
+        return None
+    biases: dict[int, float] = {}
+    for key, bias in request.logit_bias.items():
+        if not key.strip().isdigit():
+            raise invalid_value(f"logit_bias key {key!r} is not a token id (a non-negative integer)", "logit_bias")
+        _check_range(bias, f"logit_bias[{key!r}]", -100.0, 100.0, param="logit_bias")
+        biases[int(key)] = float(bias)
+    return biases
 
 
 def _check_contents(messages: list[dict[str, Any]]) -> None:
@@ -201,17 +281,9 @@ def check_speech(request: SpeechRequest) -> None:
     _check_range(request.speed, "speed", 0.25, 4.0)
 
 
-def check_model(model: str | None, served: str) -> None:
-    """404 unless ``model`` is absent or names the served model."""
-    if model is not None and model != served:
-        raise ApiError(
-            404, f"model {model!r} not found; this server serves {served!r}", param="model", code="model_not_found"
-        )
-
-
-def _check_range(value: float | None, name: str, low: float, high: float) -> None:
+def _check_range(value: float | None, name: str, low: float, high: float, *, param: str | None = None) -> None:
     if value is not None and not low <= value <= high:
-        raise invalid_value(f"{name} must be between {low:g} and {high:g}, got {value:g}", name)
+        raise invalid_value(f"{name} must be between {low:g} and {high:g}, got {value:g}", param or name)
 
 
 def form_bool(value: str | None, name: str) -> bool:

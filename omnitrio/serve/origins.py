@@ -7,14 +7,16 @@ origin. WebSocket handshakes get the same rule, since browsers apply no CORS to 
 carries an ``Origin`` header not allowed is refused with 403 before the route runs (the browser's
 console shows the status; the page itself only sees the socket close), and the server logs a
 warning naming the origin and ``--allowed-origin``, once per origin, so a page's reconnect loop does
-not flood the log. Clients that send no ``Origin`` (servers, scripts, the official SDKs outside a
-browser) are not affected.
+not flood the log. A page the server itself serves (the voice page at ``/``: its origin names the
+host the handshake went to) is always allowed. Clients that send no ``Origin`` (servers, scripts,
+the official SDKs outside a browser) are not affected.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
@@ -38,6 +40,12 @@ def browser_middleware(allowed_origins: Sequence[str]) -> list[Middleware]:
     return middleware
 
 
+def _same_origin(origin: str, headers: Headers) -> bool:
+    """Whether ``origin`` is this server's own, as the handshake's ``Host`` names it."""
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc != "" and parts.netloc == headers.get("host")
+
+
 class WebSocketOrigins:
     """ASGI middleware: a WebSocket handshake from a browser page whose origin is not allowed gets 403."""
 
@@ -47,8 +55,12 @@ class WebSocketOrigins:
         self.logged: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        origin = Headers(scope=scope).get("origin") if scope["type"] == "websocket" else None
-        if origin is None or "*" in self.allowed or origin in self.allowed:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        if origin is None or "*" in self.allowed or origin in self.allowed or _same_origin(origin, headers):
             await self.app(scope, receive, send)
             return
         message = f"WebSocket connections from origin {origin!r} are not allowed (see --allowed-origin)"

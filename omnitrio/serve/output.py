@@ -56,6 +56,10 @@ class Output:
             return "tool_calls"
         return "length" if self._results.get("finish_reason") == "length" else "stop"
 
+    def result(self, key: str) -> Any:
+        """A field of the pipeline's result (the first terminal stage to name it), or None."""
+        return self._results.get(key)
+
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
         """The tool calls the answer made (OpenAI's chat shape), from the results; empty when none."""

@@ -96,7 +96,7 @@ class _Listening:
 
 async def realtime_endpoint(ctx: ServeContext, websocket: WebSocket) -> None:
     await websocket.accept()
-    await RealtimeSession(ctx, WebSocketTransport(websocket)).run()
+    await RealtimeSession(ctx, WebSocketTransport(websocket, max_event_bytes=ctx.limits.max_event_bytes)).run()
 
 
 class RealtimeSession:

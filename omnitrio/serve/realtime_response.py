@@ -38,6 +38,7 @@ import attrs
 import trio
 
 from omnitrio.serve.api_errors import as_api_error
+from omnitrio.serve.api_metrics import api_metrics, response_outcome
 from omnitrio.serve.audio import REALTIME_RATE, b64
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.output import Delta, Output
@@ -226,7 +227,7 @@ async def respond(host: Host, response: Response) -> None:
                 if isinstance(delta, Exception):
                     error = as_api_error(delta)
                     failure = {"type": error.type, "code": error.code, "message": error.message}
-                    await host.emit({"type": "error", "error": {**failure, "param": None, "event_id": None}})
+                    await host.emit({"type": "error", "error": {**failure, "param": error.param, "event_id": None}})
                     break
                 if not progress.message:
                     await _add_message(host, response, progress)
@@ -246,6 +247,9 @@ async def respond(host: Host, response: Response) -> None:
         status, details = "failed", {"type": "failed", "error": failure}
     else:
         status, details = "completed", None
+    api_metrics(host.ctx.pipeline.metrics_registry).count(
+        "realtime_response", response_outcome(status, None if failure is None else failure["type"])
+    )
     calls = output.tool_calls if status == "completed" else []
     if not progress.message and not calls:
         await _add_message(host, response, progress)  # an answer that said nothing still has its item

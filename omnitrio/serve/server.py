@@ -99,7 +99,11 @@ async def serve(
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes ownership of the descriptor
     config.graceful_timeout = graceful_timeout
-    config.websocket_max_message_size = limits.max_event_bytes
+    # hypercorn logs through the caller's logging only, with no stderr handler of its own.
+    config.errorlog = logging.getLogger("hypercorn.error")
+    # The realtime route refuses an event past max_event_bytes with an error event and a 1009 that
+    # says why; hypercorn's own cap (a bare 1009) only stops what is far beyond it from being buffered.
+    config.websocket_max_message_size = 2 * limits.max_event_bytes
     stop = shutdown if shutdown is not None else trio.Event()
     app = create_app(
         pipeline,
@@ -111,6 +115,7 @@ async def serve(
         allowed_origins=allowed_origins,
         serves=serves,
         realtime_audio_lead=realtime_audio_lead,
+        webrtc_hosts=(host,),
     )
     async with trio.open_nursery() as nursery:
         if handle_signals:

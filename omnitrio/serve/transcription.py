@@ -6,6 +6,10 @@ capped at the server's limit (413 beyond it, decided before it is all read when 
 declares its length), and so is its length in seconds (``max_audio_seconds``: 413, decided from the
 file's header before it is decoded). ``response_format`` is ``json`` (``{"text"}``), ``text`` or ``verbose_json``;
 ``stream=true`` sends ``transcript.text.delta`` events and one ``transcript.text.done``.
+``verbose_json`` carries the language the recognizer heard and its timed ``segments`` (``id``,
+``start``, ``end`` in seconds, ``text``, …), and ``words`` when ``timestamp_granularities[]`` includes
+``word``. A form field this route does not know is a 400 naming it, except OpenAI's
+:data:`FORM_HINTS`, accepted and ignored.
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError, bad_request, invalid_value
 from omnitrio.serve.audio import TRANSCRIBE_RATE, AudioFormatError, audio_seconds, decode_audio_file, resample
 from omnitrio.serve.context import ServeContext, new_id, read_body
-from omnitrio.serve.openai_types import TRANSCRIPTION_FORMATS, check_model, form_bool, form_float
+from omnitrio.serve.models import check_model
+from omnitrio.serve.openai_types import TRANSCRIPTION_FORMATS, form_bool, form_float
 from omnitrio.serve.output import Delta, Output
 from omnitrio.serve.sse import SSE_MEDIA_TYPE, Emitter, WatchedResponse, json_bytes, sse_event
 
 _FIELDS = ("model", "language", "prompt", "response_format", "stream", "temperature")
+_GRANULARITIES = "timestamp_granularities[]"
+FORM_HINTS = ("chunking_strategy", "include[]", "known_speaker_names[]", "known_speaker_references[]")
+_KNOWN = frozenset({"file", *_FIELDS, _GRANULARITIES, *FORM_HINTS})
 
 
 async def create_transcription(ctx: ServeContext, request: Request) -> WatchedResponse:
@@ -35,14 +43,21 @@ async def create_transcription(ctx: ServeContext, request: Request) -> WatchedRe
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise bad_request("the form has no 'file' upload", "file", code="missing_file")
+    unknown = sorted(set(form.keys()) - _KNOWN)
+    if unknown:
+        raise bad_request(f"unrecognized form field: {unknown[0]}", unknown[0], code="unknown_parameter")
     fields = {name: _text_field(form, name) for name in _FIELDS}
-    check_model(fields["model"], ctx.pipeline.name)
+    check_model(ctx, "transcription", fields["model"])
     response_format = fields["response_format"] or "json"
     if response_format not in TRANSCRIPTION_FORMATS:
         raise invalid_value(
             f"response_format {response_format!r} is not supported; use one of {sorted(TRANSCRIPTION_FORMATS)}",
             "response_format",
         )
+    granularities = [_as_text(value, _GRANULARITIES) for value in form.getlist(_GRANULARITIES)]
+    for granularity in granularities:
+        if granularity not in ("word", "segment"):
+            raise invalid_value(f"{_GRANULARITIES} {granularity!r} is not 'word' or 'segment'", _GRANULARITIES)
     stream = form_bool(fields["stream"], "stream")
     form_float(fields["temperature"], "temperature")
     samples = await trio.to_thread.run_sync(_decode, await upload.read(), ctx.limits.max_audio_seconds)
@@ -52,6 +67,8 @@ async def create_transcription(ctx: ServeContext, request: Request) -> WatchedRe
         "language": fields["language"] or None,
         "prompt": fields["prompt"] or None,
     }
+    if response_format == "verbose_json":
+        inputs["timestamps"] = "word" if "word" in granularities else "segment"
     job = _Transcription(ctx, inputs, response_format, fields["language"], samples.size / TRANSCRIBE_RATE)
     if stream:
         return WatchedResponse(job.events, media_type=SSE_MEDIA_TYPE, stream_error=_stream_error)
@@ -71,6 +88,10 @@ async def _parse_form(headers: Headers, body: bytes, limit: int) -> FormData:
 
 def _text_field(form: FormData, name: str) -> str | None:
     value = form.get(name)
+    return None if value is None else _as_text(value, name)
+
+
+def _as_text(value: str | UploadFile, name: str) -> str:
     if isinstance(value, UploadFile):
         raise bad_request(f"form field {name!r} must be text, not a file", name)
     return value
@@ -114,13 +135,16 @@ class _Transcription:
             case "text":
                 await emitter.respond(200, text.encode(), "text/plain; charset=utf-8")
             case "verbose_json":
+                heard = self.output.result("language")
                 verbose = {
                     "task": "transcribe",
-                    "language": self.language or "unknown",
+                    "language": heard if isinstance(heard, str) else self.language or "unknown",
                     "duration": self.duration,
                     "text": text,
-                    "segments": [],
+                    "segments": self.output.result("segments") or [],
                 }
+                if self.inputs.get("timestamps") == "word":
+                    verbose["words"] = self.output.result("words") or []
                 await emitter.respond(200, json_bytes(verbose), "application/json")
             case _:
                 answer: dict[str, Any] = {"text": text}

@@ -38,7 +38,7 @@ import torch
 from omnitrio.contract import StageOverloaded
 from schedulers.ar.kv_sessions import SessionCache
 from schedulers.ar.model import KVCache, TinyLlama
-from schedulers.ar.sampling import sample_rows
+from schedulers.ar.sampling import Penalties, penalize, sample_rows
 
 FinishReason = str  # "stop" | "length"
 
@@ -47,7 +47,9 @@ FinishReason = str  # "stop" | "length"
 class GenerationRequest:
     """One generation: greedy when ``temperature == 0``; ``eos_token_id=None`` never stops early.
 
-    ``seed`` fixes the request's own sampling generator (unseeded ones draw from the engine's)."""
+    ``seed`` fixes the request's own sampling generator (unseeded ones draw from the engine's).
+    ``frequency_penalty``, ``presence_penalty`` (-2..2) and ``logit_bias`` ({token id: -100..100})
+    adjust the logits before the choice, greedy or sampled (:func:`~schedulers.ar.sampling.penalize`)."""
 
     request_id: str
     prompt_ids: list[int]
@@ -59,6 +61,13 @@ class GenerationRequest:
     seed: int | None = None
     session_id: str | None = None
     shared_prefix_len: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = attrs.field(factory=dict)
+
+    @property
+    def penalties(self) -> Penalties:
+        return Penalties(self.frequency_penalty, self.presence_penalty, self.logit_bias)
 
 
 @attrs.frozen
@@ -157,6 +166,11 @@ class ARBatchEngine:
             raise ValueError(f"request {rid!r}: temperature={request.temperature} must be >= 0")
         if not 0 < request.top_p <= 1:
             raise ValueError(f"request {rid!r}: top_p={request.top_p} must be in (0, 1]")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(request, name) <= 2:
+                raise ValueError(f"request {rid!r}: {name}={getattr(request, name)} must be in [-2, 2]")
+        if any(not 0 <= t < vocab or not -100 <= b <= 100 for t, b in request.logit_bias.items()):
+            raise ValueError(f"request {rid!r}: logit_bias needs token ids in [0, {vocab}) and biases in [-100, 100]")
         # Requests that the next step admits into a free slot do not count as waiting.
         free = self.max_running_requests - len(self.running)
         if len(self.waiting) >= self.max_waiting_requests + free:
@@ -260,6 +274,7 @@ class ARBatchEngine:
             events.append(TokenEvent(request.request_id, token, reason, state.output_ids, hidden_states))
 
     def _sample(self, states: list[_Running], logits: torch.Tensor) -> list[int]:
+        logits = penalize(logits, [s.request.penalties for s in states], [s.output_ids for s in states])
         return sample_rows(
             logits,
             [s.request.temperature for s in states],

@@ -19,8 +19,10 @@ import threading
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import attrs
 import numpy as np
 
+from omnitrio.contract import InvalidRequest
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, as_float_audio, float_to_pcm16
 from schedulers.speech.packages import package_file
 from schedulers.speech.short_window import ShortWindowDecoder
@@ -39,6 +41,31 @@ class SpeechRecognizer(Protocol):
     def transcribe(self, audio: FloatAudio, language: str | None = None, *, quick: bool = False) -> str:
         """``quick``: the caller waits on this (a realtime turn) and accepts a small loss of accuracy."""
         ...
+
+    def transcribe_timed(self, audio: FloatAudio, language: str | None = None, *, words: bool = False) -> Timed:
+        """The text with the language heard and timed segments (and words, when asked and known)."""
+        ...
+
+
+@attrs.frozen
+class Timed:
+    """A timed transcript in OpenAI's ``verbose_json`` shapes: ``segments`` hold ``id``, ``start``,
+    ``end`` (seconds), ``text`` and the decoder's figures; ``words`` hold ``word``, ``start``, ``end``."""
+
+    text: str
+    language: str
+    segments: list[dict[str, Any]]
+    words: list[dict[str, Any]] = attrs.field(factory=list)
+
+
+def unsupported_language(language: str | None, model: str, served: list[str]) -> InvalidRequest:
+    """The caller asked for a language the recognizer does not transcribe: a 400 naming the ones it does."""
+    asked = (language or "")[:40]
+    return InvalidRequest(
+        f"language {asked!r} is not supported by {model}; it transcribes {', '.join(map(repr, served))}",
+        code="unsupported_language",
+        param="language",
+    )
 
 
 def whisper_model_dir() -> Path:
@@ -89,14 +116,20 @@ class WhisperRecognizer:
             str(path), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads, local_files_only=True
         )
         self._english_only = not self._model.model.is_multilingual
+        self._languages = frozenset(["en"] if self._english_only else self._model.supported_languages)
         self._short = ShortWindowDecoder(self._model) if beam_size == 1 else None
+
+    def _check_language(self, language: str | None) -> None:
+        if self._english_only and language not in (None, "en"):
+            raise unsupported_language(language, "this English-only Whisper model", ["en"])
+        if not self._english_only and language is not None and language not in self._languages:
+            raise unsupported_language(language, "Whisper", sorted(self._languages))
 
     def transcribe(self, audio: FloatAudio, language: str | None = None, *, quick: bool = False) -> str:
         samples = _checked_audio(audio)
         if samples.size == 0:
             return ""
-        if self._english_only and language not in (None, "en"):
-            raise ValueError(f"language {language!r} is not supported by this English-only Whisper model")
+        self._check_language(language)
         english = self._english_only or language == "en"
         if quick and self._short is not None and english and self._short.fits(samples.size):
             text = self._short.transcribe(samples)
@@ -111,6 +144,37 @@ class WhisperRecognizer:
             without_timestamps=True,  # no timestamp tokens to decode: the text is all a caller gets
         )
         return " ".join(segment.text.strip() for segment in segments).strip()
+
+    def transcribe_timed(self, audio: FloatAudio, language: str | None = None, *, words: bool = False) -> Timed:
+        samples = _checked_audio(audio)
+        self._check_language(language)
+        found, info = self._model.transcribe(
+            samples,
+            language="en" if self._english_only else language,
+            beam_size=self.beam_size,
+            vad_filter=False,
+            condition_on_previous_text=False,
+            word_timestamps=words,
+        )
+        segments, timed_words = [], []
+        for segment in found if samples.size else []:
+            segments.append(
+                {
+                    "id": segment.id,
+                    "seek": segment.seek,
+                    "start": segment.start,
+                    "end": segment.end,
+                    "text": segment.text,
+                    "tokens": list(segment.tokens),
+                    "temperature": segment.temperature,
+                    "avg_logprob": segment.avg_logprob,
+                    "compression_ratio": segment.compression_ratio,
+                    "no_speech_prob": segment.no_speech_prob,
+                }
+            )
+            timed_words += [{"word": w.word, "start": w.start, "end": w.end} for w in segment.words or []]
+        text = " ".join(segment["text"].strip() for segment in segments).strip()
+        return Timed(text, info.language, segments, timed_words)
 
 
 class PocketSphinxRecognizer:
@@ -136,7 +200,7 @@ class PocketSphinxRecognizer:
     def transcribe(self, audio: FloatAudio, language: str | None = None, *, quick: bool = False) -> str:
         samples = _checked_audio(audio)
         if language not in (None, "en"):
-            raise ValueError(f"language {language!r} is not supported by the pocketsphinx en-US model")
+            raise unsupported_language(language, "the pocketsphinx en-US model", ["en"])
         if samples.size == 0:
             return ""
         decoder = self._decoder()
@@ -145,6 +209,12 @@ class PocketSphinxRecognizer:
         decoder.end_utt()
         hypothesis = decoder.hyp()
         return hypothesis.hypstr if hypothesis is not None else ""
+
+    def transcribe_timed(self, audio: FloatAudio, language: str | None = None, *, words: bool = False) -> Timed:
+        """One segment spanning the clip: this decoder's text carries no timing here."""
+        text = self.transcribe(audio, language)
+        seconds = as_float_audio(audio).size / ASR_SAMPLE_RATE
+        return Timed(text, "en", [{"id": 0, "start": 0.0, "end": seconds, "text": text}] if text else [])
 
 
 def load_recognizer(backend: AsrBackendName = "auto", **options: Any) -> SpeechRecognizer:

@@ -14,7 +14,9 @@ Concatenated, the chunks are exactly the result's ``text``.  ``stop`` strings en
 them (``finish_reason: "stop"``); text that might be the start of a stop string is held back until
 it is not.  A conversation with a ``session_id`` keeps its keys/values between turns, and the
 prompt's opening (the system prompt and the first role header) is computed once for all.
-Conversations longer than the context lose their oldest turns (the system prompt stays).  A realtime
+Conversations longer than the context lose their oldest turns (the system prompt stays); one
+whose last message and ``max_tokens`` alone exceed it is refused with ``InvalidRequest``
+(``context_length_exceeded``).  A realtime
 turn whose transcript is empty (noise) is answered with empty text, without the model.
 """
 
@@ -25,7 +27,7 @@ from typing import Any, Final
 
 import attrs
 
-from omnitrio.contract import OutgoingMessage, StagePayload
+from omnitrio.contract import InvalidRequest, OutgoingMessage, StagePayload
 from schedulers.ar.chat_tokenizer import ChatTokenizer
 from schedulers.ar.engine import ARBatchEngine, GenerationRequest, TokenEvent
 from schedulers.ar.kv_sessions import common_prefix
@@ -81,6 +83,7 @@ class LLMResponder(ARScheduler):
         if not isinstance(payload, StagePayload):
             raise ValueError(f"new_request data must be a StagePayload, got {type(payload).__name__}")
         conv = conversation(payload)
+        _refuse_tools(conv)
         max_tokens = conv.max_tokens or self.default_max_new_tokens
         prompt = self._fit(conv, max_tokens)
         temperature = self.default_temperature if conv.temperature is None else conv.temperature
@@ -97,6 +100,9 @@ class LLMResponder(ARScheduler):
             temperature=temperature,
             top_p=top_p or 1.0,
             seed=conv.seed,
+            frequency_penalty=conv.frequency_penalty or 0.0,
+            presence_penalty=conv.presence_penalty or 0.0,
+            logit_bias=_known_tokens(conv.logit_bias, self.engine.config.vocab_size),
             session_id=conv.session_id,
             shared_prefix_len=common_prefix(opening, prompt),
         )
@@ -106,21 +112,24 @@ class LLMResponder(ARScheduler):
         return request, False
 
     def _fit(self, conv: Conversation, max_tokens: int) -> list[int]:
-        """The prompt ids, dropping the oldest turns after the system prompt until the answer fits."""
+        """The prompt ids, dropping the oldest turns after the system prompt until the answer fits.
+
+        A request that cannot fit even so raises :class:`InvalidRequest` ``context_length_exceeded``
+        naming the context and the request's size (the caller's mistake: a 400, not a stage failure)."""
         context = self.engine.config.max_seq_len
-        budget = context - max_tokens
-        if budget < 1:
-            raise ValueError(f"max_tokens={max_tokens} leaves no room in the {context}-token context")
         messages = list(conv.messages)
         keep = 1 if messages[0]["role"] == "system" else 0
         while True:
             prompt = self.chat.encode_chat(messages)
-            if len(prompt) <= budget:
+            if len(prompt) + max_tokens <= context:
                 return prompt
             if len(messages) - keep <= 1:
-                raise ValueError(
-                    f"messages: the last message alone is {len(prompt)} tokens; with max_tokens={max_tokens} "
-                    f"it does not fit the {context}-token context"
+                raise InvalidRequest(
+                    f"This model's maximum context length is {context} tokens. However, you requested "
+                    f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the "
+                    "completion). Please reduce the length of the messages or max_tokens.",
+                    code="context_length_exceeded",
+                    param="messages",
                 )
             del messages[keep]
 
@@ -182,6 +191,26 @@ class LLMResponder(ARScheduler):
         if answer.by_sentence and not chunk.strip():
             return []
         return [OutgoingMessage(rid, "stream", {"text": chunk}, target=answer.target, metadata=dict(TEXT))]
+
+
+def _refuse_tools(conv: Conversation) -> None:
+    """This responder cannot call tools: a request that offers them is refused, naming ``tools``."""
+    if conv.tools and conv.tool_choice != "none":
+        raise InvalidRequest(
+            "this pipeline's language model cannot call tools; send the request without 'tools'",
+            code="unsupported_parameter",
+            param="tools",
+        )
+
+
+def _known_tokens(biases: dict[int, float] | None, vocab_size: int) -> dict[int, float]:
+    """``logit_bias`` checked against the vocabulary: an id beyond it is the caller's mistake."""
+    for token in biases or {}:
+        if token >= vocab_size:
+            raise InvalidRequest(
+                f"logit_bias names token {token}; this model's token ids are 0..{vocab_size - 1}", param="logit_bias"
+            )
+    return dict(biases or {})
 
 
 def _unheard(payload: Any) -> bool:

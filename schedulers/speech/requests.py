@@ -3,7 +3,8 @@
 The HTTP layer puts the request in ``payload.data["raw_inputs"]`` at the entry stage::
 
     {"task": "speech", "input": str, "voice": str, "speed": float}
-    {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None, "quick": bool}
+    {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None, "quick": bool,
+     "timestamps": None | "segment" | "word"}
     {"task": "chat", "messages": [...], "modalities": [...]}   (parts may be input_audio: see below)
     {"task": "realtime", "audio": float32 16 kHz, "session": {...}}
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from omnitrio.contract import StagePayload
+from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers.omni.inputs import decode_audio
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, as_float_audio, resample
 from schedulers.speech.tts import check_speed
@@ -38,6 +39,7 @@ class TranscriptionRequest:
     audio: FloatAudio  # mono float32 at 16 kHz
     language: str | None = None
     quick: bool = False  # a realtime turn: someone is waiting for the answer
+    timestamps: str | None = None  # "segment" or "word": a timed transcript is asked for
 
 
 def raw_inputs(payload: StagePayload) -> Any:
@@ -85,7 +87,10 @@ def transcription_request(payload: StagePayload) -> TranscriptionRequest:
     if language is not None and not isinstance(language, str):
         raise ValueError(f"language must be a string or null, got {language!r}")
     quick = inputs.get("task") == "realtime" or inputs.get("quick") is True  # someone waits on it (a realtime turn)
-    return TranscriptionRequest(audio=audio, language=language or None, quick=quick)
+    timestamps = inputs.get("timestamps")
+    if timestamps not in (None, "segment", "word"):
+        raise InvalidRequest(f"timestamps must be 'segment', 'word' or null, got {timestamps!r}", param="timestamps")
+    return TranscriptionRequest(audio=audio, language=language or None, quick=quick, timestamps=timestamps)
 
 
 def has_input_audio(inputs: Any) -> bool:

@@ -4,7 +4,8 @@ Each factory loads its model once per process (shared with other stages that ask
 same backend and options) and returns a scheduler obeying ``omnitrio.contract``:
 
 * :func:`create_tts_stage`: text → streamed PCM16 audio, sentence by sentence;
-* :func:`create_asr_stage`: whole clip → ``{"text", "language", "audio_ms"}``; a chat with
+* :func:`create_asr_stage`: whole clip → ``{"text", "language", "audio_ms"}`` (with ``"segments"`` and
+  ``"words"`` when the request asks for ``timestamps``); a chat with
   ``input_audio`` parts → the same chat with each clip's transcript in its place;
 * :func:`create_streaming_asr_stage`: a :class:`~schedulers.session.SessionScheduler` for
   audio that arrives in pieces (partial transcripts, optional server VAD); a request
@@ -79,12 +80,14 @@ def _transcriber(recognizer: SpeechRecognizer) -> Any:
             payload.data = transcribed_chat(inputs, recognizer.transcribe)
             return payload
         request = transcription_request(payload)
+        audio_ms = request.audio.size * 1000 // ASR_SAMPLE_RATE
+        if request.timestamps is not None:
+            timed = recognizer.transcribe_timed(request.audio, request.language, words=request.timestamps == "word")
+            payload.data = {"text": timed.text, "language": timed.language, "audio_ms": audio_ms}
+            payload.data |= {"segments": timed.segments, "words": timed.words}
+            return payload
         text = recognizer.transcribe(request.audio, request.language, quick=request.quick)
-        payload.data = {
-            "text": text,
-            "language": request.language or "en",
-            "audio_ms": request.audio.size * 1000 // ASR_SAMPLE_RATE,
-        }
+        payload.data = {"text": text, "language": request.language or "en", "audio_ms": audio_ms}
         return payload
 
     return transcribe

@@ -1,0 +1,85 @@
+"""Which model names a route accepts: the served pipeline's, and OpenAI's names for that kind of model.
+
+Code moved from OpenAI names OpenAI's models (``whisper-1``, ``tts-1``, ``gpt-realtime``…). Each
+route accepts, besides the pipeline's own name, the names of :data:`MODEL_ALIASES` for its task,
+as aliases of the one pipeline served; ``/v1/models`` lists them, ``owned_by`` saying whose alias
+each is. Any other name is a 404 ``model_not_found`` naming the model(s) the route does serve. An
+alias is only offered for a task the pipeline serves.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from omnitrio.serve.api_errors import ApiError
+from omnitrio.serve.context import ROUTES, ServeContext
+
+MODEL_ALIASES: Final[dict[str, tuple[str, ...]]] = {
+    "chat": (
+        "gpt-4o-mini",
+        "gpt-4o",
+        "gpt-4o-audio-preview",
+        "gpt-4o-mini-audio-preview",
+        "gpt-4.1",
+        "gpt-4.1-mini",
+        "gpt-4.1-nano",
+        "gpt-5",
+        "gpt-5-mini",
+        "gpt-5-nano",
+        "gpt-3.5-turbo",
+    ),
+    "speech": ("tts-1", "tts-1-hd", "gpt-4o-mini-tts"),
+    "transcription": ("whisper-1", "gpt-4o-mini-transcribe", "gpt-4o-transcribe"),
+    "realtime": ("gpt-realtime", "gpt-realtime-mini", "gpt-4o-realtime-preview", "gpt-4o-mini-realtime-preview"),
+}
+
+
+def accepted_models(ctx: ServeContext, task: str) -> tuple[str, ...]:
+    """The names ``task``'s route answers to: the pipeline's first, then its aliases."""
+    return (ctx.pipeline.name, *MODEL_ALIASES.get(task, ()))
+
+
+def unknown_model(ctx: ServeContext, task: str, model: str) -> ApiError:
+    """The 404 for ``model`` on ``task``'s route, naming what the route serves."""
+    aliases = ", ".join(MODEL_ALIASES.get(task, ()))
+    also = f" (also answering to {aliases})" if aliases else ""
+    return ApiError(
+        404,
+        f"model {model!r} not found; this server serves {ctx.pipeline.name!r}{also}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def check_model(ctx: ServeContext, task: str, model: str | None) -> None:
+    """404 unless ``model`` is absent or one of :func:`accepted_models` for ``task``."""
+    if model is not None and model not in accepted_models(ctx, task):
+        raise unknown_model(ctx, task, model)
+
+
+def model_cards(ctx: ServeContext) -> list[dict[str, Any]]:
+    """``/v1/models``' list: the pipeline, then each alias of a task it serves."""
+    name = ctx.pipeline.name
+    cards = [_card(ctx, name, "omnitrio", ctx.routes())]
+    for task in ctx.serves:
+        for alias in MODEL_ALIASES.get(task, ()):
+            route = ROUTES[task]
+            cards.append(_card(ctx, alias, f"omnitrio: an alias of {name!r} for {route}", [route]))
+    return cards
+
+
+def model_card(ctx: ServeContext, model: str) -> dict[str, Any]:
+    """The card ``/v1/models/{model}`` answers, or a 404 naming the served model."""
+    for card in model_cards(ctx):
+        if card["id"] == model:
+            return card
+    raise ApiError(
+        404,
+        f"model {model!r} not found; this server serves {ctx.pipeline.name!r}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _card(ctx: ServeContext, model: str, owned_by: str, serves: list[str]) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": ctx.created, "owned_by": owned_by, "serves": serves}
