@@ -16,8 +16,7 @@ it is not.  A conversation with a ``session_id`` keeps its keys/values between t
 prompt's opening (the system prompt and the first role header) is computed once for all.
 Conversations longer than the context lose their oldest turns (the system prompt stays); one
 whose last message and ``max_tokens`` alone exceed it is refused with ``InvalidRequest``
-(``context_length_exceeded``).  A realtime
-turn whose transcript is empty (noise) is answered with empty text, without the model.
+(``context_length_exceeded``).
 """
 
 from __future__ import annotations
@@ -136,10 +135,6 @@ class LLMResponder(ARScheduler):
     def _handle(self, message: Any) -> None:
         if message.type in ("abort", "stream_chunk", "stream_done"):
             self._answers.pop(message.request_id, None)
-        if message.type == "new_request" and _unheard(message.data):
-            message.data.data = {"text": "", "finish_reason": "stop"}  # noise, a cough: answered with silence
-            self._outbox.put(OutgoingMessage(message.request_id, "result", message.data))
-            return
         super()._handle(message)
         if message.type == "new_request" and message.request_id not in self._live:
             self._answers.pop(message.request_id, None)  # rejected: the error is already out
@@ -211,12 +206,3 @@ def _known_tokens(biases: dict[int, float] | None, vocab_size: int) -> dict[int,
                 f"logit_bias names token {token}; this model's token ids are 0..{vocab_size - 1}", param="logit_bias"
             )
     return dict(biases or {})
-
-
-def _unheard(payload: Any) -> bool:
-    """A realtime turn whose transcript is empty."""
-    if not isinstance(payload, StagePayload) or not isinstance(payload.request.inputs, dict):
-        return False
-    data = payload.data
-    transcript = data.get("text") if isinstance(data, dict) else None
-    return payload.request.inputs.get("task") == "realtime" and isinstance(transcript, str) and not transcript.strip()

@@ -65,7 +65,7 @@ def _recognizer(backend: AsrBackendName, compute_type: str, cpu_threads: int, be
         recognizer = shared_recognizer(backend)
     else:
         recognizer = shared_recognizer(backend, compute_type=compute_type, cpu_threads=cpu_threads, beam_size=beam_size)
-    if id(recognizer) not in _warmed:  # the first decode is 2-3x slower; pay it at startup, not on a request
+    if id(recognizer) not in _warmed:  # the first decode is slower; pay it at startup, not on a request
         log.info("loading speech recognition (%s) ...", backend)
         recognizer.transcribe(np.zeros(ASR_SAMPLE_RATE, dtype=np.float32))
         _warmed.add(id(recognizer))
