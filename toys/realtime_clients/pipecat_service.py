@@ -44,8 +44,7 @@ async def main(args: dict[str, Any]) -> None:
         return parse(message)
 
     events.parse_server_event = parse_and_see
-    settings = OpenAIRealtimeLLMService.Settings(model="omnitrio-speech")
-    service = OpenAIRealtimeLLMService(api_key="unused", base_url=args["ws_url"], settings=settings)
+    service = OpenAIRealtimeLLMService(api_key="unused", base_url=args["ws_url"])  # its default model
     pipeline = Pipeline([Errors(), service, Errors()])
     params = PipelineParams(audio_in_sample_rate=RATE, audio_out_sample_rate=RATE)
     worker = PipelineWorker(pipeline, params=params, idle_timeout_secs=None, enable_rtvi=False)
