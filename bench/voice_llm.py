@@ -1,7 +1,7 @@
 """What a user of the voice loop waits for with SmolLM2 answering: end of speech to first answer audio.
 
-A client of ``python -m omnitrio serve`` (the default pipeline: Whisper, SmolLM2-135M-Instruct on the
-AR engine, Piper) streams a spoken question in real time (100 ms chunks) with server VAD at its
+A client of ``python -m omnitrio serve`` (the default pipeline: Whisper, SmolLM2-135M-Instruct on
+llama.cpp, Piper) streams a spoken question in real time (100 ms chunks) with server VAD at its
 default settings, and measures from sending the chunk holding the question's last voiced sample to
 receiving the first ``response.output_audio.delta`` of a response not heard before.  That span holds
 the VAD's silence window (``silence_duration_ms``), ASR, the model's prefill and its first sentence, and the

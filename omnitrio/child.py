@@ -28,6 +28,7 @@ from omnitrio.config import PipelineConfig
 from omnitrio.errors import StartupError, collapse
 from omnitrio.events import flush_periodically, recorder_from_env
 from omnitrio.factory import build_stages, start_stages
+from omnitrio.health import Figures
 from omnitrio.replicas import Replicas
 from omnitrio.stage import Stage
 from omnitrio.switchboard import Switchboard
@@ -84,8 +85,10 @@ async def _serve(spec: ChildSpec) -> None:
             case wire.Shutdown():
                 shutdown.set()
             case wire.HealthQuery(qid=qid):
-                figures = {name: [s.active_requests, s.restarts, s.queue_depth] for name, s in stages.items()}
-                board.send_control(MAIN, wire.HealthReply(qid, spec.process, figures))
+                figures = {name: Figures.of(s) for name, s in stages.items()}
+                counts = {name: f.to_wire() for name, f in figures.items()}
+                dead = {name: f.dead for name, f in figures.items() if f.dead is not None}
+                board.send_control(MAIN, wire.HealthReply(qid, spec.process, counts, dead))
             case _:
                 return
 

@@ -38,17 +38,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from omnitrio.child import ENTRY, ChildSpec
 from omnitrio.config import PipelineConfig
-from omnitrio.coordinator import Coordinator
-from omnitrio.errors import RequestFailed, StartupError
+from omnitrio.errors import RequestError, RequestFailed, StartupError
+from omnitrio.health import Figures, gauges, replicated_entry, stage_entry
 from omnitrio.placement.actors import ActorProcess, start_actor
 from omnitrio.placement.cluster import open_ray_cluster
 from omnitrio.switchboard import UNIX, Switchboard
@@ -60,24 +60,14 @@ STOP_GRACE = 5.0
 HEALTH_TIMEOUT = 2.0
 
 
-def stage_health(alive: bool, pid: int, process: str, active: int, restarts: int) -> dict[str, Any]:
-    """One stage's entry in ``Pipeline.health()``."""
-    return {"alive": alive, "pid": pid, "process": process, "active_requests": active, "restarts": restarts}
+class ProcessEvents(Protocol):
+    """Who hears of a stage process going down and coming back (the coordinator; the runner wires it)."""
 
+    def process_gone(self, process: str, error_for: Callable[[str], RequestError]) -> None:
+        """``process`` died: fail what is bound to it; ``error_for(request_id)`` is the error."""
 
-def replicated_health(group: str, replicas: list[dict[str, Any]]) -> dict[str, Any]:
-    """The entry of a stage in a replicated group: alive when every replica is, counts summed,
-    the first replica's pid, and ``replicas`` (each one's own entry, in replica order)."""
-    if len(replicas) == 1:
-        return replicas[0]
-    entry = stage_health(
-        all(r["alive"] for r in replicas),
-        replicas[0]["pid"],
-        group,
-        sum(r["active_requests"] for r in replicas),
-        sum(r["restarts"] for r in replicas),
-    )
-    return {**entry, "replicas": replicas}
+    def process_up(self, process: str) -> None:
+        """A restarted ``process`` takes requests again."""
 
 
 @attrs.define(eq=False)
@@ -149,7 +139,7 @@ class Children:
         config: PipelineConfig,
         homes: dict[str, str],
         board: Switchboard,
-        coordinator: Coordinator,
+        events: ProcessEvents,
         endpoints: _Endpoints | None,
         nursery: trio.Nursery | None,
         watchers: trio.Nursery | None,
@@ -160,7 +150,7 @@ class Children:
         self._ray = ray
         self._homes = homes
         self._board = board
-        self._coordinator = coordinator
+        self._events = events
         self._endpoints = endpoints
         self._nursery = nursery
         self._watchers = watchers
@@ -218,19 +208,16 @@ class Children:
                 self._health_waiters[qid] = (done, replies)
         self._health_waiters.pop(qid, None)
         entries: dict[str, list[dict[str, Any]]] = {}
-        gauges: dict[str, dict[str, dict[str, int]]] = {}
+        figures: dict[str, dict[str, Figures]] = {}
         for child in self._children.values():
             reply = replies.get(child.name)
             for stage in child.stages:
-                active, stage_restarts, depth = reply.get(stage, (0, 0, 0)) if reply is not None else (0, 0, 0)
-                gauges.setdefault(stage, {})[child.name] = {"active_requests": active, "queue_depth": depth}
+                found = reply.get(stage, Figures()) if reply is not None else Figures()
+                figures.setdefault(stage, {})[child.name] = found
                 alive = child.alive and reply is not None
-                entry = stage_health(alive, child.pid, child.name, active, child.restarts + stage_restarts)
-                entries.setdefault(stage, []).append(entry)
-        for stage, per_process in gauges.items():
-            total = {key: sum(g[key] for g in per_process.values()) for key in ("active_requests", "queue_depth")}
-            self._gauges[stage] = {**total, "replicas": per_process} if len(per_process) > 1 else total
-        return {stage: replicated_health(self._board.homes[stage], found) for stage, found in entries.items()}
+                entries.setdefault(stage, []).append(stage_entry(alive, child.pid, child.name, found, child.restarts))
+        self._gauges.update({stage: gauges(per_process) for stage, per_process in figures.items()})
+        return {stage: replicated_entry(self._board.homes[stage], found) for stage, found in entries.items()}
 
     # -- control messages from children -----------------------------------------------------
 
@@ -245,10 +232,10 @@ class Children:
             case wire.StartupFailed(error=error) if child is not None:
                 child.startup_error = error
                 child.ready.set()
-            case wire.HealthReply(qid=qid, process=process, stages=stages):
+            case wire.HealthReply(qid=qid, process=process, stages=stages, dead=dead):
                 waiter = self._health_waiters.get(qid)
                 if waiter is not None:
-                    waiter[1][process] = {name: tuple(v) for name, v in stages.items()}
+                    waiter[1][process] = {name: Figures.from_wire(v, dead.get(name)) for name, v in stages.items()}
                     waiter[0].set()
             case _:
                 return
@@ -338,7 +325,7 @@ class Children:
             if self._ray is None:  # a Ray-placed group said where it listens in its Ready message
                 self._board.peer_up(child.name, address)
                 self._tell_others(child, wire.PeerUp(child.name, address))
-            self._coordinator.process_up(child.name)
+            self._events.process_up(child.name)
 
     async def _until_gone(self, child: _Child) -> str:
         """Wait until ``child`` exits or the connection to it drops; say which, as "died …" ends."""
@@ -366,7 +353,7 @@ class Children:
         self._board.peer_down(child.name)
         remove_segments(f"{self._endpoints.prefix}{child.name}-")
         self._tell_others(child, wire.PeerDown(child.name))
-        self._coordinator.process_gone(child.name, error_for)
+        self._events.process_gone(child.name, error_for)
 
     def _joined(self, child: _Child, address: str) -> None:
         """A Ray-placed group listens on ``address``: connect to it, and it and the live groups to each other."""
@@ -410,15 +397,16 @@ async def _reap(process: trio.Process | ActorProcess, exited: trio.Event) -> Non
 
 @asynccontextmanager
 async def open_children(
-    config: PipelineConfig, homes: dict[str, str], board: Switchboard, coordinator: Coordinator
+    config: PipelineConfig, homes: dict[str, str], board: Switchboard, events: ProcessEvents
 ) -> AsyncIterator[Children]:
     """Spawn a process for every ``process`` name in ``homes``; stop them all on exit.
 
     ``board`` (running) is made to listen and connect to every child; the children are
     spawned on entry and may still be starting: call :meth:`Children.wait_ready`.
+    ``events`` hears when a child goes down and comes back up.
     """
     if all(home == MAIN for home in homes.values()):
-        yield Children(config, homes, board, coordinator, None, None, None)
+        yield Children(config, homes, board, events, None, None, None)
         return
     async with AsyncExitStack() as stack:
         ray = host = None
@@ -428,7 +416,7 @@ async def open_children(
         endpoints = _Endpoints.create(config, host or "")
         stack.callback(endpoints.remove)
         async with trio.open_nursery() as nursery, trio.open_nursery() as watchers:
-            children = Children(config, homes, board, coordinator, endpoints, nursery, watchers, ray)
+            children = Children(config, homes, board, events, endpoints, nursery, watchers, ray)
             try:
                 await children._start()
                 yield children

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m omnitrio serve [--config FILE] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
+    python -m omnitrio serve [--config FILE] [--model FILE.gguf] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
                              [--api-key KEY ...] [--allowed-origin URL ...] [--limit NAME=VALUE ...]
     python -m omnitrio run [--config FILE] [--set k=v ...] [--audio-out FILE.wav] INPUT
     python -m omnitrio check [--set k=v ...] FILE
@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         "WS /v1/realtime, /health, /metrics. Ctrl-C drains in-flight requests and exits.",
     )
     serve.add_argument("--config", type=Path, help="pipeline TOML file (default: the offline speech pipeline)")
+    serve.add_argument(
+        "--model",
+        type=Path,
+        metavar="FILE.gguf",
+        help="answer with this instruction-tuned GGUF model (same as --set responder.factory.model_path=FILE)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s; 0: any free port)")
     serve.add_argument(
@@ -286,7 +292,7 @@ def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve.auth import keys_from
     from omnitrio.serve.limits import limits_for
 
-    config = load_config(args.config, [*args.overrides, *placement_overrides(args)])
+    config = load_config(args.config, [*model_overrides(args), *args.overrides, *placement_overrides(args)])
     try:
         args.api_keys = keys_from(args.api_keys, os.environ)
         args.limits = limits_for(config, args.limits)
@@ -307,6 +313,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"omnitrio: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def model_overrides(args: argparse.Namespace) -> list[str]:
+    """``--model FILE`` as the responder's ``model_path`` (an absolute path: stages may run elsewhere)."""
+    return [f"responder.factory.model_path={json.dumps(str(args.model.resolve()))}"] if args.model else []
 
 
 def placement_overrides(args: argparse.Namespace) -> list[str]:

@@ -12,6 +12,7 @@ factory's signature, so a typo never surfaces as a child process that fails to s
 from __future__ import annotations
 
 import inspect
+import math
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -86,6 +87,12 @@ class StageConfig:
     can_accept_stream_before_payload: bool = False
     max_queue: int | None = None
     """Most requests this stage holds at once; past it a new one fails with ``Overloaded``."""
+    scheduler_restarts: int = 5
+    """Most times a crashed scheduler is rebuilt over the stage's life; past it the stage is
+    dead (its requests fail naming it; the rest of the pipeline serves)."""
+    scheduler_restart_backoff: float = 0.05
+    """Seconds before rebuilding a crashed scheduler; doubled after each rebuild in a row
+    that crashed before delivering an output (see :mod:`omnitrio.supervision`)."""
 
     @property
     def next_stages(self) -> list[str]:
@@ -392,6 +399,11 @@ def _validate_stage(i: int, stage: StageConfig, config: PipelineConfig, names: M
         _check_callable(stage.stream_done_to_fn, f"{label}: stream_done_to_fn")
     if stage.max_queue is not None and stage.max_queue < 1:
         raise fail("max_queue", f"must be >= 1, got {stage.max_queue}")
+    if type(stage.scheduler_restarts) is not int or stage.scheduler_restarts < 0:
+        raise fail("scheduler_restarts", f"must be an integer >= 0, got {stage.scheduler_restarts!r}")
+    backoff = stage.scheduler_restart_backoff
+    if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff < math.inf:
+        raise fail("scheduler_restart_backoff", f"must be a number of seconds >= 0, got {backoff!r}")
     _check_factory(label, stage)
 
 

@@ -88,8 +88,12 @@ class OutgoingMessage:
     * ``stream``: ``data`` is a chunk for ``target`` (or every ``stream_to`` stage, or the
       caller at a terminal stage); ``metadata["modality"]`` names its kind;
     * ``error``: ``data`` is the exception (or a message string); it fails the request;
-    * ``admitted``: the scheduler created the request without a stage input;
-    * ``kv_transfer``: reserved for prefill/decode disaggregation.
+    * ``admitted``: the scheduler took up a request no stage input brought it (the decode
+      side of prefill/decode disaggregation, handed the request by its prefill partner):
+      the stage serves it from then on, and its outputs reach the caller or the next
+      stages as any request's do;
+    * ``kv_transfer``: the request leaves this stage through the scheduler's own channel
+      (the prefill side): its life here ends, nothing is routed; ``data`` is not read.
 
     Outputs for a request that is no longer active at the stage are dropped.
     """
@@ -159,14 +163,25 @@ class StageScheduler(Protocol):
 def put_messages(outbox: queue.Queue[OutgoingMessage] | Any, messages: Iterable[OutgoingMessage]) -> None:
     """Put several outputs on an outbox; a ``queue.Queue`` is extended under one lock.
 
-    The consumer then wakes once for the whole group rather than once per message.
+    The consumer then wakes once for the whole group rather than once per message.  A
+    bounded ``queue.Queue`` (``maxsize > 0``) is never filled past ``maxsize``: the group
+    goes in as the room allows, blocking like ``put`` while the queue is full.
     """
     items = list(messages)
     if isinstance(outbox, queue.Queue):
+        maxsize = outbox.maxsize
         with outbox.not_full:
-            outbox.queue.extend(items)
-            outbox.unfinished_tasks += len(items)
-            outbox.not_empty.notify()
+            while items:
+                if maxsize > 0:
+                    while len(outbox.queue) >= maxsize:
+                        outbox.not_full.wait()
+                    room = maxsize - len(outbox.queue)
+                    batch, items = items[:room], items[room:]
+                else:
+                    batch, items = items, []
+                outbox.queue.extend(batch)
+                outbox.unfinished_tasks += len(batch)
+                outbox.not_empty.notify()
         return
     for item in items:
         outbox.put(item)

@@ -1,10 +1,12 @@
 """The coordinator: submit, stream, abort; the table of live requests; fail-fast.
 
-Each submission gets a :class:`RequestHandle` that lives in the coordinator's table until
-the request is finished everywhere: completed by every expected terminal stage, or —
-after a failure, abort or deadline — until every stage has answered the broadcast abort
-with ``Released``.  Only then may its id be used again, so a reused id never meets a
-stage or scheduler that still holds its previous life.
+Each submission (a :class:`~omnitrio.caller.Submission`) gets a
+:class:`~omnitrio.caller.CallerRequest` that lives in the coordinator's table until the
+request is finished everywhere: completed by every expected terminal stage, or — after a
+failure, abort or deadline — until every stage has answered the broadcast abort with
+``Released``.  Only then may its id be used again, so a reused id never meets a stage or
+scheduler that still holds its previous life.  :mod:`omnitrio.caller` holds the request's
+life; this module admits requests, keeps the table and routes what stages send back.
 
 A request is bound to one replica of each replicated process group when it is opened
 (:class:`~omnitrio.replicas.Bindings`: the least loaded); everything sent for it goes
@@ -19,20 +21,17 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
 from collections.abc import Callable, Iterable
-from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import trio
 
-from omnitrio.contract import OmniRequest, StagePayload
+from omnitrio.caller import CallerRequest, Phase, RequestStream, Submission
 from omnitrio.envelopes import (
     COORDINATOR,
-    Abort,
+    UNBOUND,
     Complete,
-    Credit,
     Failed,
     Payload,
     Released,
@@ -48,7 +47,6 @@ from omnitrio.errors import (
     RequestAborted,
     RequestError,
     RequestFailed,
-    RequestTimeout,
 )
 from omnitrio.events import (
     FIRST_STREAM_CHUNK,
@@ -57,37 +55,12 @@ from omnitrio.events import (
     REQUEST_INVALID,
     REQUEST_REJECTED,
     REQUEST_SUBMITTED,
-    TERMINAL_RESPONSE,
 )
-from omnitrio.flow import CREDIT_BATCH, Consumed
-from omnitrio.mailbox import Mailbox
-from omnitrio.messages import CompleteMessage, StreamMessage
+from omnitrio.messages import StreamMessage
 from omnitrio.replicas import Bindings, Replicas
 from omnitrio.topology import MAIN, StageFunctionError, Topology
 
-State = Literal["live", "releasing"]
-Event = StreamMessage | CompleteMessage | RequestError
-
-
-@attrs.define(eq=False)
-class RequestHandle:
-    """One submission, from ``submit``/``stream`` until it is gone from every stage."""
-
-    request_id: str
-    inc: int
-    terminals: frozenset[str]
-    events: Mailbox[Event] = attrs.field(factory=Mailbox)
-    state: State = "live"
-    finished: bool = False
-    results: dict[str, Any] = attrs.field(factory=dict)
-    unacked: set[str] = attrs.field(factory=set)
-    released: trio.Event = attrs.field(factory=trio.Event)
-    consumed: Consumed | None = None
-    """Its stream chunks the caller took, per stage; made with the first chunk."""
-    opened: float = attrs.field(factory=time.perf_counter)
-    """When it was admitted (``time.perf_counter()``: the cheaper clock, for its age alone)."""
-    deadline: float = math.inf
-    """When the caller's deadline passes (``trio.current_time()`` clock); inf without one."""
+__all__ = ["Coordinator", "RequestAges", "RequestStream", "Submission"]
 
 
 @attrs.frozen
@@ -113,9 +86,10 @@ class Coordinator:
     ) -> None:
         """``replicas``: where each stage lives per request (every stage in one place when None)."""
         self.topology = topology
-        self._send = send
+        self.send = send
+        """How envelopes reach the stages (the switchboard's ``send``)."""
         self._stages = tuple(stage_names)
-        self._requests: dict[str, RequestHandle] = {}
+        self._requests: dict[str, CallerRequest] = {}
         self._bindings = Bindings(replicas or Replicas(dict.fromkeys(self._stages, MAIN)))
         self._closed = False
         config = topology.config
@@ -130,19 +104,18 @@ class Coordinator:
     def request_ages(self) -> RequestAges:
         """Synchronous, from the trio thread; O(live requests)."""
         now = trio.current_time()
-        handles = self._requests.values()
-        overdue = sum(1 for handle in handles if handle.deadline < now)
-        oldest = min((handle.opened for handle in handles), default=None)
+        requests = self._requests.values()
+        overdue = sum(1 for request in requests if request.deadline < now)
+        oldest = min((request.opened for request in requests), default=None)
         return RequestAges(len(self._requests), overdue, None if oldest is None else time.perf_counter() - oldest)
 
     def close(self) -> None:
         """Refuse new requests; fail the live ones (the pipeline is going away)."""
         self._closed = True
-        for handle in list(self._requests.values()):
-            if handle.state == "live" and not handle.finished:
-                self._emit(handle.request_id, REQUEST_ABORTED, {"reason": "shutdown"})
-            self._finish_with(handle, RequestAborted(handle.request_id, "aborted: the pipeline shut down"))
-            self._forget(handle)
+        for request in list(self._requests.values()):
+            if request.phase is Phase.RUNNING:
+                self.emit(request.request_id, REQUEST_ABORTED, {"reason": "shutdown"})
+            request.close(RequestAborted(request.request_id, "aborted: the pipeline shut down"))
 
     # -- public API -----------------------------------------------------------------
 
@@ -157,11 +130,12 @@ class Coordinator:
     ) -> Any:
         """Run one request to completion and return the terminal stage's ``payload.data``.
 
-        With several terminal stages the result is ``{stage: data}``.  Raises
+        With several terminal stages the result is ``{stage: data}``.  ``params`` and
+        ``metadata`` become the fields of the ``OmniRequest`` every stage sees.  Raises
         :class:`RequestFailed`, :class:`BadRequest`, :class:`RequestAborted`, :class:`RequestTimeout`,
         :class:`Overloaded` or :class:`DuplicateRequest`.
         """
-        async with RequestStream(self, request_id, inputs, params, timeout, metadata) as stream:
+        async with self.stream(request_id, inputs, params=params, timeout=timeout, metadata=metadata) as stream:
             async for _ in stream:
                 pass
             return stream.result
@@ -180,7 +154,8 @@ class Coordinator:
         Use ``async with pipeline.stream(...) as s: async for msg in s``; leaving the block
         early aborts the request everywhere.  A bare ``async for`` works too.
         """
-        return RequestStream(self, request_id, inputs, params, timeout, metadata)
+        timeout = self.default_timeout if timeout is None else timeout
+        return RequestStream(self.open, Submission(request_id, inputs, params, timeout, metadata))
 
     async def abort(self, request_id: str, *, wait: bool = False) -> bool:
         """Abort a live request at every stage.
@@ -189,22 +164,22 @@ class Coordinator:
         request already finished.  With ``wait=True`` it returns only once every stage
         has released the request.
         """
-        handle = self._requests.get(request_id)
-        if handle is None:
+        request = self._requests.get(request_id)
+        if request is None:
             return False
-        aborted = handle.state == "live" and not handle.finished
-        if aborted:
-            self._emit(request_id, REQUEST_ABORTED, {"reason": "abort"})
-            self._abort_everywhere(handle, RequestAborted(request_id))
+        aborted = request.fail(RequestAborted(request_id), REQUEST_ABORTED, {"reason": "abort"})
         if wait:
-            await handle.released.wait()
+            await request.gone.wait()
         return aborted
 
-    # -- internals ------------------------------------------------------------------
+    def open(self, submission: Submission, deadline: float = math.inf) -> CallerRequest:
+        """Admit ``submission`` and send it to the entry stage (what :class:`RequestStream` calls).
 
-    def _open(
-        self, request_id: str, inputs: Any, params: dict[str, Any] | None, metadata: dict[str, Any] | None = None
-    ) -> RequestHandle:
+        Raises :class:`PipelineClosed`, :class:`DuplicateRequest`, :class:`Overloaded`,
+        ``ValueError`` for an id that is not a non-empty string, or :class:`RequestFailed`
+        when routing code raises.
+        """
+        request_id = submission.request_id
         if self._closed:
             raise PipelineClosed("the pipeline is closed")
         if not isinstance(request_id, str) or not request_id:
@@ -212,251 +187,88 @@ class Coordinator:
         if request_id in self._requests:
             raise DuplicateRequest(request_id, f"request {request_id!r} is still live; use another id")
         if self.max_in_flight is not None and len(self._requests) >= self.max_in_flight:
-            self._emit(request_id, REQUEST_REJECTED, {"reason": "max_in_flight"})
+            self.emit(request_id, REQUEST_REJECTED, {"reason": "max_in_flight"})
             raise Overloaded(
                 request_id, f"{len(self._requests)} requests in flight (max_in_flight={self.max_in_flight})"
             )
         try:
-            terminals = self.topology.expected_terminals(request_id, inputs)
+            terminals = self.topology.expected_terminals(request_id, submission.inputs)
         except StageFunctionError as exc:
             raise RequestFailed(request_id, COORDINATOR, exc.error_type, str(exc)) from exc
-        handle = RequestHandle(request_id, self._bindings.open(), terminals)
-        self._requests[request_id] = handle
-        request = OmniRequest(inputs=inputs, params=dict(params or {}), metadata=dict(metadata or {}))
-        payload = StagePayload(request_id, request, {"raw_inputs": inputs})
-        self._emit(request_id, REQUEST_SUBMITTED, {})
+        request = CallerRequest(self, request_id, self._bindings.open(), terminals, deadline)
+        self._requests[request_id] = request
+        self.emit(request_id, REQUEST_SUBMITTED, {})
         try:
-            self._send(Payload(request_id, handle.inc, self.topology.entry, COORDINATOR, payload))
+            self.send(Payload(request_id, request.inc, self.topology.entry, COORDINATOR, submission.payload()))
         except StageFunctionError as exc:
-            self._forget(handle)
+            self.forget(request)
             raise RequestFailed(request_id, self.topology.entry, exc.error_type, str(exc)) from exc
-        return handle
+        return request
 
-    def _consumed(self, handle: RequestHandle, stage: str) -> None:
-        consumed = handle.consumed
-        if consumed is None:
-            consumed = handle.consumed = Consumed()
-        if consumed.count(stage) and handle.state == "live" and not handle.finished:
-            self._send(Credit(handle.request_id, handle.inc, stage, CREDIT_BATCH, COORDINATOR))
+    # -- what a request asks of its table (omnitrio.caller.Table) ------------------------
 
-    def _abort_everywhere(self, handle: RequestHandle, error: RequestError) -> None:
-        """Fail the caller with ``error`` and ask every stage to drop the request."""
-        self._finish_with(handle, error)
-        if handle.state == "releasing":
-            return
-        handle.state = "releasing"
-        handle.unacked = {stage for stage in self._stages if self._bindings.reachable(stage, handle.inc)}
-        for stage in handle.unacked.copy():
-            self._send(Abort(handle.request_id, handle.inc, stage))
-        self._maybe_released(handle)
+    def holders(self, inc: int) -> set[str]:
+        return {stage for stage in self._stages if self._bindings.reachable(stage, inc)}
 
-    def _finish_with(self, handle: RequestHandle, event: Event) -> None:
-        if not handle.finished:
-            handle.finished = True
-            handle.events.put(event)
-            handle.events.close()
-
-    def _leave(self, handle: RequestHandle, error: RequestError | None = None) -> None:
-        """The caller stopped waiting; abort the request if it is still running."""
-        if handle.state == "live" and not handle.finished:
-            reason = "timeout" if isinstance(error, RequestTimeout) else "client"
-            self._emit(handle.request_id, REQUEST_ABORTED, {"reason": reason})
-            self._abort_everywhere(handle, error or RequestAborted(handle.request_id, "aborted: the caller left"))
-        elif handle.state == "live":
-            self._forget(handle)
-
-    def _forget(self, handle: RequestHandle) -> None:
+    def forget(self, request: CallerRequest) -> None:
         """The request is finished everywhere: its id may be used again."""
-        if self._requests.get(handle.request_id) is handle:
-            del self._requests[handle.request_id]
-            self._bindings.close(handle.inc)
-        handle.released.set()
+        if self._requests.get(request.request_id) is request:
+            del self._requests[request.request_id]
+            self._bindings.close(request.inc)
+
+    def emit(self, request_id: str, name: str, fields: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(request_id, name, fields)
+
+    # -- stage processes (omnitrio.children.ProcessEvents) -----------------------------
 
     def process_gone(self, process: str, error_for: Callable[[str], RequestError]) -> None:
         """A stage process died: fail every live request bound to it and stop waiting for its releases."""
         self._bindings.gone(process)
         group = self._bindings.replicas.group_of(process)[0]
         dead = set(self._bindings.replicas.stages_in(group, self._stages))
-        for handle in list(self._requests.values()):
-            if not self._bindings.holds(process, handle.inc):
+        for request in list(self._requests.values()):
+            if not self._bindings.holds(process, request.inc):
                 continue
-            if handle.state == "live" and not handle.finished:
-                error = error_for(handle.request_id)
-                fields = {
-                    "stage": getattr(error, "stage", ""),
-                    "error_type": getattr(error, "error_type", ""),
-                    "message": getattr(error, "error_message", str(error)),
-                }
-                self._emit(handle.request_id, REQUEST_FAILED, fields)
-                self._abort_everywhere(handle, error)
-            handle.unacked -= dead
-            self._maybe_released(handle)
+            error = error_for(request.request_id)
+            fields = {
+                "stage": getattr(error, "stage", ""),
+                "error_type": getattr(error, "error_type", ""),
+                "message": getattr(error, "error_message", str(error)),
+            }
+            request.fail(error, REQUEST_FAILED, fields)
+            request.released(dead)
 
     def process_up(self, process: str) -> None:
         """A restarted stage process answers aborts again and takes new requests."""
         self._bindings.up(process)
 
-    def _maybe_released(self, handle: RequestHandle) -> None:
-        if handle.state == "releasing" and not handle.unacked:
-            self._forget(handle)
+    # -- from the stages -------------------------------------------------------------
 
     def deliver(self, envelope: ToCoordinator) -> None:
         """Accept one message from a stage (synchronous; never blocks)."""
-        handle = self._requests.get(envelope.rid)
-        if handle is None or handle.inc != envelope.inc:
+        request = self._requests.get(envelope.rid)
+        if request is None or (request.inc != envelope.inc and envelope.inc != UNBOUND):
             return
         match envelope:
             case StreamOut(src=src, chunk_id=chunk_id, body=body, modality=modality):
                 if chunk_id == 0:
-                    self._emit(envelope.rid, FIRST_STREAM_CHUNK, {"from_stage": src, "modality": modality})
-                if not handle.finished:
-                    handle.events.put(StreamMessage(envelope.rid, src, chunk_id, body, modality))
+                    self.emit(envelope.rid, FIRST_STREAM_CHUNK, {"from_stage": src, "modality": modality})
+                if request.phase is Phase.RUNNING:  # a chunk after the end is dropped (the hot path: no call)
+                    request.events.put(StreamMessage(envelope.rid, src, chunk_id, body, modality))
             case Complete(src=src, body=body):
-                if handle.finished or src not in handle.terminals:
-                    return
-                handle.results[src] = body
-                handle.events.put(CompleteMessage(envelope.rid, src, body))
-                if handle.results.keys() == handle.terminals:
-                    self._emit(envelope.rid, TERMINAL_RESPONSE, {"from_stage": src})
-                    handle.finished = True
-                    handle.events.close()
+                request.complete(src, body)
             case Failed(stage=stage, error_type=error_type, message=message, overloaded=overloaded, code=code):
-                if handle.finished:
-                    return
                 error: RequestError
                 fields = {"stage": stage, "error_type": error_type, "message": message}
                 if code is not None:
                     error = BadRequest(envelope.rid, stage, message, code, envelope.param)
-                    self._emit(envelope.rid, REQUEST_INVALID, {**fields, "code": code})
+                    request.fail(error, REQUEST_INVALID, {**fields, "code": code})
                 elif overloaded:
                     error = Overloaded(envelope.rid, f"stage {stage!r}: {message}")
-                    self._emit(envelope.rid, REQUEST_FAILED, fields)
+                    request.fail(error, REQUEST_FAILED, fields)
                 else:
                     error = RequestFailed(envelope.rid, stage, error_type, message)
-                    self._emit(envelope.rid, REQUEST_FAILED, fields)
-                self._abort_everywhere(handle, error)
+                    request.fail(error, REQUEST_FAILED, fields)
             case Released(stage=stage):
-                handle.unacked.discard(stage)
-                self._maybe_released(handle)
-
-    def _emit(self, request_id: str, name: str, fields: dict[str, Any]) -> None:
-        if self.on_event is not None:
-            self.on_event(request_id, name, fields)
-
-
-class RequestStream:
-    """The caller's side of one request: an async iterator and an async context manager.
-
-    Leaving the context (or a bare ``async for``) before the end aborts the request;
-    a deadline aborts it and raises :class:`RequestTimeout`.
-    """
-
-    def __init__(
-        self,
-        coordinator: Coordinator,
-        request_id: str,
-        inputs: Any,
-        params: dict[str, Any] | None,
-        timeout: float | None,
-        metadata: dict[str, Any] | None = None,
-    ) -> None:
-        self._coordinator = coordinator
-        self._metadata = metadata
-        self._request_id = request_id
-        self._inputs = inputs
-        self._params = params
-        timeout = coordinator.default_timeout if timeout is None else timeout
-        self._timeout = timeout
-        self._deadline = math.inf
-        self._handle: RequestHandle | None = None
-        self._done = False
-        self._finalizer: weakref.finalize[Any, Any] | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self._request_id
-
-    @property
-    def result(self) -> Any:
-        """The terminal result: ``payload.data``, or ``{stage: data}`` with several terminals."""
-        assert self._handle is not None and self._done
-        results = self._handle.results
-        if len(self._handle.terminals) == 1:
-            return next(iter(results.values()))
-        return dict(results)
-
-    def _start(self) -> RequestHandle:
-        if self._handle is None:
-            if self._timeout is not None:
-                if self._timeout <= 0:
-                    raise ValueError(f"timeout must be > 0, got {self._timeout}")
-                self._deadline = trio.current_time() + self._timeout
-            coordinator = self._coordinator
-            self._handle = coordinator._open(self._request_id, self._inputs, self._params, self._metadata)
-            self._handle.deadline = self._deadline
-            token = trio.lowlevel.current_trio_token()
-            self._finalizer = weakref.finalize(self, _leave_later, token, coordinator, self._handle)
-            self._finalizer.atexit = False
-        return self._handle
-
-    async def __aenter__(self) -> RequestStream:
-        self._start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Abort the request unless it already finished; idempotent."""
-        if self._handle is not None:
-            self._coordinator._leave(self._handle)
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        self._done = True
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> StreamMessage | CompleteMessage:
-        handle = self._start()
-        if self._done and handle.finished and not handle.events:
-            raise StopAsyncIteration
-        try:
-            if self._deadline == math.inf:
-                event = await handle.events.receive()
-            else:
-                with trio.fail_after(max(self._deadline - trio.current_time(), 0)):
-                    event = await handle.events.receive()
-        except trio.EndOfChannel:
-            self._done = True
-            self.close()
-            raise StopAsyncIteration from None
-        except trio.TooSlowError:
-            assert self._timeout is not None
-            error = RequestTimeout(self._request_id, self._timeout)
-            self._coordinator._leave(handle, error)
-            self.close()
-            raise error from None
-        except BaseException:
-            self.close()
-            raise
-        match event:
-            case StreamMessage(from_stage=stage):
-                self._coordinator._consumed(handle, stage)
-                return event
-            case CompleteMessage():
-                return event
-            case _:
-                self._done = True
-                self.close()
-                raise event
-
-
-def _leave_later(token: trio.lowlevel.TrioToken, coordinator: Coordinator, handle: RequestHandle) -> None:
-    """A stream was dropped without closing: abort its request from the trio thread."""
-    try:
-        token.run_sync_soon(coordinator._leave, handle)
-    except (trio.RunFinishedError, OSError):
-        return
+                request.released((stage,))

@@ -1,7 +1,7 @@
 """The messages stages, processes and the coordinator exchange (not the scheduler's).
 
 They are msgspec Structs: cheap to build in one process, and encoded on the wire with a
-pre-built msgpack codec (about 1 µs a round trip) when they cross one.  ``body`` holds
+pre-built msgpack codec when they cross one.  ``body`` holds
 user data — the object itself in one process, packed bytes (pickle plus shared-memory
 tensor refs) across processes.  Every request-level message carries the request id and
 its incarnation ``inc``: a number the coordinator gives each submission, so a late
@@ -15,6 +15,10 @@ from typing import Any
 import msgspec
 
 COORDINATOR = "@coordinator"
+UNBOUND = 0
+"""The incarnation of a request a scheduler admitted by itself (an ``admitted`` output: no
+stage input told the stage which life it is).  No submission has it (they count from 1);
+the coordinator and stages match it to the live request of that id."""
 
 
 class Payload(msgspec.Struct, tag="p", array_like=True):

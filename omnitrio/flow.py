@@ -11,8 +11,11 @@ its producer back per request, never by blocking a queue that other requests sha
 **Backlog pause.** A stage stops draining its scheduler's outbox (:func:`hold_back`)
 when one request has :data:`BACKLOG_HIGH` outputs waiting for its task, and resumes
 (:func:`let_through`) once that backlog is down to :data:`BACKLOG_LOW` or the request has
-ended.  The outputs wait in the scheduler's own outbox meanwhile, so a bounded outbox
-bounds the memory, and a scheduler that outruns its consumer is slowed, not buffered.
+ended.  The outputs wait in the scheduler's own outbox meanwhile.  Only a bounded outbox
+(``queue.Queue(maxsize=n)``; ``put`` and :func:`omnitrio.contract.put_messages` block when
+it is full) then bounds the memory and slows a scheduler that outruns its consumer; the
+shipped schedulers' outboxes are unbounded, so with them the pause moves the backlog into
+the outbox rather than bounding it, and what bounds a stream is its consumer's credits.
 """
 
 from __future__ import annotations
@@ -76,10 +79,9 @@ class Consumed:
 
 
 class Outbox(Protocol):
-    """The part of :class:`omnitrio.bridge.SchedulerBridge` the backlog pause drives."""
+    """The part of :class:`omnitrio.outbox_drain.OutboxDrain` the backlog pause drives."""
 
-    @property
-    def paused(self) -> bool: ...
+    paused: bool
 
     def pause(self) -> None: ...
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from omnitrio.children import Children, stage_health
+from omnitrio.children import Children
 from omnitrio.config import PipelineConfig
-from omnitrio.coordinator import Coordinator, RequestStream
+from omnitrio.coordinator import Coordinator
 from omnitrio.events import EventRecorder, combine_hooks
+from omnitrio.health import Figures, stage_entry
 from omnitrio.metrics import PipelineMetrics
 from omnitrio.stage import Stage
 from omnitrio.topology import MAIN
@@ -39,41 +40,17 @@ class Pipeline:
         self.metrics = PipelineMetrics(stage_health=self._stage_gauges, request_ages=coordinator.request_ages)
         self.metrics_registry = self.metrics.registry
         coordinator.on_event = combine_hooks(self.metrics.on_event, recorder.coordinator_event if recorder else None)
-
-    async def submit(
-        self,
-        request_id: str,
-        inputs: Any,
-        *,
-        params: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> Any:
-        """Run one request; return the terminal ``payload.data`` (see ``Coordinator.submit``).
-
-        ``params`` and ``metadata`` become the fields of the ``OmniRequest`` every stage sees.
-        """
-        return await self.coordinator.submit(request_id, inputs, params=params, timeout=timeout, metadata=metadata)
-
-    def stream(
-        self,
-        request_id: str,
-        inputs: Any,
-        *,
-        params: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> RequestStream:
-        """Stream one request (see ``Coordinator.stream``)."""
-        return self.coordinator.stream(request_id, inputs, params=params, timeout=timeout, metadata=metadata)
-
-    async def abort(self, request_id: str, *, wait: bool = False) -> bool:
-        """Abort a live request everywhere; True if it was live (see ``Coordinator.abort``)."""
-        return await self.coordinator.abort(request_id, wait=wait)
+        self.submit = coordinator.submit
+        """Run one request; return the terminal ``payload.data`` (:meth:`Coordinator.submit`)."""
+        self.stream = coordinator.stream
+        """Stream one request (:meth:`Coordinator.stream`)."""
+        self.abort = coordinator.abort
+        """Abort a live request everywhere; True if it was live (:meth:`Coordinator.abort`)."""
 
     async def health(self) -> dict[str, Any]:
         """``{"requests": n, "overdue_requests": k, "oldest_request_age_s": s | None,
-        "stages": {name: {alive, pid, process, active_requests, restarts}}}``.
+        "stages": {name: {alive, pid, process, active_requests, restarts, dead}}}`` (see
+        :mod:`omnitrio.health`).
 
         ``overdue_requests`` counts requests still held past their deadline (see
         ``Coordinator.request_ages``); ``oldest_request_age_s`` is the age of the oldest live one.
@@ -83,7 +60,7 @@ class Pipeline:
         """
         pid = os.getpid()
         stages = {
-            name: stage_health(True, pid, stage.plan.config.process or MAIN, stage.active_requests, stage.restarts)
+            name: stage_entry(True, pid, stage.plan.config.process or MAIN, Figures.of(stage))
             for name, stage in self._stages.items()
         }
         stages.update(await self._children.health())

@@ -3,15 +3,20 @@
 ::
 
     stage nursery
-    ├── scheduler supervisor   the scheduler thread (via SchedulerBridge); a fresh
-    │                          scheduler if start() raises, failing the requests it held
+    ├── scheduler supervisor   SchedulerSupervisor: the scheduler thread (via SchedulerBridge);
+    │                          a fresh scheduler when one crashes (failing the requests it
+    │                          held), within the stage's restart policy; else the stage is dead
     └── request tasks          one per live request: StageRequest.serve()
 
 Messages for the stage arrive through :meth:`Stage.deliver`, a synchronous call made by
 whoever routes them (another stage in this process, the coordinator, or the socket
 reader of this process).  It keeps per-edge order: a payload, chunk or end-of-stream is
-handed to the scheduler in the order it arrived, and everything delivered in one pass of
-the trio loop reaches the scheduler's inbox in one atomic step.
+handed to the scheduler in the order it arrived; what is delivered before the inbox feed
+runs next reaches the scheduler's inbox in one atomic step (:mod:`omnitrio.inbox_feed`
+says precisely when that is).
+
+A dead stage (its scheduler could not be rebuilt) fails every request it held and every
+new one with ``StageDead``, naming the stage and why; the other stages keep serving.
 
 Each live request is a :class:`~omnitrio.stage_request.StageRequest`, served by its own
 task; abort is its ``cancel_scope.cancel()``, and its finish tells the scheduler, releases
@@ -28,10 +33,12 @@ import trio
 
 from omnitrio.bridge import LoopIdle, SchedulerBridge
 from omnitrio.contract import IncomingMessage, OutgoingMessage
-from omnitrio.envelopes import Abort, Chunk, Credit, Done, Failed, Payload, Released, ToStage
+from omnitrio.envelopes import UNBOUND, Abort, Chunk, Credit, Done, Failed, Payload, Released, ToStage
 from omnitrio.events import EventRecorder
 from omnitrio.flow import hold_back
+from omnitrio.inbox_feed import InboxFeed
 from omnitrio.stage_request import Phase, StageRequest
+from omnitrio.supervision import RestartPolicy, SchedulerSupervisor
 from omnitrio.switchboard import Switchboard
 from omnitrio.tombstones import Tombstones
 from omnitrio.topology import StagePlan
@@ -67,17 +74,34 @@ class Stage:
         self.tombstones = Tombstones()
         self._nursery: trio.Nursery | None = None
         self.bridge: SchedulerBridge | None = None
-        self.restarts = 0
         self.scheduler: Any = None
+        self.supervisor = SchedulerSupervisor(
+            self.name,
+            build_scheduler,
+            RestartPolicy.of(plan.config),
+            self._new_bridge,
+            InboxFeed(self._on_handed_over),
+            on_crash=self._scheduler_crashed,
+            on_dead=self._scheduler_dead,
+        )
 
     # -- health ---------------------------------------------------------------------
 
     @property
+    def restarts(self) -> int:
+        """Schedulers built after the first."""
+        return self.supervisor.restarts
+
+    @property
+    def dead(self) -> str | None:
+        """Why the stage is dead (its scheduler could not be rebuilt); None while it serves."""
+        return self.supervisor.dead_reason
+
+    @property
     def queue_depth(self) -> int:
-        """Messages waiting for the scheduler: in its inbox (when it can say) and in the bridge."""
+        """Messages waiting for the scheduler: in its inbox (when it can say) and in the feed."""
         qsize = getattr(getattr(self.scheduler, "inbox", None), "qsize", None)
-        waiting = self.bridge.waiting if self.bridge is not None else 0
-        return (int(qsize()) if callable(qsize) else 0) + waiting
+        return (int(qsize()) if callable(qsize) else 0) + self.supervisor.feed.waiting
 
     def holds(self, request_id: str, inc: int) -> bool:
         """True while this stage holds that incarnation of the request."""
@@ -95,51 +119,30 @@ class Stage:
         """Serve until cancelled; ``started`` once the scheduler has warmed up."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            await nursery.start(self._supervise_scheduler)
+            await nursery.start(self.supervisor.run)
             task_status.started()
 
-    async def _supervise_scheduler(self, *, task_status: trio.TaskStatus[None]) -> None:
-        started = False
-        while True:
-            if started:
-                # Synchronously: requests keep arriving and must find the new bridge.
-                self.scheduler = self._build_scheduler()
-            else:
-                # Loading models can take seconds: build in a worker thread so the IO loop
-                # (and the other stages of this process, loading in parallel) stay responsive.
-                self.scheduler = await trio.to_thread.run_sync(self._build_scheduler)
-            bridge = SchedulerBridge(
-                self.scheduler,
-                self.name,
-                self._on_outputs,
-                self._on_handed_over,
-                nice=self._scheduler_nice,
-                first_output=self._no_output_yet,
-                idle=self._loop_idle,
-            )
-            self.bridge = bridge
-            if started:
-                failure = await bridge.run()
-            else:
-                failure = await self._first_run(bridge, task_status)
-                started = True
-            if failure is None:
-                return
-            log.error("stage %r: scheduler crashed, restarting it: %r", self.name, failure)
-            self.restarts += 1
-            for req in list(self.requests.values()):
-                req.lost(failure)
+    def _new_bridge(self, scheduler: Any, feed: InboxFeed) -> SchedulerBridge:
+        """A scheduler life begins: its bridge is the one requests use from now on."""
+        self.scheduler = scheduler
+        self.bridge = SchedulerBridge(
+            scheduler,
+            self.name,
+            self._on_outputs,
+            feed=feed,
+            nice=self._scheduler_nice,
+            first_output=self._no_output_yet,
+            idle=self._loop_idle,
+        )
+        return self.bridge
 
-    async def _first_run(self, bridge: SchedulerBridge, task_status: trio.TaskStatus[None]) -> BaseException | None:
-        result: list[BaseException | None] = []
+    def _scheduler_crashed(self, failure: BaseException) -> None:
+        for req in list(self.requests.values()):
+            req.lost(failure)
 
-        async def run_bridge(*, task_status: trio.TaskStatus[None]) -> None:
-            result.append(await bridge.run(task_status=task_status))
-
-        async with trio.open_nursery() as nursery:
-            await nursery.start(run_bridge)
-            task_status.started()
-        return result[0]
+    def _scheduler_dead(self, reason: str) -> None:
+        for req in list(self.requests.values()):
+            req.dead(reason)
 
     # -- inbound --------------------------------------------------------------------
 
@@ -155,7 +158,7 @@ class Stage:
                     self.board.send(Released(rid, inc, self.name))
             case Credit(rid=rid, inc=inc, n=n, src=src):
                 req = self.requests.get(rid)
-                if req is not None and req.inc == inc:
+                if req is not None and (req.inc == inc or req.inc == UNBOUND):
                     req.grant(src, n)
             case Payload() | Chunk() | Done():
                 req = self._request_for(envelope)
@@ -172,6 +175,10 @@ class Stage:
         if req is not None:
             return req if req.inc == inc else None
         if self.tombstones.buries(rid, inc) or self._nursery is None:
+            return None
+        if self.supervisor.dead_reason is not None:
+            self.board.send(Failed(rid, inc, self.name, "StageDead", self.supervisor.dead_reason, False))
+            self.tombstones.add(rid, inc)
             return None
         limit = self.plan.config.max_queue
         if limit is not None and len(self.requests) >= limit:
@@ -211,6 +218,6 @@ class Stage:
             if req is not None:
                 backlog = req.push(out)
                 if self.bridge is not None:
-                    hold_back(self.bridge, backlog)
+                    hold_back(self.bridge.outbox, backlog)
             elif out.type == "admitted" and self._nursery is not None:
-                self._start(StageRequest(self, out.request_id, 0, Phase.SCHEDULED))
+                self._start(StageRequest(self, out.request_id, UNBOUND, Phase.SCHEDULED))

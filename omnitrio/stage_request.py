@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -42,10 +42,28 @@ from omnitrio.events import (
 from omnitrio.fanin import FanIn, FanInError
 from omnitrio.flow import CREDIT_BATCH, Consumed, Credits, let_through
 from omnitrio.mailbox import Mailbox
+from omnitrio.supervision import StageDead
 from omnitrio.topology import StageFunctionError
 
 if TYPE_CHECKING:
-    from omnitrio.stage import Stage
+    from omnitrio.bridge import SchedulerBridge
+    from omnitrio.events import EventRecorder
+    from omnitrio.switchboard import Switchboard
+    from omnitrio.tombstones import Tombstones
+    from omnitrio.topology import StagePlan
+
+
+class Host(Protocol):
+    """What a request uses of its stage (:class:`omnitrio.stage.Stage`)."""
+
+    name: str
+    plan: StagePlan
+    board: Switchboard
+    recorder: EventRecorder | None
+    bridge: SchedulerBridge | None
+    requests: dict[str, StageRequest]
+    tombstones: Tombstones
+
 
 OUTPUT_SLICE = 32
 """Most outputs one request handles per turn: a burst leaves in batches, other requests wait one slice."""
@@ -113,7 +131,7 @@ class StageRequest:
         "stage",
     )
 
-    def __init__(self, stage: Stage, request_id: str, inc: int, phase: Phase = Phase.ARRIVING) -> None:
+    def __init__(self, stage: Host, request_id: str, inc: int, phase: Phase = Phase.ARRIVING) -> None:
         self.stage = stage
         self.request_id = request_id
         self.inc = inc
@@ -213,6 +231,12 @@ class StageRequest:
             self.phase = Phase.LOST
             self.fail_with(RuntimeError(f"scheduler crashed: {type(failure).__name__}: {failure}"))
 
+    def dead(self, reason: str) -> None:
+        """The stage is dead (no scheduler will serve it): fail it, whatever its phase."""
+        if self.phase < Phase.LOST:
+            self.phase = Phase.LOST
+            self.fail_with(StageDead(reason))
+
     # -- 3. outputs -----------------------------------------------------------------
 
     @property
@@ -243,7 +267,7 @@ class StageRequest:
                 async for outputs in self.outputs.slices(OUTPUT_SLICE):
                     bridge = self.stage.bridge
                     if bridge is not None:
-                        let_through(bridge, self.outputs)  # the backlog shrinks only as a slice is taken
+                        let_through(bridge.outbox, self.outputs)  # the backlog shrinks only as a slice is taken
                     for n, out in enumerate(outputs):
                         if n:  # a local send of the output before may have aborted the request
                             await trio.lowlevel.checkpoint_if_cancelled()
@@ -257,6 +281,10 @@ class StageRequest:
                             case "error":
                                 outcome = Outcome.FAILED
                                 self._fail(out.data)
+                                return
+                            case "kv_transfer":
+                                # The request goes on at the stage whose scheduler admits it.
+                                outcome = Outcome.DONE
                                 return
         except (StageFunctionError, FanInError) as exc:
             outcome = Outcome.FAILED
@@ -349,7 +377,7 @@ class StageRequest:
         self.outputs.close()
         bridge = stage.bridge
         if bridge is not None:
-            let_through(bridge, ())  # the backlog that paused it may have been this request's
+            let_through(bridge.outbox, ())  # the backlog that paused it may have been this request's
             if held and outcome is not Outcome.DONE:
                 bridge.abort(rid)
         stage.board.let_go(rid, self.inc, stage.name, self.leases)

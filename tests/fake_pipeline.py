@@ -53,8 +53,6 @@ def request_text(inputs: Any) -> str:
             return text
         case {"task": "transcription", "prompt": str(prompt)}:
             return prompt
-        case {"task": "realtime", "session": {"instructions": str(instructions)}}:
-            return instructions
     return ""
 
 

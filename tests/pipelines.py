@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+import trio.testing
 
 from omnitrio import FactoryArgs, PipelineConfig, StageConfig
 
@@ -61,6 +62,14 @@ async def settled(pipeline: Any, timeout: float = 5.0) -> dict[str, Any]:
             if health["requests"] == 0 and all(s["active_requests"] == 0 for s in health["stages"].values()):
                 return health
             await trio.sleep(0.002)
+
+
+async def until_held(pipeline: Any, stage: str, timeout: float = 10.0) -> None:
+    """Wait until ``stage`` holds a request: each round lets this process's tasks settle, then asks
+    ``health()`` (which waits for stage processes to answer)."""
+    with trio.fail_after(timeout):
+        while (await pipeline.health())["stages"][stage]["active_requests"] == 0:
+            await trio.testing.wait_all_tasks_blocked()
 
 
 def talk_config(*, accept_early: bool = True, process: bool = False, **producer: object) -> PipelineConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import pydantic
@@ -13,8 +14,8 @@ GA = pydantic.TypeAdapter(GaEvent)
 BETA = pydantic.TypeAdapter(BetaEvent)
 SESSION_EXTRAS = {".session.id", ".session.object"}
 OMNITRIO_EVENTS = {  # extension events (omnitrio.serve.realtime_interruption) and their fields
-    "output_audio_buffer.paused": {"event_id", "response_id", "audio_end_ms", "decide_ms"},
-    "output_audio_buffer.resumed": {"event_id", "response_id", "reason", "transcript"},
+    "omnitrio.output_audio_buffer.paused": {"event_id", "response_id", "audio_end_ms", "decide_ms"},
+    "omnitrio.output_audio_buffer.resumed": {"event_id", "response_id", "reason", "transcript"},
 }
 
 
@@ -50,3 +51,9 @@ def undefined_fields(model: Any, path: str = "") -> list[str]:
         case list():
             return [field for index, value in enumerate(model) for field in undefined_fields(value, f"{path}[{index}]")]
     return []
+
+
+def ga_event_types() -> frozenset[str]:
+    """Every ``type`` of the SDK's GA server event union."""
+    members = typing.get_args(typing.get_args(GaEvent)[0])
+    return frozenset(name for member in members for name in typing.get_args(member.model_fields["type"].annotation))

@@ -17,7 +17,7 @@ import trio
 import omnitrio.children
 from omnitrio import FactoryArgs, RequestFailed, open_pipeline
 from omnitrio.placement.actors import ActorProcess
-from tests.pipelines import T, chain_config, settled
+from tests.pipelines import T, chain_config, settled, until_held
 
 LATE = 2.0
 
@@ -47,7 +47,7 @@ async def test_a_process_whose_connection_drops_fails_its_requests_before_its_wa
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(caller)
-            await trio.sleep(0.3)
+            await until_held(pipeline, "s1")
             os.kill(victim, signal.SIGKILL)
         with trio.fail_after(60):
             while not (await pipeline.health())["stages"]["s1"]["alive"]:

@@ -147,7 +147,55 @@ async def test_metrics_show_what_a_stage_process_holds_now() -> None:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             for held in (1, 2):
                 nursery.start_soon(pipeline.submit, f"r{held}", "x")
-                await trio.sleep(0.3)
+                with trio.fail_after(30):  # each health() waits for the stage process's answer
+                    while (await pipeline.health())["stages"]["slow"]["active_requests"] < held:
+                        pass
                 text = (await client.get("/metrics")).text
                 assert f'omnitrio_stage_active_requests{{stage="slow"}} {held:.1f}' in text
         nursery.cancel_scope.cancel()
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every module ``path`` names in an import, type-only ones included (``from a import b``: ``a`` and ``a.b``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        match node:
+            case ast.Import(names=names):
+                found.update(a.name for a in names)
+            case ast.ImportFrom(module=str(base), level=0):
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def test_schedulers_import_only_the_contract_from_omnitrio_and_never_trio() -> None:
+    crossings = []
+    for path in sorted((ROOT / "schedulers").rglob("*.py")):
+        for name in sorted(all_imports(path)):
+            top = name.split(".")[0]
+            if top == "trio" or (top == "omnitrio" and name not in ("omnitrio", "omnitrio.contract")):
+                if not name.startswith("omnitrio.contract."):
+                    crossings.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert crossings == []
+
+
+def test_the_runtime_has_no_import_circle_even_through_type_only_imports() -> None:
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: (all_imports(path) & set(paths)) - {name} for name, path in paths.items()}
+    circles = [
+        f"{name} <-> {other}"
+        for name, targets in graph.items()
+        for other in targets
+        if name < other and name in graph[other]
+    ]
+    assert circles == []
+
+
+def test_importing_the_realtime_session_core_loads_no_server() -> None:
+    probe = (
+        "import sys, omnitrio.serve.realtime_session\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('hypercorn', 'starlette')"
+        " or m in ('omnitrio.serve.app', 'omnitrio.serve.server'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.split() == []

@@ -79,6 +79,29 @@ async def test_chat_answers_whole_streamed_and_within_its_limits() -> None:
         assert sampled[0].choices[0].message.content == sampled[1].choices[0].message.content
 
 
+async def test_a_follow_up_question_is_answered_from_the_previous_turn() -> None:
+    async with client() as api:
+        first = await api.chat.completions.create(model="omnitrio-speech", messages=QUESTION)
+        said = first.choices[0].message.content or ""
+        follow_up: list[Any] = [
+            *QUESTION,
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": "And what about Germany?"},
+        ]
+        answer = await api.chat.completions.create(model="omnitrio-speech", messages=follow_up)
+    assert "Berlin" in (answer.choices[0].message.content or "")
+
+
+async def test_questions_a_small_model_loops_on_end_before_the_token_cap() -> None:
+    async with client() as api:
+        for question in ["What's a good name for a pet cat?", "Give me a sleep tip."]:
+            answer = await api.chat.completions.create(
+                model="omnitrio-speech", messages=[{"role": "user", "content": question}]
+            )
+            assert answer.choices[0].finish_reason == "stop", question
+            assert answer.usage is not None and answer.usage.completion_tokens < 128, question
+
+
 async def test_a_spoken_answer_streams_audio_with_the_models_words_as_transcript() -> None:
     async with client() as api:
         stream = await api.chat.completions.create(
@@ -117,10 +140,10 @@ async def test_a_request_over_the_context_is_a_400_whole_or_streamed_and_penalti
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as refused:
                 await api.chat.completions.create(
-                    model="gpt-4o-mini", messages=QUESTION, max_tokens=1000, stream=stream
+                    model="gpt-4o-mini", messages=QUESTION, max_tokens=9000, stream=stream
                 )
             assert refused.value.code == "context_length_exceeded" and refused.value.param == "messages"
-            assert "maximum context length is 1024 tokens" in refused.value.message
+            assert "maximum context length is 8192 tokens" in refused.value.message
         cat: list[Any] = [{"role": "user", "content": "What's a good name for a pet cat?"}]
         plain = await api.chat.completions.create(model="omnitrio-speech", messages=cat, max_tokens=60)
         penalised = await api.chat.completions.create(

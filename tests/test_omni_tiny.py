@@ -215,12 +215,6 @@ def run_responder(data: Any, inputs: Any) -> Any:
         thread.join(timeout=10)
 
 
-def test_responder_answers_a_realtime_transcript_with_text() -> None:
-    out = run_responder({"text": "turn left", "language": "en"}, {"task": "realtime"})
-    assert out.type == "result"
-    assert isinstance(out.data.data["text"], str) and len(out.data.data["output_token_ids"]) == 6
-
-
 def test_responder_answers_raw_chat_inputs() -> None:
     inputs = chat("hello")
     out = run_responder({"raw_inputs": inputs}, inputs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from omnitrio import (
     DuplicateRequest,
@@ -153,7 +154,7 @@ async def test_abort_reports_whether_it_aborted_and_the_caller_sees_it() -> None
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(caller)
-            await trio.sleep(0.02)
+            await trio.testing.wait_all_tasks_blocked()  # r1 waits at the slow stage
             assert await pipeline.abort("r1", wait=True) is True
         assert caught and caught[0].request_id == "r1"
         health = await pipeline.health()
@@ -167,7 +168,7 @@ async def test_a_live_request_id_is_rejected() -> None:
     async with open_pipeline(chain_config(2, factory="create_slow"), inline=True) as pipeline:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pipeline.submit, "r1", "x")
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()  # what was started waits at the slow stage
             with pytest.raises(DuplicateRequest, match="'r1' is still live"):
                 await pipeline.submit("r1", "y")
             nursery.cancel_scope.cancel()
@@ -187,7 +188,7 @@ async def test_max_in_flight_refuses_at_once_with_overloaded() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pipeline.submit, "a", 1)
             nursery.start_soon(pipeline.submit, "b", 2)
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()  # what was started waits at the slow stage
             with pytest.raises(Overloaded, match="max_in_flight=2"):
                 await pipeline.submit("c", 3)
             nursery.cancel_scope.cancel()
@@ -199,7 +200,7 @@ async def test_stage_queue_bound_refuses_with_overloaded() -> None:
     async with open_pipeline(config, inline=True) as pipeline:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pipeline.submit, "a", 1)
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()  # what was started waits at the slow stage
             with pytest.raises(Overloaded, match=r"stage 's0': stage queue is full \(1 requests\)"):
                 await pipeline.submit("b", 2)
             nursery.cancel_scope.cancel()

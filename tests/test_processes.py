@@ -14,7 +14,7 @@ import trio
 
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, StageConfig, open_pipeline
 from omnitrio.errors import StartupError
-from tests.pipelines import T, chain_config, fan_config, settled
+from tests.pipelines import T, chain_config, fan_config, settled, until_held
 from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPUT
 from toys.seed import ch4_batch, ch4_fanin, ch4_stream
 
@@ -193,7 +193,7 @@ async def test_a_killed_stage_process_fails_its_requests_fast_and_is_restarted(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(caller)
-            await trio.sleep(0.3)
+            await until_held(pipeline, "s1")
             killed_at = time.perf_counter()
             os.kill(victim, signal.SIGKILL)
         assert failed_at[0] - killed_at < 1.0

@@ -137,7 +137,7 @@ async def test_opted_in_a_backchannel_over_an_answer_pauses_then_resumes_it_and_
     response = playing(c)
     out = await feed(c, [SpeechStarted(100), SpeechPaused(600), SpeechStopped(900)], RESUMING)
     kinds = [o.event["type"] if isinstance(o, Notice) else type(o).__name__ for o in out]
-    assert kinds == ["Began", "output_audio_buffer.paused", "output_audio_buffer.resumed"]
+    assert kinds == ["Began", "omnitrio.output_audio_buffer.paused", "omnitrio.output_audio_buffer.resumed"]
     assert response.state is ResponseState.PLAYING and c.turns.state is TurnState.SILENT
     assert c.heard == [bytes(2 * 500 * MS)]  # the speech was judged from its start to the pause
 

@@ -174,13 +174,3 @@ async def test_an_unreachable_server_is_an_error_naming_its_url() -> None:
             scheduler.inbox.put(chat("r1"))
             got = await outputs(scheduler.outbox)
     assert got[-1].type == "error" and url in str(got[-1].data)
-
-
-async def test_a_silent_realtime_turn_is_answered_with_silence_without_asking() -> None:
-    async with scripted_server() as server:
-        with running(responder(server.base_url)) as scheduler:
-            inputs = {"task": "realtime", "messages": [], "session_id": "s"}
-            payload = StagePayload("r1", OmniRequest(inputs=inputs, params={"stream": True}), {"text": "  "})
-            scheduler.inbox.put(IncomingMessage("r1", "new_request", payload))
-            got = await outputs(scheduler.outbox)
-    assert got[-1].data.data["text"] == "" and not server.bodies

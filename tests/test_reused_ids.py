@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from omnitrio import CompleteMessage, PipelineConfig, RequestAborted, StageConfig, StreamMessage, open_pipeline
-from tests.pipelines import settled
+from tests.pipelines import settled, until_held
 
 R = "tests.reuse_stages"
 AR = "tests.reuse_ar_stages"
@@ -189,7 +189,7 @@ async def test_id_aborted_mid_compute_runs_again(family: str, process: bool) -> 
                         await pipeline.submit("r1", {"sleep": 0.5, "tag": "first"})
 
                 nursery.start_soon(first_life)
-                await trio.sleep(0.1)
+                await until_held(pipeline, "only")
                 assert await pipeline.abort("r1", wait=True)
             assert await pipeline.submit("r1", {"sleep": 0, "tag": "second"}) == {"tag": "second"}
             await settled(pipeline)

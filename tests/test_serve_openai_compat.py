@@ -228,6 +228,12 @@ async def test_openai_model_names_are_accepted_on_their_routes(served: Served) -
     assert len(served.fake.history) == 6
 
 
+async def test_a_dated_version_of_an_openai_name_is_accepted_and_a_lookalike_is_not(served: Served) -> None:
+    await call(served, lambda c: c.chat.completions.create(model="gpt-4o-mini-2024-07-18", messages=user("hi")))
+    error = await refused(served, lambda c: c.chat.completions.create(model="gpt-4o-miniature", messages=user("hi")))
+    assert isinstance(error, openai.NotFoundError) and error.code == "model_not_found"
+
+
 async def test_models_lists_each_alias_as_an_alias_of_the_served_pipeline(served: Served) -> None:
     cards = {m.id: m for m in await call(served, lambda c: list(c.models.list()))}
     for task in ("chat", "speech", "transcription", "realtime"):
@@ -257,7 +263,8 @@ async def test_a_realtime_model_not_served_gets_an_error_event_then_the_close(se
     assert closed.value.reason.code == 1008
 
 
-async def test_a_realtime_openai_model_name_opens_the_session(served: Served) -> None:
-    async with trio_websocket.open_websocket_url(served.ws_url + "?model=gpt-realtime") as ws:
+@pytest.mark.parametrize("model", ["gpt-realtime", "gpt-realtime-2.1", "gpt-4o-realtime-preview-2024-12-17"])
+async def test_a_realtime_openai_model_name_opens_the_session(served: Served, model: str) -> None:
+    async with trio_websocket.open_websocket_url(served.ws_url + f"?model={model}") as ws:
         event = json.loads(await ws.get_message())
     assert event["type"] == "session.created"

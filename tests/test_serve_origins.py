@@ -75,3 +75,16 @@ async def test_by_default_a_websocket_from_any_browser_page_is_refused(nursery: 
         ):
             pass
     assert rejected.value.status_code == 403
+
+
+async def test_a_refused_websocket_origin_is_logged_once_with_the_setting_that_allows_it(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = await start_server(nursery, allowed_origins=[APP])
+    for _ in range(2):  # a page's reconnect loop
+        with pytest.raises(trio_websocket.ConnectionRejected):
+            async with trio_websocket.open_websocket_url(served.ws_url, extra_headers=[("Origin", "http://page.test")]):
+                pass
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "page.test" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "'http://page.test'" in warnings[0] and "--allowed-origin http://page.test" in warnings[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from typing import Any
@@ -65,11 +66,33 @@ def test_burst_queued_before_start_forms_one_batch() -> None:
     assert rec.batches == [["r0", "r1", "r2", "r3"]]
 
 
+class WindowInbox(queue.Queue[IncomingMessage]):
+    """An inbox that says when its scheduler waits in a batching window (a ``get`` with a timeout
+    on an empty queue), so a test puts its late joiner inside the window, however loaded the machine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_window = threading.Event()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> IncomingMessage:
+        if timeout is not None:
+            with self.mutex:
+                if not self.queue:
+                    self.in_window.set()
+        return super().get(block, timeout)
+
+
+def windowed(scheduler: SimpleScheduler) -> SimpleScheduler:
+    scheduler.inbox = WindowInbox()
+    return scheduler
+
+
 def test_idle_window_holds_a_lone_request_for_a_late_joiner() -> None:
     rec = BatchRecorder()
-    with running(batching_scheduler(rec, max_batch_size=2, max_batch_wait_ms=5_000, batch_wait_when_idle=True)) as s:
+    s = windowed(batching_scheduler(rec, max_batch_size=2, max_batch_wait_ms=5_000, batch_wait_when_idle=True))
+    with running(s):
         s.inbox.put(new("first"))
-        time.sleep(0.05)  # the scheduler has taken "first" and is waiting in its window
+        assert s.inbox.in_window.wait(TIMEOUT)  # the scheduler has taken "first" and waits in its window
         s.inbox.put(new("second"))
         outs = take(s.outbox, 2)
     assert rec.batches == [["first", "second"]]
@@ -90,9 +113,10 @@ def test_idle_stage_dispatches_a_lone_request_at_once_without_idle_wait() -> Non
 
 def test_window_opens_when_second_request_joins_without_idle_wait() -> None:
     rec = BatchRecorder()
-    with running(batching_scheduler(rec, max_batch_size=3, max_batch_wait_ms=5_000, batch_wait_when_idle=False)) as s:
+    s = windowed(batching_scheduler(rec, max_batch_size=3, max_batch_wait_ms=5_000, batch_wait_when_idle=False))
+    with running(s):
         put_atomically(s.inbox, [new("a"), new("b")])
-        time.sleep(0.05)  # "a" and "b" form a batch whose window is now open
+        assert s.inbox.in_window.wait(TIMEOUT)  # "a" and "b" form a batch whose window is now open
         s.inbox.put(new("c"))
         take(s.outbox, 3)
     assert rec.batches == [["a", "b", "c"]]

@@ -12,6 +12,7 @@ import pytest
 from omnitrio import CompleteMessage, Pipeline, RequestFailed, StreamMessage, open_pipeline
 from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.config import load
+from schedulers.speech.pipeline import task_of
 from schedulers.speech.vad import EnergyScorer, VoiceActivityDetector
 from toys.speech_text import heard_as
 
@@ -99,19 +100,10 @@ async def test_transcription_hears_piper_speech_resampled_from_22khz() -> None:
     assert heard_as(result["text"], SENTENCE)
 
 
-@pytest.mark.slow
-async def test_realtime_turn_is_answered_with_speech_of_its_transcript() -> None:
-    async with speech_pipeline() as pipeline:
-        chunks, result = await collect(pipeline, "r", {"task": "realtime", "audio": spoken(SENTENCE), "session": {}})
-    assert any(c.modality == "audio" for c in chunks)
-    assert heard_as(result["transcript"], SENTENCE)
-
-
-@pytest.mark.slow
-async def test_realtime_turn_of_silence_is_answered_without_audio() -> None:
-    async with speech_pipeline() as pipeline:
-        chunks, result = await collect(pipeline, "q", {"task": "realtime", "audio": np.zeros(16_000, np.float32)})
-    assert chunks == [] and result["num_samples"] == 0
+def test_the_pipeline_takes_no_realtime_task_the_server_never_sends() -> None:
+    # A realtime session sends transcription, chat and asr_session requests (omnitrio.serve).
+    with pytest.raises(ValueError, match="inputs need 'task' set to one of"):
+        task_of({"task": "realtime", "audio": np.zeros(16_000, np.float32)})
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from typing import Any
 import numpy
 import torch
 import trio
+import trio.testing
 
 from omnitrio.envelopes import Payload, ToStage
 from omnitrio.switchboard import Lease, Switchboard
@@ -120,7 +121,7 @@ async def test_a_peer_that_goes_away_is_noticed_through_the_connection() -> None
             a.send_control("b", wire.HealthQuery(1))
             await heard.wait()  # connected
             nursery.start_soon(watch)
-            await trio.sleep(0.2)
+            await trio.testing.wait_all_tasks_blocked()  # watch waits on the live connection
             assert not lost.is_set()
             b_alive.cancel()  # b closes its sockets, as a process does when it dies
             await lost.wait()

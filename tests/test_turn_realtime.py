@@ -28,6 +28,7 @@ COMPLETE = "What is the capital of France?"
 ANSWER = "The train to Boston leaves from platform seven. The library closes at nine."
 RATE = 24_000
 TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
+PAUSED, RESUMED = "omnitrio.output_audio_buffer.paused", "omnitrio.output_audio_buffer.resumed"
 
 
 async def set_turn_detection(rt: RealtimeClient, detection: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +106,8 @@ def sdk_speaks_over_the_answer(url: str, over: bytes) -> list[Any]:
         connection.recv()
         # A decide window no load can run out: what is judged is the words, not how fast they are heard.
         detection = {"type": "server_vad", "false_interruptions": {"decide_ms": 10_000}}
-        connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": detection}}})  # type: ignore[typeddict-item,arg-type]
+        session = {"type": "realtime", "omnitrio_events": True, "audio": {"input": {"turn_detection": detection}}}
+        connection.session.update(session=session)  # type: ignore[arg-type]
         while connection.recv().type != "session.updated":
             continue
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ANSWER}]}
@@ -142,7 +144,7 @@ def audio_deltas(events: list[Any]) -> list[bytes]:
 
 async def test_a_backchannel_over_the_answer_pauses_it_then_it_resumes_with_all_its_audio() -> None:
     events, types = await speak_over_the_answer("Okay.")
-    paused, resumed = types.index("output_audio_buffer.paused"), types.index("output_audio_buffer.resumed")
+    paused, resumed = types.index(PAUSED), types.index(RESUMED)
     assert types.index("input_audio_buffer.speech_started") < paused < resumed
     assert "response.output_audio.delta" not in types[paused:resumed]
     assert events[resumed].reason == "backchannel" and heard_as(events[resumed].transcript, "Okay.")
@@ -156,8 +158,8 @@ async def test_a_backchannel_over_the_answer_pauses_it_then_it_resumes_with_all_
 
 async def test_a_real_interruption_over_the_answer_cancels_it() -> None:
     events, types = await speak_over_the_answer("Wait, when does the next train leave?")
-    paused = types.index("output_audio_buffer.paused")
-    assert "output_audio_buffer.resumed" not in types
+    paused = types.index(PAUSED)
+    assert RESUMED not in types
     assert "response.output_audio.delta" not in types[paused:]
     done = events[types.index("response.done")].response
     assert (done.status, done.status_details.reason) == ("cancelled", "turn_detected")

@@ -36,6 +36,7 @@ LOOPBACK_ENV = {
     "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
 }
 """Set before ray is imported; the cluster's processes inherit them."""
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
 def loopback_env() -> None:
@@ -97,6 +98,7 @@ def ray_cluster(address: str | None = None, *, num_cpus: int | None = None) -> I
             "omnitrio.placement.cluster.loopback_env() before importing ray, or give a ray_address"
         )
     temp = tempfile.mkdtemp(prefix="otray-", dir="/tmp")  # short: Ray's socket paths live under it
+    auth_mode = os.environ.get(AUTH_MODE_ENV)
     try:
         with _bootstrap_home(temp):
             ray.init(
@@ -112,6 +114,25 @@ def ray_cluster(address: str | None = None, *, num_cpus: int | None = None) -> I
             ray.shutdown()
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+        _forget_auth_token(auth_mode)
+
+
+def _forget_auth_token(auth_mode: str | None) -> None:
+    """Leave Ray's token authentication as it was before this cluster started.
+
+    ``ray.init`` of a local cluster writes a fresh token into ``HOME`` (here: the cluster's own
+    directory, removed on exit), caches it for the process and sets ``RAY_AUTH_MODE``; the next
+    local cluster would then start with the stale token and never come up.
+    """
+    if auth_mode is None:
+        os.environ.pop(AUTH_MODE_ENV, None)
+    else:
+        os.environ[AUTH_MODE_ENV] = auth_mode
+    try:
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+    except ImportError:  # a Ray without token authentication
+        return
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 @asynccontextmanager

@@ -14,8 +14,11 @@ What the server hands a pipeline (``inputs``), by route:
 - speech: ``{"task": "speech", "input": str, "voice": str, "speed": float}``
 - transcription: ``{"task": "transcription", "audio": float32 mono numpy array at 16 kHz,
   "language": str | None, "prompt": str | None}``
-- realtime: ``{"task": "realtime", "audio": float32 mono numpy array at 16 kHz (the committed turn,
-  possibly empty), "session": {session config, GA shape, with response.create overrides}}``
+- realtime, which sends no input of its own: a committed turn is transcribed with
+  ``{"task": "transcription", "audio": ..., "quick": True}``, a response is a chat request with
+  ``"session_id"`` (the session's, or None for an out-of-band response), ``"max_tokens"``,
+  ``"modalities"`` and ``"speed"`` added, and server VAD drives an ASR session stage with
+  ``{"task": "asr_session", "command": {"op": "open" | "append" | "abort", "session_id", ...}}``
 
 What a pipeline streams back (``StreamMessage.modality`` and ``chunk``):
 
@@ -37,7 +40,35 @@ Audio at the API edge is PCM16 mono: chat and realtime at 24 kHz, speech ``pcm``
 (``Overloaded``…) become HTTP statuses even for streaming requests; see :mod:`.api_errors`.
 """
 
-from omnitrio.serve.app import create_app
-from omnitrio.serve.server import BindError, bind_socket, serve
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omnitrio.serve.app import create_app
+    from omnitrio.serve.server import BindError, bind_socket, serve
+
+_HOMES = {
+    "BindError": "omnitrio.serve.server",
+    "bind_socket": "omnitrio.serve.server",
+    "create_app": "omnitrio.serve.app",
+    "serve": "omnitrio.serve.server",
+}
+"""Where each public name lives: loaded on first use, so importing a submodule (the socket-free
+``realtime_session``) loads neither the app nor hypercorn."""
 
 __all__ = ["BindError", "bind_socket", "create_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'omnitrio.serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

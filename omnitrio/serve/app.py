@@ -42,7 +42,7 @@ from omnitrio.serve.chat import chat_completions
 from omnitrio.serve.client_secrets import ClientSecrets, client_secrets_route
 from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, new_id, served_tasks
 from omnitrio.serve.limits import ServeLimits
-from omnitrio.serve.models import accepted_models, model_card, model_cards, unknown_model
+from omnitrio.serve.models import is_accepted, model_card, model_cards, unknown_model
 from omnitrio.serve.origins import browser_middleware
 from omnitrio.serve.page import page_routes
 from omnitrio.serve.realtime import realtime_endpoint
@@ -182,7 +182,7 @@ async def _realtime(ctx: ServeContext, metrics: ApiMetrics, websocket: WebSocket
         await websocket.send_denial_response(error_response(error))
         return
     model = websocket.query_params.get("model")
-    if model is not None and model not in accepted_models(ctx, "realtime"):
+    if model is not None and not is_accepted(ctx, "realtime", model):
         metrics.count("realtime_session", "client_error")
         refusal = unknown_model(ctx, "realtime", model)
         await websocket.accept()

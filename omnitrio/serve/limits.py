@@ -6,7 +6,8 @@ Every limit is a field of :class:`ServeLimits`; ``serve --limit NAME=VALUE`` set
 ============================  ==========================================================================
 ``max_realtime_sessions``     realtime WebSockets open at once; one more is refused at connect time
                               (an ``error`` event, then close code 1013). Default: the smallest
-                              ``max_sessions`` among the pipeline's session stages, else 64.
+                              ``max_sessions`` the pipeline's config gives a stage's factory
+                              (``factory.max_sessions``), else 64.
 ``max_concurrent_requests``   HTTP ``/v1/*`` requests in flight at once (a streamed response counts
                               until its last byte); one more gets 429 with ``Retry-After``.
 ``max_body_bytes``            request bodies and uploads (413 beyond; OpenAI's 25 MiB by default).
@@ -21,18 +22,17 @@ request refused by them is answered 429 with ``Retry-After`` too.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
 from omnitrio.config import PipelineConfig
-from omnitrio.importing import import_object
 
 DEFAULT_MAX_BODY_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit for audio files
 DEFAULT_SESSIONS = 64
-SESSION_LIMIT_ARG = "max_sessions"  # a stage factory taking this keeps per-session state
+SESSION_LIMIT_ARG = "max_sessions"
+"""The factory argument by which a pipeline's config declares a stage's session limit."""
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -56,33 +56,22 @@ class ServeLimits:
 
 
 def session_stages(config: PipelineConfig) -> dict[str, int]:
-    """Each session stage of ``config`` and its ``max_sessions`` (configured, or the factory's default).
+    """Each stage whose config declares ``factory.max_sessions``, and that limit.
 
-    A session stage is one whose factory takes ``max_sessions``.
+    The config says it (the shipped pipelines set it on their session stages): the server
+    reads no factory's signature.
     """
     limits = {}
     for stage in config.stages:
-        configured = stage.factory.to_kwargs().get(SESSION_LIMIT_ARG)
-        if configured is None:
-            configured = _factory_default(stage.factory_path, SESSION_LIMIT_ARG)
-        if isinstance(configured, int):
-            limits[stage.name] = configured
+        declared = stage.factory.to_kwargs().get(SESSION_LIMIT_ARG)
+        if isinstance(declared, int) and not isinstance(declared, bool):
+            limits[stage.name] = declared
     return limits
 
 
 def session_limit(config: PipelineConfig) -> int | None:
     """The smallest ``max_sessions`` among ``config``'s session stages; None when it has none."""
     return min(session_stages(config).values(), default=None)
-
-
-def _factory_default(factory_path: str, name: str) -> Any:
-    try:
-        parameter = inspect.signature(import_object(factory_path)).parameters.get(name)
-    except (ImportError, ValueError, TypeError):
-        return None  # validation reports a factory that cannot be imported
-    if parameter is None or parameter.default is inspect.Parameter.empty:
-        return None
-    return parameter.default
 
 
 def limits_for(config: PipelineConfig | None, settings: Iterable[str] = ()) -> ServeLimits:

@@ -2,9 +2,11 @@
 
 Code moved from OpenAI names OpenAI's models (``whisper-1``, ``tts-1``, ``gpt-realtime``…). Each
 route accepts, besides the pipeline's own name, the names of :data:`MODEL_ALIASES` for its task,
-as aliases of the one pipeline served; ``/v1/models`` lists them, ``owned_by`` saying whose alias
-each is. Any other name is a 404 ``model_not_found`` naming the model(s) the route does serve. An
-alias is only offered for a task the pipeline serves.
+as aliases of the one pipeline served, and their dated or numbered versions (``gpt-realtime-2.1``,
+``gpt-4o-mini-2024-07-18``: an alias, a hyphen, then a digit), since clients default to those;
+``/v1/models`` lists the aliases, ``owned_by`` saying whose alias each is. Any other name is a 404
+``model_not_found`` naming the model(s) the route does serve. An alias is only offered for a task
+the pipeline serves.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ def accepted_models(ctx: ServeContext, task: str) -> tuple[str, ...]:
     return (ctx.pipeline.name, *MODEL_ALIASES.get(task, ()))
 
 
+def is_accepted(ctx: ServeContext, task: str, model: str) -> bool:
+    """Whether ``task``'s route answers to ``model``: a name of :func:`accepted_models` or a version of an alias."""
+    if model in accepted_models(ctx, task):
+        return True
+    return any(
+        model.startswith(f"{alias}-") and model[len(alias) + 1 : len(alias) + 2].isdigit()
+        for alias in MODEL_ALIASES.get(task, ())
+    )
+
+
 def unknown_model(ctx: ServeContext, task: str, model: str) -> ApiError:
     """The 404 for ``model`` on ``task``'s route, naming what the route serves."""
     aliases = ", ".join(MODEL_ALIASES.get(task, ()))
@@ -52,8 +64,8 @@ def unknown_model(ctx: ServeContext, task: str, model: str) -> ApiError:
 
 
 def check_model(ctx: ServeContext, task: str, model: str | None) -> None:
-    """404 unless ``model`` is absent or one of :func:`accepted_models` for ``task``."""
-    if model is not None and model not in accepted_models(ctx, task):
+    """404 unless ``model`` is absent or accepted for ``task`` (:func:`is_accepted`)."""
+    if model is not None and not is_accepted(ctx, task, model):
         raise unknown_model(ctx, task, model)
 
 

@@ -48,6 +48,7 @@ from omnitrio.serve.realtime_idle import IdleTimeout
 from omnitrio.serve.realtime_input import InputBuffer
 from omnitrio.serve.realtime_listen import TurnListener
 from omnitrio.serve.realtime_metrics import realtime_metrics
+from omnitrio.serve.realtime_protocol import wanted
 from omnitrio.serve.realtime_response import Response, respond
 from omnitrio.serve.realtime_response_create import requested_response
 from omnitrio.serve.realtime_session import (
@@ -79,6 +80,8 @@ from omnitrio.serve.realtime_websocket import WebSocketTransport
 
 OUTBOX_SIZE = 64
 RELEASE_TIMEOUT = 10.0  # how long an interrupted response's release is watched, for the metric
+# OpenAI's words: LiveKit ignores this error by them (its cancel on speech_started races the server's own).
+CANCEL_NOT_ACTIVE = "Cancellation failed: no active response found"
 
 
 @attrs.define(eq=False)
@@ -148,7 +151,7 @@ class RealtimeSession:
             if response is not None and not response.plays(event["type"]):
                 continue  # barge-in or truncation: audio of a silenced response is not played
             outgoing = self.edge.outgoing(event, None if response is None else response.session)
-            if outgoing is not None:
+            if outgoing is not None and wanted(outgoing, self.session):
                 await self.transport.send(outgoing)
             if response is not None:
                 response.on_sent(event["type"], self.metrics)
@@ -219,7 +222,7 @@ class RealtimeSession:
                 self._start_response(event.get("response"))
             case "response.cancel":
                 if self.response is None:
-                    raise EventError("there is no response in progress to cancel", code="response_cancel_not_active")
+                    raise EventError(CANCEL_NOT_ACTIVE, code="response_cancel_not_active")
                 self.response.interrupt("client_cancelled")
             case unknown:
                 raise EventError(f"unknown event type {unknown!r}", "type", code="unknown_event")

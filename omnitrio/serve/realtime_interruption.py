@@ -4,23 +4,23 @@ By default speech over a response cancels it at once, as OpenAI's server does. A
 in with ``turn_detection.false_interruptions`` (an object; see
 :class:`~omnitrio.serve.backchannel.FalseInterruptions`) gets this instead: when the user starts
 speaking while a released audio response plays (and ``interrupt_response`` is true), the response
-is *paused*: no more of its audio is sent (its pacer holds), and the client is
-told with ``output_audio_buffer.paused``. The response keeps being produced meanwhile. Then:
+is *paused*: no more of its audio is sent (its pacer holds), and the client is told with
+``omnitrio.output_audio_buffer.paused``. The response keeps being produced meanwhile. Then:
 
 * when the user pauses (the VAD's ``speech_paused``), what they said since they started is
   transcribed (``semantic_vad`` brings the transcript with the pause) and judged by the session's
   :class:`~omnitrio.serve.backchannel.InterruptionPolicy`: no words, or only backchannels ("uh-huh",
-  "okay"), **resume**: the audio goes on from where it stopped, ``output_audio_buffer.resumed`` says
-  so with what was heard, and that speech never becomes a turn (it is dropped from the input
+  "okay"), **resume**: the audio goes on from where it stopped, ``omnitrio.output_audio_buffer.resumed``
+  says so with what was heard, and that speech never becomes a turn (it is dropped from the input
   buffer: no commit, no answer); anything else **cancels** the response as a barge-in does
   (``response.done`` with ``cancelled`` / ``turn_detected``) and the speech goes on as a turn;
 * when the user is still speaking ``decide_ms`` after they started, it is no backchannel: the
   response is cancelled.
 
-``output_audio_buffer.paused`` and ``.resumed`` are omnitrio extensions, named after the GA
+``omnitrio.output_audio_buffer.paused`` and ``.resumed`` are omnitrio extensions, named after the GA
 protocol's ``output_audio_buffer.*`` family (``started`` / ``stopped`` / ``cleared``, which OpenAI
-sends to WebRTC clients); clients that do not know them can ignore them (the official ``openai``
-SDK passes them through). A response whose item the client truncated is never resumed.
+sends to WebRTC clients), and sent only to a session with ``"omnitrio_events": true``
+(:mod:`.realtime_protocol`). A response whose item the client truncated is never resumed.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Overheard:
     def paused_event(self) -> dict[str, Any]:
         sent_ms = int(1000 * self.response.sent_seconds)
         return {
-            "type": "output_audio_buffer.paused",
+            "type": "omnitrio.output_audio_buffer.paused",
             "response_id": self.response.id,
             "audio_end_ms": sent_ms,
             "decide_ms": self.settings.decide_ms,
@@ -56,7 +56,7 @@ class Overheard:
 
     def resumed_event(self, transcript: str) -> dict[str, Any]:
         return {
-            "type": "output_audio_buffer.resumed",
+            "type": "omnitrio.output_audio_buffer.resumed",
             "response_id": self.response.id,
             "reason": "backchannel" if words_of(transcript) else "no_words",
             "transcript": transcript,

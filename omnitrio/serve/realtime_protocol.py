@@ -7,6 +7,11 @@ client speaks, so a client gets one protocol only and every event once. For a be
 ``conversation.item.added`` is ``conversation.item.created`` and ``conversation.item.done`` is not
 sent; sessions, items and responses take their beta field names (``modalities``, content types
 ``audio`` / ``text``, a response's ``voice`` and ``output_audio_format``).
+
+omnitrio's own events, outside either protocol, are named ``omnitrio.*`` (a prefix no OpenAI event
+has) and go only to a session that asked for them with ``"omnitrio_events": true`` (:func:`wanted`,
+which the session's writer asks, whatever the transport): clients that parse every event into the
+protocol's union (the Agents SDK) never see a type they do not know.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ BETA_NAMES = {
 }
 _BETA_CONTENT = {"output_audio": "audio", "output_text": "text"}
 _BETA_FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
+EXTENSION_PREFIX = "omnitrio."
 
 
 def wants_beta(websocket: WebSocket) -> bool:
@@ -37,8 +43,16 @@ def wants_beta(websocket: WebSocket) -> bool:
     return "realtime=v1" in values
 
 
+def wanted(event: Mapping[str, Any], session: Mapping[str, Any]) -> bool:
+    """Whether ``event`` goes to the client of ``session``: an ``omnitrio.*`` event only when the
+    session asked for omnitrio's own events (``"omnitrio_events": true``), every other event always."""
+    return not str(event["type"]).startswith(EXTENSION_PREFIX) or session.get("omnitrio_events") is True
+
+
 def render(event: dict[str, Any], *, beta: bool) -> dict[str, Any] | None:
     """``event`` as sent to a GA or a beta client; None when that protocol has no such event."""
+    if event["type"].startswith(EXTENSION_PREFIX):
+        return event  # omnitrio's own, the same in both protocols
     if not beta:
         if isinstance(event.get("session"), Mapping):
             return dict(event, session=ga_session(event["session"]))

@@ -15,7 +15,8 @@ OpenAI's GA response parameters, all optional:
 * ``metadata``: null or up to 16 string pairs (keys up to 64 characters, values up to 512), returned
   as given in ``response.created`` and ``response.done``.
 
-Other fields (``tools``, ``tool_choice``, ...) are accepted and not used.
+Other fields (``tools``, ``tool_choice``, ...) are accepted and not used. A field sent as ``null``
+is not given (LiveKit's ``generate_reply`` sends every optional field, most of them null).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def requested_response(session: Mapping[str, Any], raw: Any, conversation: Conve
         raw = {}
     if not isinstance(raw, Mapping):
         raise EventError("response.create's 'response' must be an object", "response")
+    raw = {key: value for key, value in raw.items() if value is not None}
     chosen = {key: value for key, value in raw.items() if key in SESSION_FIELDS}
     try:
         own = updated_session(session, chosen) if chosen else dict(session)

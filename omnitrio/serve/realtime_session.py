@@ -21,6 +21,13 @@ default), user speech cancels a response at once, as OpenAI's does.
 
 ``idle_timeout_ms`` is null (the default) or 5000–30000, as OpenAI allows it.
 
+``omnitrio_events`` (an extension, absent by default): true sends omnitrio's own ``omnitrio.*``
+events too (:mod:`.realtime_protocol`).
+
+A field sent as ``null`` in an update is not given (the session keeps its value), as clients that
+serialise every optional field send it, except where null is a value of its own: ``turn_detection``
+(manual turns), ``transcription`` and ``noise_reduction`` (off), ``tracing`` and ``prompt`` (none).
+
 The rest of OpenAI's GA session is checked here too: ``output_modalities`` (``["audio"]`` or
 ``["text"]``), ``instructions``, ``max_output_tokens`` (1–4096 or ``"inf"``), ``audio.output.voice`` and
 ``.speed`` (0.25–1.5), ``audio.input.transcription`` (an object or null); a value that cannot be served
@@ -51,6 +58,11 @@ _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "
 _FIXED = frozenset({"id", "object", "model"})
 _BETA_MIRRORS = frozenset({"voice", "turn_detection"})  # copies of audio.output.voice, audio.input.turn_detection
 PLAYED_VOICE = "default"  # the pipeline has one voice; every voice name a client may send selects it
+NULL_IS_A_VALUE = frozenset(
+    {"turn_detection", "transcription", "noise_reduction", "tracing", "prompt"}
+    | {"input_audio_transcription", "input_audio_noise_reduction"}  # the beta spellings
+)
+"""Session fields (at the top or in ``audio.input/output``) where null says "off"; elsewhere null is "not given"."""
 
 
 @attrs.define
@@ -228,7 +240,7 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
     session = copy.deepcopy(dict(current))
     for key, value in update.items():
         match key:
-            case _ if key in _FIXED:
+            case _ if key in _FIXED or (value is None and key not in NULL_IS_A_VALUE):
                 continue
             case "audio":
                 _merge_audio(session, value)
@@ -254,6 +266,10 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
                 if not isinstance(value, str):
                     raise EventError(f"session.instructions must be a string, got {type(value).__name__}", key)
                 session["instructions"] = value
+            case "omnitrio_events":
+                if not isinstance(value, bool):
+                    raise EventError(f"session.omnitrio_events must be true or false, got {value!r}", f"session.{key}")
+                session[key] = value
             case "tools":
                 if not isinstance(value, list):
                     raise EventError("session.tools must be a list", "session.tools")
@@ -275,6 +291,8 @@ def _merge_audio(session: dict[str, Any], audio: Any) -> None:
         for key, value in part.items():
             param = f"session.audio.{direction}.{key}"
             match key:
+                case _ if value is None and key not in NULL_IS_A_VALUE:
+                    continue
                 case "format":
                     session["audio"][direction]["format"] = _checked_format(value, param)
                 case "turn_detection" if direction == "input":

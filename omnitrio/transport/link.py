@@ -1,10 +1,12 @@
 """One process's outbound connection to another: a queue and the task that writes it.
 
 :meth:`Link.send` never blocks: it queues the encoded message and wakes the link's pump
-task, which writes everything queued during one pass of the trio loop as one batch — one
-zmq multipart message, or one length-prefixed record on a Unix socket.  Messages sent in
-the same moment (a burst of submits, a fan-out) therefore reach the peer in one receive
-and are handed to its stages together, and the per-message cost stays low under load.
+task, which writes everything queued since it last ran as one batch — one zmq multipart
+message, or one length-prefixed record on a Unix socket.  Messages sent with no
+checkpoint between them (a burst of submits from one task, a fan-out) therefore reach the
+peer in one receive and are handed to its stages together; sends from several tasks in
+one pass of the loop share a batch unless the pump runs between them.  The per-message
+cost stays low under load.
 Messages leave in the order ``send`` was called; the pump waits only on the transport
 (zmq's high-water mark, the kernel's socket buffer): backpressure.  Connections stay
 open for the pipeline's life (a PUSH socket closed while its peer is slow can lose its

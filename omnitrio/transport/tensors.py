@@ -7,8 +7,8 @@ functions here, so unpickling a header rebuilds it with no help from the relay:
   dtype crosses as ``tolist()``.  That call and the rebuild keep the GIL; the byte form's
   torch calls release it, and taking it back from the process's busy scheduler thread
   waits up to a switch interval (``bench/gil_probe.py``).  The rebuild goes through numpy
-  where numpy has the dtype: ~3 µs against ``torch.tensor(values)``'s ~10, which parses
-  the list itself.  Values come back exactly, except a NaN's payload bits.
+  where numpy has the dtype, which is faster than ``torch.tensor(values)`` parsing the list
+  itself (``bench/results/code_figures.md``).  Values come back exactly, except a NaN's payload bits.
 * :func:`inline_tensor`: any other small tensor crosses as its bytes; a CUDA one is
   rebuilt on the same device index, or refused by name (:func:`cuda_device`).
 

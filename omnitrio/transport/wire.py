@@ -2,7 +2,7 @@
 
 A batch — one length-prefixed record on a Unix socket (the default transport), or one zmq
 multipart message — carries the sending process's name, then one frame per message, each
-a msgpack-encoded msgspec Struct (about 1 µs to encode and decode).  User data — a payload, a chunk, a
+a msgpack-encoded msgspec Struct (``bench/results/code_figures.md``: its cost).  User data — a payload, a chunk, a
 result — is packed by the sender's :class:`~omnitrio.transport.relay.ShmPool`: pickled,
 with every large tensor or array copied once into shared memory and referenced by a
 lease.  The receiver unpacks zero-copy views and reports the leases it holds; the stage
@@ -54,11 +54,13 @@ class HealthQuery(msgspec.Struct, tag="hq", array_like=True):
 
 
 class HealthReply(msgspec.Struct, tag="hr", array_like=True):
-    """Per stage: ``[active_requests, restarts of its scheduler, queue_depth]``."""
+    """Per stage: ``[active_requests, restarts of its scheduler, queue_depth]``; ``dead``: why
+    each dead stage is (see :mod:`omnitrio.health`)."""
 
     qid: int
     process: str
     stages: dict[str, list[int]]
+    dead: dict[str, str] = {}
 
 
 class Shutdown(msgspec.Struct, tag="bye", array_like=True):

@@ -12,6 +12,8 @@ Whether the model can be offered tools is read from the template: it can when th
 
 from __future__ import annotations
 
+import datetime
+import json
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -23,19 +25,60 @@ _CONTROL: Final = 3
 _DIGITS_FIRST: Final = frozenset({"smollm", "starcoder", "refact", "command-r"})
 
 
+def _raise(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class ChatTemplate:
+    """A model's ``tokenizer.chat_template`` rendered as Hugging Face's ``apply_chat_template`` does:
+    jinja2 in a sandbox with ``bos_token``/``eos_token``, ``raise_exception``, ``strftime_now`` and a
+    ``tojson`` that keeps non-ASCII text.  A template that does not parse raises jinja2's error."""
+
+    def __init__(self, template: str, *, bos_token: str, eos_token: str) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        environment.globals["raise_exception"] = _raise
+        environment.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        environment.filters["tojson"] = _tojson
+        self._template = environment.from_string(template)
+        self.supports_tools = reads_tools(environment, template)
+        self._names = {"bos_token": bos_token, "eos_token": eos_token}
+
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The template applied to ``messages`` (dicts with ``role`` and string ``content``, and
+        ``tool_calls`` / ``tool_call_id`` where the conversation has them) and the offered ``tools``."""
+        extra = tool_variables(tools, supported=self.supports_tools)
+        return str(
+            self._template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names, **extra
+            )
+        )
+
+
 class ChatTokenizer:
     """Text ⇄ ids and conversation → prompt text for one GGUF model (see the module docstring)."""
 
     def __init__(self, inner: Any, template: str, eos_token_id: int, bos_token: str, eos_token: str) -> None:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         self._inner = inner
         self.vocab_size: int = inner.get_vocab_size(with_added_tokens=True)
         self.eos_token_id = eos_token_id
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._template = environment.from_string(template)
-        self.supports_tools = reads_tools(environment, template)
-        self._names = {"bos_token": bos_token, "eos_token": eos_token}
+        self.template = ChatTemplate(template, bos_token=bos_token, eos_token=eos_token)
+        self.supports_tools = self.template.supports_tools
 
     def encode(self, text: str) -> list[int]:
         return list(self._inner.encode(text, add_special_tokens=False).ids)
@@ -50,14 +93,8 @@ class ChatTokenizer:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The chat template applied to ``messages`` (dicts with ``role`` and string ``content``, and
-        ``tool_calls`` / ``tool_call_id`` where the conversation has them) and the offered ``tools``."""
-        extra = tool_variables(tools, supported=self.supports_tools)
-        return str(
-            self._template.render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt, **self._names, **extra
-            )
-        )
+        """See :meth:`ChatTemplate.render`."""
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
     def encode_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.encode(self.render(messages, tools=tools))

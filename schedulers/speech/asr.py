@@ -88,9 +88,10 @@ class WhisperRecognizer:
     """faster-whisper over a local CTranslate2 model; greedy decoding by default (fastest on CPU).
 
     With ``quick=True`` an English clip of up to a few seconds is first decoded on a short
-    encoder window (:mod:`schedulers.speech.short_window`: ≈3x faster here, no word errors on 32
-    synthesized test clips); when that result looks degenerate, or with beam search or another
-    language, faster-whisper's full 30 s decode runs.  Without ``quick`` it always runs.
+    encoder window (:mod:`schedulers.speech.short_window`: faster, with no word errors on the
+    synthesized test clips; ``bench/results/code_figures.md``); when that result looks
+    degenerate, or with beam search or another language, faster-whisper's full 30 s decode
+    runs.  Without ``quick`` it always runs.
     """
 
     name = "faster-whisper"

@@ -6,8 +6,6 @@ The inputs it accepts (``payload.request.inputs``):
   "frequency_penalty", "presence_penalty", "logit_bias"}`` (OpenAI's meaning: ``stop`` is a string or
   up to 4; the penalties are in -2..2; ``logit_bias`` maps token ids, as ints or OpenAI's strings, to a
   bias in -100..100; ``None`` means the default);
-* a realtime turn: ``{"task": "realtime", "messages": [...], "session_id": str, "max_tokens"}``
-  whose transcript (``payload.data["text"]``, from the ASR stage) is appended as the last user message;
 * a plain string: one user message.
 
 Chat and realtime inputs may also offer ``tools`` and a ``tool_choice``; an assistant message may
@@ -139,14 +137,7 @@ def conversation(payload: StagePayload) -> Conversation:
     data = raw_inputs(payload)  # a chat whose messages carried audio: ASR's transcribed copy of the inputs
     chat = data if isinstance(data, dict) and data.get("task") == "chat" and "messages" in data else inputs
     messages = _messages(chat.get("messages", []))
-    if inputs.get("task") == "realtime":
-        data = payload.data
-        transcript = data.get("text") if isinstance(data, dict) else None
-        if not isinstance(transcript, str):
-            raise ValueError("a realtime turn reaches the responder with its transcript as {'text': str}")
-        if transcript.strip():
-            messages.append({"role": "user", "content": transcript.strip()})
-    elif not messages and isinstance(inputs.get("text"), str):
+    if not messages and isinstance(inputs.get("text"), str):
         messages = [{"role": "user", "content": inputs["text"]}]
     session_id = inputs.get("session_id")
     if session_id is not None and not isinstance(session_id, str):
@@ -167,12 +158,3 @@ def conversation(payload: StagePayload) -> Conversation:
         tools=tools,
         tool_choice=tool_choice_of(inputs.get("tool_choice"), tools),
     )
-
-
-def unheard(payload: Any) -> bool:
-    """Whether ``payload`` is a realtime turn whose transcript is empty (noise, a cough): answered with silence."""
-    if not isinstance(payload, StagePayload) or not isinstance(payload.request.inputs, dict):
-        return False
-    data = payload.data
-    transcript = data.get("text") if isinstance(data, dict) else None
-    return payload.request.inputs.get("task") == "realtime" and isinstance(transcript, str) and not transcript.strip()

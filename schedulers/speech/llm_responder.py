@@ -1,8 +1,9 @@
 """The language-model responder: a conversation in, the model's answer out, streamed as it is written.
 
-:class:`LLMResponder` is an :class:`~schedulers.ar.scheduler.ARScheduler` (continuous batching over
-the GGUF model) that reads :mod:`schedulers.speech.conversation` inputs, renders them with the
-model's chat template and answers ``payload.data = {"text", "finish_reason", "usage"}``.
+:class:`LLMResponder` is a :class:`~schedulers.ar.step_loop.StepLoop` around a
+:class:`~schedulers.llamacpp.engine.LlamaBatchEngine` (continuous batching on llama.cpp) that reads
+:mod:`schedulers.speech.conversation` inputs, renders them with the model's chat template and
+answers ``payload.data = {"text", "finish_reason", "usage"}``.
 
 Per request, in order, when the request streams (``params["stream"]``):
 
@@ -12,12 +13,18 @@ Per request, in order, when the request streams (``params["stream"]``):
 
 Concatenated, the chunks are exactly the result's ``text``.  ``stop`` strings end the answer before
 them (``finish_reason: "stop"``); text that might be the start of a stop string is held back until
-it is not.  A conversation with a ``session_id`` keeps its keys/values between turns, and the
-prompt's opening (the system prompt and the first role header) is computed once for all.
-Conversations longer than the context lose their oldest turns (the system prompt stays); one
-whose last message and ``max_tokens`` alone exceed it is refused with ``InvalidRequest``
-(``context_length_exceeded``).  A realtime
-turn whose transcript is empty (noise) is answered with empty text, without the model.
+it is not.  An answer that starts repeating itself (:mod:`schedulers.speech.repetition`) ends
+before the repeat (``"stop"``); a spoken answer never says a repeated sentence.
+
+A conversation with a ``session_id`` keeps its keys/values between turns, and the prompt's opening
+(the system prompt and the first role header) is computed once for all.  A spoken answer to a
+conversation without a system message gets ``voice_system_prompt``.  A chat whose prompt plus
+``max_tokens`` does not fit the context fails with
+:class:`~omnitrio.contract.InvalidRequest` (``context_length_exceeded``, ``param="messages"``); a
+kept conversation (one with a ``session_id``: a realtime session's) that grew past it loses its
+oldest turns instead (the system prompt stays).
+Offered ``tools`` are rendered into a chat template that reads them (the answer comes back as text);
+offering them to a model whose template does not is an ``InvalidRequest`` naming ``tools``.
 """
 
 from __future__ import annotations
@@ -27,15 +34,29 @@ from typing import Any, Final
 
 import attrs
 
-from omnitrio.contract import InvalidRequest, OutgoingMessage, StagePayload
-from schedulers.ar.chat_tokenizer import ChatTokenizer
-from schedulers.ar.engine import ARBatchEngine, GenerationRequest, TokenEvent
+from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StageOverloaded, StagePayload
 from schedulers.ar.kv_sessions import common_prefix
-from schedulers.ar.scheduler import ARScheduler
+from schedulers.ar.step_loop import StepLoop
+from schedulers.llamacpp.chat import LlamaChat
+from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest, TokenEvent
+from schedulers.llamacpp.sampling import Sampling
 from schedulers.speech.conversation import Conversation, conversation
+from schedulers.speech.repetition import repeat_start
 from schedulers.speech.tts import complete_sentences_end
 
 TEXT: Final = {"modality": "text"}
+
+
+@attrs.frozen
+class Defaults:
+    """What a request that does not say gets (OpenAI's names; ``repeat_penalty`` is llama.cpp's)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    voice_system_prompt: str | None = None
 
 
 @attrs.define(eq=False)
@@ -45,130 +66,162 @@ class _Answer:
     target: str | None  # where text streams; None: it does not
     by_sentence: bool
     stop: list[str]
-    ids: list[int] = attrs.field(factory=list)
+    tokens: int = 0  # answer tokens so far (the end-of-turn token not counted)
+    raw: bytes = b""  # their text's bytes (a character may still be split)
     sent: int = 0  # characters of the answer already streamed
 
 
-class LLMResponder(ARScheduler):
+class LLMResponder(StepLoop):
     """See the module docstring; ``stream_target(payload)`` names the stage text streams to."""
 
     def __init__(
         self,
-        engine: ARBatchEngine,
-        tokenizer: ChatTokenizer,
+        engine: LlamaBatchEngine,
+        chat: LlamaChat,
         *,
         stream_target: Callable[[StagePayload], str],
-        default_max_tokens: int = 256,
-        default_temperature: float = 0.0,
-        threads: int = 2,
+        defaults: Defaults | None = None,
+        threads: int = 1,
     ) -> None:
-        super().__init__(engine, None, default_max_new_tokens=default_max_tokens, stream=False)
-        self.chat = tokenizer
+        super().__init__()
+        self.engine = engine
+        self.chat = chat
         self.stream_target = stream_target
-        self.default_temperature = default_temperature
+        self.defaults = defaults or Defaults()
         self.threads = threads
         self._answers: dict[str, _Answer] = {}
-        probe = tokenizer.encode_chat([{"role": "user", "content": "\x00"}])
-        self._opening = probe  # the template's default system prompt and first user header
+        self._opening = chat.encode_chat([{"role": "user", "content": "\x00"}])  # default system prompt + header
 
     def warm_up_serving_thread(self) -> None:
-        import torch
-
-        torch.set_num_threads(self.threads)
-        self.engine.add(GenerationRequest("warm-up", self.chat.encode_chat([{"role": "user", "content": "Hi"}]), 2))
+        super().warm_up_serving_thread()
+        self.engine.model.set_threads(self.threads)
+        self.engine.add(LlamaRequest("warm-up", self.chat.encode_chat([{"role": "user", "content": "Hi"}]), 2))
         while self.engine.has_work:
             self.engine.step()
 
-    def parse(self, request_id: str, payload: Any) -> tuple[GenerationRequest, bool]:
+    def _has_work(self) -> bool:
+        return self.engine.has_work
+
+    def _handle(self, message: IncomingMessage) -> None:
+        rid = message.request_id
+        match message.type:
+            case "new_request":
+                try:
+                    request, answer = self.parse(rid, message.data)
+                    self.engine.add(request)
+                except (ValueError, StageOverloaded) as exc:
+                    self._outbox.put(OutgoingMessage(rid, "error", exc))
+                    return
+                self._answers[rid] = answer
+            case "abort":
+                self.engine.abort(rid)
+                self._answers.pop(rid, None)
+            case "stream_chunk" | "stream_done":
+                self.engine.abort(rid)
+                self._answers.pop(rid, None)
+                self._refuse_stream(message)
+
+    def parse(self, request_id: str, payload: Any) -> tuple[LlamaRequest, _Answer]:
+        """The engine request a ``new_request`` payload describes, and what its answer streams where."""
         if not isinstance(payload, StagePayload):
             raise ValueError(f"new_request data must be a StagePayload, got {type(payload).__name__}")
         conv = conversation(payload)
-        _refuse_tools(conv)
-        max_tokens = conv.max_tokens or self.default_max_new_tokens
-        prompt = self._fit(conv, max_tokens)
-        temperature = self.default_temperature if conv.temperature is None else conv.temperature
-        top_p = 1.0 if conv.top_p is None else conv.top_p
-        if top_p == 0:
-            temperature = 0.0
-        system = conv.messages[0] if conv.messages[0]["role"] == "system" else None
+        streams = bool(payload.request.params.get("stream", False))
+        target = self.stream_target(payload)
+        messages = list(conv.messages)
+        if not messages:
+            raise ValueError("messages: there is nothing to answer (no message and no transcript)")
+        voice = self.defaults.voice_system_prompt
+        if target == "tts" and voice and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": voice})
+        tools = conv.tools if conv.tool_choice != "none" else None
+        prompt, max_tokens = self._fit(messages, conv.max_tokens, tools, trim=conv.session_id is not None)
+        system = messages[0] if messages[0]["role"] == "system" else None
         opening = self.chat.encode(self.chat.render([system], add_generation_prompt=False)) if system else self._opening
-        request = GenerationRequest(
+        request = LlamaRequest(
             request_id=request_id,
             prompt_ids=prompt,
             max_new_tokens=max_tokens,
-            eos_token_id=self.chat.eos_token_id,
-            temperature=temperature,
-            top_p=top_p or 1.0,
-            seed=conv.seed,
-            frequency_penalty=conv.frequency_penalty or 0.0,
-            presence_penalty=conv.presence_penalty or 0.0,
-            logit_bias=_known_tokens(conv.logit_bias, self.engine.config.vocab_size),
+            sampling=self._sampling(conv),
             session_id=conv.session_id,
             shared_prefix_len=common_prefix(opening, prompt),
         )
-        streams = bool(payload.request.params.get("stream", False))
-        target = self.stream_target(payload) if streams else None
-        self._answers[request_id] = _Answer(payload, len(prompt), target, target == "tts", conv.stop)
-        return request, False
+        answer = _Answer(payload, len(prompt), target if streams else None, target == "tts", conv.stop)
+        return request, answer
 
-    def _fit(self, conv: Conversation, max_tokens: int) -> list[int]:
-        """The prompt ids, dropping the oldest turns after the system prompt until the answer fits.
+    def _sampling(self, conv: Conversation) -> Sampling:
+        d = self.defaults
+        temperature = d.temperature if conv.temperature is None else conv.temperature
+        top_p = 1.0 if conv.top_p is None else conv.top_p
+        if top_p == 0:
+            temperature, top_p = 0.0, 1.0
+        return Sampling(
+            temperature=temperature,
+            top_p=top_p,
+            seed=conv.seed,
+            frequency_penalty=d.frequency_penalty if conv.frequency_penalty is None else conv.frequency_penalty,
+            presence_penalty=d.presence_penalty if conv.presence_penalty is None else conv.presence_penalty,
+            repeat_penalty=d.repeat_penalty,
+            logit_bias=_known_tokens(conv.logit_bias, self.engine.model.n_vocab),
+        )
 
-        A request that cannot fit even so raises :class:`InvalidRequest` ``context_length_exceeded``
-        naming the context and the request's size (the caller's mistake: a 400, not a stage failure)."""
-        context = self.engine.config.max_seq_len
-        messages = list(conv.messages)
-        keep = 1 if messages[0]["role"] == "system" else 0
+    def _fit(
+        self, messages: list[dict[str, Any]], asked: int | None, tools: list[dict[str, Any]] | None, *, trim: bool
+    ) -> tuple[list[int], int]:
+        """The prompt ids and the answer's token budget; a kept conversation (a realtime session's) drops
+        its oldest turns after the system prompt until it fits, a chat that does not fit is refused."""
+        context = self.engine.context_length
+        keep = 1 if messages and messages[0]["role"] == "system" else 0
         while True:
-            prompt = self.chat.encode_chat(messages)
-            if len(prompt) + max_tokens <= context:
-                return prompt
-            if len(messages) - keep <= 1:
+            prompt = self.chat.encode_chat(messages, tools)
+            room = context - len(prompt)
+            max_tokens = asked if asked is not None else min(self.defaults.max_tokens, room)
+            if len(prompt) + max_tokens <= context and max_tokens >= 1:
+                return prompt, max_tokens
+            if not trim or len(messages) - keep <= 1:
                 raise InvalidRequest(
                     f"This model's maximum context length is {context} tokens. However, you requested "
-                    f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the "
-                    "completion). Please reduce the length of the messages or max_tokens.",
+                    f"{len(prompt) + max(max_tokens, 1)} tokens ({len(prompt)} in the messages, "
+                    f"{max(max_tokens, 1)} in the completion). Please reduce the length of the messages "
+                    "or the completion.",
                     code="context_length_exceeded",
                     param="messages",
                 )
             del messages[keep]
 
-    def _handle(self, message: Any) -> None:
-        if message.type in ("abort", "stream_chunk", "stream_done"):
-            self._answers.pop(message.request_id, None)
-        if message.type == "new_request" and _unheard(message.data):
-            message.data.data = {"text": "", "finish_reason": "stop"}  # noise, a cough: answered with silence
-            self._outbox.put(OutgoingMessage(message.request_id, "result", message.data))
-            return
-        super()._handle(message)
-        if message.type == "new_request" and message.request_id not in self._live:
-            self._answers.pop(message.request_id, None)  # rejected: the error is already out
-
     def _step(self) -> list[OutgoingMessage]:
-        outputs = super()._step()
-        for rid in [rid for rid in self._answers if rid not in self._live]:  # failed with the step
-            del self._answers[rid]
-        return outputs
+        try:
+            events, _ = self.engine.step()
+        except Exception as exc:  # the model failed: every request of this step fails, the rest go on
+            failed = list(self.engine.running)
+            for rid in failed:
+                self.engine.abort(rid)
+                self._answers.pop(rid, None)
+            return [OutgoingMessage(rid, "error", exc) for rid in failed]
+        return [out for event in events if event.request_id in self._answers for out in self._outputs(event)]
 
     def _outputs(self, event: TokenEvent) -> list[OutgoingMessage]:
         rid = event.request_id
         answer = self._answers[rid]
-        if event.token_id != self.chat.eos_token_id:
-            answer.ids.append(event.token_id)
-        text = self.chat.decode(answer.ids)
+        if not event.ends_turn:
+            answer.tokens += 1
+            answer.raw += self.chat.piece(event.token_id)
+        text = answer.raw.decode("utf-8", errors="replace")
         finish = event.finish_reason
         for stop in answer.stop:
             at = text.find(stop)
             if at >= 0:
                 text, finish = text[:at], "stop"
+        repeat = repeat_start(text)
+        if repeat is not None:
+            text, finish = text[: max(repeat, answer.sent)], "stop"
         if finish is not None and event.finish_reason is None:
             self.engine.abort(rid)
         outputs = self._stream(rid, answer, text, done=finish is not None)
         if finish is None:
             return outputs
         del self._answers[rid]
-        self._live.pop(rid, None)
-        usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": len(answer.ids)}
+        usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.tokens}
         payload = answer.payload
         payload.data = {"text": text, "finish_reason": finish, "usage": usage}
         return [*outputs, OutgoingMessage(rid, "result", payload)]
@@ -193,16 +246,6 @@ class LLMResponder(ARScheduler):
         return [OutgoingMessage(rid, "stream", {"text": chunk}, target=answer.target, metadata=dict(TEXT))]
 
 
-def _refuse_tools(conv: Conversation) -> None:
-    """This responder cannot call tools: a request that offers them is refused, naming ``tools``."""
-    if conv.tools and conv.tool_choice != "none":
-        raise InvalidRequest(
-            "this pipeline's language model cannot call tools; send the request without 'tools'",
-            code="unsupported_parameter",
-            param="tools",
-        )
-
-
 def _known_tokens(biases: dict[int, float] | None, vocab_size: int) -> dict[int, float]:
     """``logit_bias`` checked against the vocabulary: an id beyond it is the caller's mistake."""
     for token in biases or {}:
@@ -211,12 +254,3 @@ def _known_tokens(biases: dict[int, float] | None, vocab_size: int) -> dict[int,
                 f"logit_bias names token {token}; this model's token ids are 0..{vocab_size - 1}", param="logit_bias"
             )
     return dict(biases or {})
-
-
-def _unheard(payload: Any) -> bool:
-    """A realtime turn whose transcript is empty."""
-    if not isinstance(payload, StagePayload) or not isinstance(payload.request.inputs, dict):
-        return False
-    data = payload.data
-    transcript = data.get("text") if isinstance(data, dict) else None
-    return payload.request.inputs.get("task") == "realtime" and isinstance(transcript, str) and not transcript.strip()

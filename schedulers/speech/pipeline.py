@@ -3,7 +3,6 @@
 One graph serves every route of the server (see ``omnitrio.serve`` for the input shapes)::
 
     ingress ─┬─ transcription ──▶ asr ──────────────▶ text_out
-             ├─ realtime ───────▶ asr ─▶ responder ─▶ tts            (a committed turn)
              ├─ asr_session ────▶ stream_asr                          (open / append / close / abort)
              ├─ chat ───────────▶ responder ─┬─ audio asked ─▶ tts
              │                               └─ text only ──▶ text_out
@@ -16,8 +15,8 @@ stage that completes each request, so the coordinator never waits for a branch t
 :class:`~schedulers.session.SessionScheduler` reads it) and asks streaming stages to stream
 (``params["stream"]``) for every task whose audio is played as it comes.
 
-The responder is whatever ``factory_path`` the config names; it receives ``{"text": transcript}``
-(realtime) or chat inputs (``{"task": "chat", "messages": ...}``: the raw ones, or, for a chat whose
+The responder is whatever ``factory_path`` the config names; it receives chat inputs
+(``{"task": "chat", "messages": ...}``: the raw ones, or, for a chat whose
 messages carry audio, the ones ASR made by putting each clip's transcript in its place), and must
 return ``payload.data = {"text": answer}``. An empty answer is spoken as silence (no audio).  A
 responder that writes its answer bit by bit may stream it ahead of that result, as ``{"text": ...}``
@@ -39,15 +38,14 @@ from schedulers.speech.tts import shared_synthesizer
 from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
 from schedulers.streaming import StreamingSimpleScheduler
 
-TASKS = ("chat", "speech", "transcription", "realtime", "asr_session")
+TASKS = ("chat", "speech", "transcription", "asr_session")
 _ENTRY = {
     "transcription": "asr",
-    "realtime": "asr",
     "asr_session": "stream_asr",
     "chat": "responder",
     "speech": "tts",
 }
-_STREAMED = frozenset({"chat", "speech", "realtime"})
+_STREAMED = frozenset({"chat", "speech"})
 ANSWER_FIELDS = ("finish_reason", "usage", "tool_calls")  # what a responder's result says beside its text
 log = logging.getLogger("schedulers.speech")
 
@@ -63,9 +61,9 @@ def task_of(inputs: Any) -> str:
 
 
 def wants_audio(inputs: Any) -> bool:
-    """Whether the answer is spoken: realtime and speech always, chat when ``modalities`` asks for audio."""
+    """Whether the answer is spoken: speech always, chat when ``modalities`` asks for audio."""
     match task_of(inputs):
-        case "realtime" | "speech":
+        case "speech":
             return True
         case "chat":
             return isinstance(inputs, dict) and "audio" in (inputs.get("modalities") or ())
@@ -91,7 +89,7 @@ def route_ingress(request_id: str, payload: StagePayload) -> str:
 
 
 def route_asr(request_id: str, payload: StagePayload) -> str:
-    """A transcription is the answer; a realtime turn's transcript, or a transcribed chat, goes to the responder."""
+    """A transcription is the answer; a transcribed chat goes to the responder."""
     return "text_out" if task_of(payload.request.inputs) == "transcription" else "responder"
 
 
@@ -143,10 +141,10 @@ def create_text_output_stage() -> SimpleScheduler:
 
 
 def _lenient_speech_request(payload: StagePayload) -> SpeechRequest:
-    """An empty answer (a realtime turn or a spoken chat clip that was noise, a cough) is silence, not an error."""
+    """An empty answer (a spoken chat clip that was noise, a cough) is silence, not an error."""
     data = raw_inputs(payload)
     if (
-        task_of(payload.request.inputs) in ("realtime", "chat")
+        task_of(payload.request.inputs) == "chat"
         and isinstance(data, dict)
         and "task" not in data
         and not str(data.get("text", "")).strip()
@@ -158,7 +156,7 @@ def _lenient_speech_request(payload: StagePayload) -> SpeechRequest:
 def create_speech_stage(
     *, backend: str = "auto", output_sample_rate: int = 24_000, threads: int = 2
 ) -> SentenceStreamingTTSScheduler:
-    """Streaming TTS (sentence by sentence) for this pipeline; empty realtime answers are silent."""
+    """Streaming TTS (sentence by sentence) for this pipeline; empty answers are silent."""
     options: dict[str, Any] = {"threads": threads} if backend in ("auto", "piper") else {}
     started = time.perf_counter()
     log.info("loading speech synthesis (%s) ...", backend)

@@ -9,8 +9,7 @@ sentences (the unfinished rest in one last chunk before the result), to ``text_o
 Concatenated, the chunks are the result's ``text``.  ``stop``, ``max_tokens``, the sampling knobs,
 ``tools`` and ``tool_choice`` go to the server under OpenAI's names.  Every request carries its whole
 conversation (a realtime response's messages are the session's history); ``session_id`` is not used,
-so what the server reuses between turns is its own prompt cache.  A realtime turn whose transcript is empty
-is answered with empty text, without the server.
+so what the server reuses between turns is its own prompt cache.
 
 Threads: :meth:`RemoteResponder.start` runs one asyncio loop in the scheduler thread; each request is
 one task on it streaming ``POST /chat/completions`` through one ``httpx.AsyncClient``, at most
@@ -43,7 +42,7 @@ import httpx
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload, put_messages
 from schedulers.speech.chat_stream import StreamedAnswer, request_body, sse_chunks
-from schedulers.speech.conversation import conversation, unheard
+from schedulers.speech.conversation import conversation
 from schedulers.speech.pipeline import wants_audio
 from schedulers.speech.tts import complete_sentences_end
 
@@ -222,11 +221,8 @@ class RemoteResponder:
         try:
             if not isinstance(payload, StagePayload):
                 raise ValueError(f"new_request data must be a StagePayload, got {type(payload).__name__}")
-            if unheard(payload):
-                payload.data = {"text": "", "finish_reason": "stop", "usage": {}}
-            else:
-                async with self._slots:
-                    payload.data = await self._ask(life, payload)
+            async with self._slots:
+                payload.data = await self._ask(life, payload)
         except Exception as exc:
             self._put(life, OutgoingMessage(rid, "error", exc), last=True)
         else:

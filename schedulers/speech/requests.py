@@ -6,10 +6,9 @@ The HTTP layer puts the request in ``payload.data["raw_inputs"]`` at the entry s
     {"task": "transcription", "audio": float32 mono 16 kHz, "language": str | None, "quick": bool,
      "timestamps": None | "segment" | "word"}
     {"task": "chat", "messages": [...], "modalities": [...]}   (parts may be input_audio: see below)
-    {"task": "realtime", "audio": float32 16 kHz, "session": {...}}
 
 Downstream of another stage the text arrives as ``payload.data["text"]`` instead; it is spoken at
-the request's ``speed`` (a chat or realtime request may carry one) unless the data names its own. A
+the request's ``speed`` (a chat request may carry one) unless the data names its own. A
 chat whose messages carry ``input_audio`` parts goes through ASR first, which hands on the same chat
 inputs with each clip replaced by a text part holding its transcript (:func:`transcribed_chat`).
 """
@@ -86,7 +85,7 @@ def transcription_request(payload: StagePayload) -> TranscriptionRequest:
     language = inputs.get("language")
     if language is not None and not isinstance(language, str):
         raise ValueError(f"language must be a string or null, got {language!r}")
-    quick = inputs.get("task") == "realtime" or inputs.get("quick") is True  # someone waits on it (a realtime turn)
+    quick = inputs.get("quick") is True  # someone waits on it (a realtime turn)
     timestamps = inputs.get("timestamps")
     if timestamps not in (None, "segment", "word"):
         raise InvalidRequest(f"timestamps must be 'segment', 'word' or null, got {timestamps!r}", param="timestamps")

@@ -1,9 +1,9 @@
 """Whisper on a short encoder window, checked, for utterances of a few seconds.
 
 faster-whisper 1.2 always pads the log-mel features to Whisper's 30 s window before encoding
-(``chunk_length`` changes the feature extractor, not the encoder input), and on this CPU the
-tiny.en encoder spends ≈800 ms on those 30 s — a 2 s utterance took ≈940 ms in all, while an
-encoder pass over 6 s takes ≈100 ms.  Whisper was trained on 30 s windows, though: on a short
+(``chunk_length`` changes the feature extractor, not the encoder input), so a 2 s utterance
+pays for a 30 s encoder pass, several times what a 6 s window costs
+(``bench/results/code_figures.md``).  Whisper was trained on 30 s windows, though: on a short
 window it sometimes repeats itself ("Hello? Hello? Hello? …") or loops on a phrase, and speech
 that starts at the window's first frame is misheard more often ("term looked at" for "turn left
 at").  So :class:`ShortWindowDecoder` encodes :data:`LEAD_S` of silence, the clip, then zero

