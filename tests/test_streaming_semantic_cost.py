@@ -127,3 +127,34 @@ def test_the_turn_model_scores_the_pause_while_its_words_are_decoded(monkeypatch
     assert both.met == [True]  # one decode, and the model was running beside it
     assert [(e["turn_complete"], e["probability"]) for e in judged] == [(True, 0.9)]
     assert [e["type"] for e in ctx.events].count("speech_stopped") == 1
+
+
+class DoubtfulFirst:
+    """A recognizer of complete words, and a model unsure of the early audio, sure of the longer."""
+
+    def __init__(self) -> None:
+        self.scored: list[int] = []
+
+    def transcribe(self, audio: Any, language: str | None = None, *, quick: bool = False) -> str:
+        return "Please send the report."
+
+    def probability_complete(self, audio_16k: Any) -> float:
+        self.scored.append(int(np.asarray(audio_16k).size))
+        return 0.2 if len(self.scored) == 1 else 0.9
+
+
+def test_a_pause_the_early_audio_left_in_doubt_is_scored_again_on_the_audio_to_the_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    both = DoubtfulFirst()
+    monkeypatch.setattr(turn_model, "shared_turn_model", lambda threads=1: both)
+    transcriber = StreamingTranscriber(both, vad_backend="energy")  # type: ignore[arg-type]
+    config = {"sample_rate": RATE, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
+    state = transcriber.open(None, OmniRequest(metadata={SESSION_METADATA_KEY: {"config": config}}))  # type: ignore[arg-type]
+    clip = np.concatenate([np.zeros(RATE // 2, np.float32), tone(1.0), np.zeros(RATE, np.float32)])
+    ctx = Ctx()
+    for start in range(0, clip.size, RATE * 2 // 100):
+        transcriber.append(state, clip[start : start + RATE * 2 // 100], None, ctx)  # type: ignore[arg-type]
+    judged = [event for event in ctx.events if event["type"] == "turn_judged"]
+    assert [(e["turn_complete"], e["probability"]) for e in judged] == [(True, 0.9)]
+    assert len(both.scored) == 2 and both.scored[1] > both.scored[0]  # the second heard the whole pause

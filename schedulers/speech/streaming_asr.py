@@ -24,8 +24,9 @@ Session ``config`` (the open command's ``config``):
   preparing its answer while the silence goes on (speech coming back first: ``speech_resumed``);
   at the pause of ``pause_ms`` (default 200) the turn is judged on those words and its audio
   (:mod:`schedulers.speech.turn_end`; the turn model scores the audio on another thread beside
-  the transcription, at the early silence, so the judgement at the pause waits for neither, and
-  its answer is used only when the words do not object):
+  the transcription, at the early silence, so a turn that sounds complete there is judged at the
+  pause without waiting for either; one that does not is scored again on the audio to the pause;
+  the model's answer is used only when the words do not object):
   ``{"type": "turn_judged", "audio_ms", "transcript", "turn_complete", "probability" (the
   model's, None when the words vetoed), "unfinished", "decision_ms": {"asr", "model", "total"}}``,
   and ``speech_stopped`` comes after the silence that judgement asks for (at once when that
@@ -235,7 +236,8 @@ class StreamingTranscriber:
     def _judge(self, state: TranscriptionSession, paused: VadEvent, ctx: SessionContext) -> None:
         """Judge the turn at its pause (``turn_judged``) and tell the VAD the silence it now needs;
         first hear it and say so (``speech_paused``), unless that was done ahead of the pause (then
-        only silence came since: the words and the model's answer are the same)."""
+        only silence came since: the words are the same). A turn the early audio made sound
+        complete is judged on it at once; otherwise the model hears the audio to the pause too."""
         assert state.vad is not None and state.detector is not None
         pause_ms = state.vad.pause_ms or 0
         key = (state.vad.turn_start, paused.sample - pause_ms * ASR_SAMPLE_RATE // 1000)
@@ -245,16 +247,23 @@ class StreamingTranscriber:
         else:
             heard = self._hear(state, paused.sample)
             ctx.emit(_heard(paused.ms, heard.transcript), modality="vad")
+        sounded_over = early is None or heard.probability >= state.detector.policy.threshold
+        probability = heard.probability if sounded_over else None  # else: score the audio to the pause
+        began = time.perf_counter()
         decision = state.detector.decide(
-            state.audio()[key[0] : paused.sample], heard.transcript, silence_ms=pause_ms, probability=heard.probability
+            state.audio()[key[0] : paused.sample], heard.transcript, silence_ms=pause_ms, probability=probability
         )
+        spent = heard.spent_ms()
+        if probability is None:
+            rescored = round(1000 * (time.perf_counter() - began), 1)
+            spent = {**spent, "model": spent["model"] + rescored, "total": spent["total"] + rescored}
         state.vad.judge(decision.judgement.end_after_ms)
         judged = {
             **_heard(paused.ms, heard.transcript),
             "type": "turn_judged",
             "turn_complete": decision.judgement.complete,
             "probability": decision.judgement.probability,
-            "decision_ms": heard.spent_ms(),
+            "decision_ms": spent,
         }
         ctx.emit(judged, modality="vad")
 
