@@ -158,3 +158,37 @@ def test_a_pause_the_early_audio_left_in_doubt_is_scored_again_on_the_audio_to_t
     judged = [event for event in ctx.events if event["type"] == "turn_judged"]
     assert [(e["turn_complete"], e["probability"]) for e in judged] == [(True, 0.9)]
     assert len(both.scored) == 2 and both.scored[1] > both.scored[0]  # the second heard the whole pause
+
+
+class SaysFirst(Ctx):
+    """Notes when ``speech_paused`` (the words) has been said."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = threading.Event()
+
+    def emit(self, chunk: Any, modality: str = "text") -> None:
+        super().emit(chunk, modality)
+        if modality == "vad" and chunk["type"] == "speech_paused":
+            self.said.set()
+
+
+def test_the_words_of_a_pause_are_said_before_the_turn_model_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = SaysFirst()
+    waited: list[bool] = []
+
+    class Slow(DoubtfulFirst):
+        def probability_complete(self, audio_16k: Any) -> float:
+            waited.append(ctx.said.wait(10))  # the model answers only once the words were said
+            return 0.9
+
+    both = Slow()
+    monkeypatch.setattr(turn_model, "shared_turn_model", lambda threads=1: both)
+    transcriber = StreamingTranscriber(both, vad_backend="energy")  # type: ignore[arg-type]
+    config = {"sample_rate": RATE, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
+    state = transcriber.open(None, OmniRequest(metadata={SESSION_METADATA_KEY: {"config": config}}))  # type: ignore[arg-type]
+    clip = np.concatenate([np.zeros(RATE // 2, np.float32), tone(1.0), np.zeros(RATE, np.float32)])
+    for start in range(0, clip.size, RATE * 2 // 100):
+        transcriber.append(state, clip[start : start + RATE * 2 // 100], None, ctx)  # type: ignore[arg-type]
+    assert waited == [True]
+    assert [e["type"] for e in ctx.events].count("speech_stopped") == 1

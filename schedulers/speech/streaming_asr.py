@@ -245,8 +245,7 @@ class StreamingTranscriber:
         if early is not None:
             heard = early.heard
         else:
-            heard = self._hear(state, paused.sample)
-            ctx.emit(_heard(paused.ms, heard.transcript), modality="vad")
+            heard = self._hear(state, paused.sample, ctx)
         sounded_over = early is None or heard.probability >= state.detector.policy.threshold
         probability = heard.probability if sounded_over else None  # else: score the audio to the pause
         began = time.perf_counter()
@@ -267,9 +266,10 @@ class StreamingTranscriber:
         }
         ctx.emit(judged, modality="vad")
 
-    def _hear(self, state: TranscriptionSession, end: int) -> Heard:
-        """The open turn's words up to sample ``end``, and the turn model's probability for its audio
-        to ``end``, scored on another thread while the words are decoded."""
+    def _hear(self, state: TranscriptionSession, end: int, ctx: SessionContext) -> Heard:
+        """The open turn's words up to sample ``end``, said (``speech_paused``) as soon as they are
+        decoded, and the turn model's probability for its audio to ``end``, scored on another thread
+        meanwhile."""
         assert state.vad is not None and state.detector is not None
         began = time.perf_counter()
         scored = self._scoring.submit(
@@ -277,6 +277,7 @@ class StreamingTranscriber:
         )
         transcript = self._turn_words(state, end)
         asr_seconds = time.perf_counter() - began
+        ctx.emit(_heard(end * 1000 // ASR_SAMPLE_RATE, transcript), modality="vad")  # the answer may start
         probability, model_seconds = scored.result()
         return Heard(transcript, probability, asr_seconds, model_seconds, time.perf_counter() - began)
 
@@ -337,9 +338,7 @@ class StreamingTranscriber:
         key = (state.vad.turn_start, speech_end)
         if self._early_for(state, key, ctx) is not None or not EARLY_SAMPLES <= silent < (state.vad.pause_samples or 0):
             return
-        heard = self._hear(state, speech_end + silent)
-        state.early = EarlyTranscript(key, heard)
-        ctx.emit(_heard((speech_end + silent) * 1000 // ASR_SAMPLE_RATE, heard.transcript), modality="vad")
+        state.early = EarlyTranscript(key, self._hear(state, speech_end + silent, ctx))
 
     def _turn_words(self, state: TranscriptionSession, end: int) -> str:
         """The open turn's words up to sample ``end``. The audio since the words known from its last
