@@ -154,7 +154,9 @@ async def turn_session(
             timeline += clip + silence(3.0)
         start = trio.current_time() + 0.05
         ends = [start + end for end in ends]
-        edges = dict(zip(ends, (vad_edge_ms(clip, RATE, last_voiced(clip)) for clip in clips), strict=True))
+        refine = detection is None or detection["type"] == "server_vad"
+        edge = [vad_edge_ms(clip, RATE, last_voiced(clip), refine_end=refine) for clip in clips]
+        edges = dict(zip(ends, edge, strict=True))
         monotonic = time.monotonic() - trio.current_time()  # trio's clock to the server's timeline clock
         async with trio.open_nursery() as nursery:
             answered = trio.Event()

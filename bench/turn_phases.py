@@ -11,8 +11,9 @@ synthesized). A turn's request is the one not aborted by then whose first audio 
 before the client's first audio (the server holds a speculative answer until the turn ends, so it
 may be early; one dropped was aborted before; one heard may be aborted later, by the next turn).
 
-The VAD edge is measured on the input itself: the server's VAD (its default settings, the same
-resampling to 16 kHz) run over the clip, where it puts the end of speech minus the last voiced sample.
+The VAD edge is measured on the input itself: the server's VAD (its default settings, as the
+detection runs it, the same resampling to 16 kHz) run over the clip, where it puts the end of
+speech minus the last voiced sample.
 
 Milestones are ms after the end of speech (negative: before it, a speculative answer); ``phases``
 are the p50 of the gaps between consecutive milestones, in the order the answer passes them.
@@ -53,14 +54,15 @@ class TurnTimes:
     vad_edge_ms: float | None = None
 
 
-def vad_edge_ms(pcm24k: bytes, rate: int, true_end_sample: int) -> float:
-    """ms from the clip's last voiced sample to where the server's VAD (server_vad defaults) ends its speech."""
+def vad_edge_ms(pcm24k: bytes, rate: int, true_end_sample: int, *, refine_end: bool = True) -> float:
+    """ms from the clip's last voiced sample to where the server's VAD (server_vad defaults; semantic_vad
+    keeps the scorer's edge: ``refine_end=False``) ends its speech."""
     from schedulers.speech.audio import ASR_SAMPLE_RATE, StreamResampler, pcm16_to_float
     from schedulers.speech.vad import VoiceActivityDetector
 
     resampler = StreamResampler(rate, ASR_SAMPLE_RATE)
     audio = resampler.push(pcm16_to_float(np.frombuffer(pcm24k + bytes(2 * rate), "<i2")))
-    vad = VoiceActivityDetector()
+    vad = VoiceActivityDetector(refine_end=refine_end)
     stops = [event for event in vad.feed(audio) if event.type == "speech_stopped"]
     if not stops:
         return float("nan")
