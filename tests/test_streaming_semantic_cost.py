@@ -95,6 +95,19 @@ def test_words_decoded_with_context_join_the_known_ones_where_they_overlap() -> 
     assert merged_words("Hello.", "Oh hello there.") == "hello there."
 
 
+def one_pause(monkeypatch: pytest.MonkeyPatch, both: Any, ctx: Ctx) -> Ctx:
+    """A semantic_vad turn of 1 s of tone then 1 s of silence, fed in 20 ms pieces; ``both`` is the
+    recognizer and the turn model."""
+    monkeypatch.setattr(turn_model, "shared_turn_model", lambda threads=1: both)
+    transcriber = StreamingTranscriber(both, vad_backend="energy")
+    config = {"sample_rate": RATE, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
+    state = transcriber.open(None, OmniRequest(metadata={SESSION_METADATA_KEY: {"config": config}}))  # type: ignore[arg-type]
+    clip = np.concatenate([np.zeros(RATE // 2, np.float32), tone(1.0), np.zeros(RATE, np.float32)])
+    for start in range(0, clip.size, RATE * 2 // 100):
+        transcriber.append(state, clip[start : start + RATE * 2 // 100], None, ctx)  # type: ignore[arg-type]
+    return ctx
+
+
 class Together:
     """A recognizer and a model that each wait (bounded) for the other to be running."""
 
@@ -115,14 +128,7 @@ class Together:
 
 def test_the_turn_model_scores_the_pause_while_its_words_are_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
     both = Together()
-    monkeypatch.setattr(turn_model, "shared_turn_model", lambda threads=1: both)
-    transcriber = StreamingTranscriber(both, vad_backend="energy")  # type: ignore[arg-type]
-    config = {"sample_rate": RATE, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
-    state = transcriber.open(None, OmniRequest(metadata={SESSION_METADATA_KEY: {"config": config}}))  # type: ignore[arg-type]
-    clip = np.concatenate([np.zeros(RATE // 2, np.float32), tone(1.0), np.zeros(RATE, np.float32)])
-    ctx = Ctx()
-    for start in range(0, clip.size, RATE * 2 // 100):
-        transcriber.append(state, clip[start : start + RATE * 2 // 100], None, ctx)  # type: ignore[arg-type]
+    ctx = one_pause(monkeypatch, both, Ctx())
     judged = [event for event in ctx.events if event["type"] == "turn_judged"]
     assert both.met == [True]  # one decode, and the model was running beside it
     assert [(e["turn_complete"], e["probability"]) for e in judged] == [(True, 0.9)]
@@ -147,14 +153,7 @@ def test_a_pause_the_early_audio_left_in_doubt_is_scored_again_on_the_audio_to_t
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     both = DoubtfulFirst()
-    monkeypatch.setattr(turn_model, "shared_turn_model", lambda threads=1: both)
-    transcriber = StreamingTranscriber(both, vad_backend="energy")  # type: ignore[arg-type]
-    config = {"sample_rate": RATE, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
-    state = transcriber.open(None, OmniRequest(metadata={SESSION_METADATA_KEY: {"config": config}}))  # type: ignore[arg-type]
-    clip = np.concatenate([np.zeros(RATE // 2, np.float32), tone(1.0), np.zeros(RATE, np.float32)])
-    ctx = Ctx()
-    for start in range(0, clip.size, RATE * 2 // 100):
-        transcriber.append(state, clip[start : start + RATE * 2 // 100], None, ctx)  # type: ignore[arg-type]
+    ctx = one_pause(monkeypatch, both, Ctx())
     judged = [event for event in ctx.events if event["type"] == "turn_judged"]
     assert [(e["turn_complete"], e["probability"]) for e in judged] == [(True, 0.9)]
     assert len(both.scored) == 2 and both.scored[1] > both.scored[0]  # the second heard the whole pause
@@ -183,12 +182,6 @@ def test_the_words_of_a_pause_are_said_before_the_turn_model_answers(monkeypatch
             return 0.9
 
     both = Slow()
-    monkeypatch.setattr(turn_model, "shared_turn_model", lambda threads=1: both)
-    transcriber = StreamingTranscriber(both, vad_backend="energy")  # type: ignore[arg-type]
-    config = {"sample_rate": RATE, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
-    state = transcriber.open(None, OmniRequest(metadata={SESSION_METADATA_KEY: {"config": config}}))  # type: ignore[arg-type]
-    clip = np.concatenate([np.zeros(RATE // 2, np.float32), tone(1.0), np.zeros(RATE, np.float32)])
-    for start in range(0, clip.size, RATE * 2 // 100):
-        transcriber.append(state, clip[start : start + RATE * 2 // 100], None, ctx)  # type: ignore[arg-type]
+    one_pause(monkeypatch, both, ctx)
     assert waited == [True]
     assert [e["type"] for e in ctx.events].count("speech_stopped") == 1
