@@ -15,10 +15,13 @@ Run: ``.venv/bin/python bench/answers.py [--model FILE.gguf ...] [--set key=valu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,6 @@ sys.path.insert(0, str(ROOT))
 
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload  # noqa: E402
 from schedulers.speech.stages import create_responder_stage  # noqa: E402
-from tests.scheduler_harness import running  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "answers.json"
 # (turns, keyword the last answer must contain, case-insensitive; None: any non-looping answer)
@@ -91,6 +93,18 @@ def judge(answer: dict[str, Any], keyword: str | None, cap: int) -> dict[str, An
     looped = answer["finish_reason"] != "stop" or answer["usage"]["completion_tokens"] >= cap
     keyed = keyword is None or any(k.lower() in text.lower() for k in keyword.split("|"))
     return {"acceptable": bool(text) and not looped and keyed, "empty": not text, "looped": looped, "keyword": keyed}
+
+
+@contextlib.contextmanager
+def running(scheduler: Any) -> Iterator[None]:
+    """``scheduler.start()`` in a thread of its own, stopped and joined on exit."""
+    thread = threading.Thread(target=scheduler.start, name="responder", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        scheduler.stop()
+        thread.join()
 
 
 def run_model(model: str | None, settings: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""What the SmolLM2 responder does with OpenAI's request knobs: penalties and biases change the answer,
-a request that cannot fit its context or asks for tools is refused as the caller's mistake."""
+"""What the torch AR engine does with OpenAI's request knobs: penalties and biases change SmolLM2's answer.
+
+(The served responder is llama.cpp's; its refusals are in ``test_llm_responder.py``.)"""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ from typing import Any
 
 import pytest
 
-from omnitrio.contract import InvalidRequest, OmniRequest, StagePayload
 from schedulers.ar.chat_tokenizer import ChatTokenizer
 from schedulers.ar.engine import ARBatchEngine, GenerationRequest
 from schedulers.ar.gguf_file import GGUFModel
 from schedulers.ar.weight_formats import load_model
-from schedulers.speech.llm_responder import LLMResponder
 from tests.test_ar_engine import run_to_end
 from tests.test_llm_gguf import chat, source, tokenizer
 
@@ -55,37 +54,3 @@ def test_a_logit_bias_bans_the_greedy_first_word(engine: ARBatchEngine, tokenize
     engine.add(GenerationRequest("first", first, 1))
     banned = run_to_end(engine)["first"][0]
     assert not answer(engine, tokenizer, question, logit_bias={banned: -100.0}).startswith(plain.split()[0])
-
-
-def payload(**inputs: Any) -> StagePayload:
-    request = OmniRequest(inputs={"task": "chat", **inputs})
-    return StagePayload("r", request, {"raw_inputs": request.inputs})
-
-
-@pytest.fixture(scope="module")
-def responder(engine: ARBatchEngine, tokenizer: ChatTokenizer) -> LLMResponder:
-    return LLMResponder(engine, tokenizer, stream_target=lambda payload: "text_out")
-
-
-def test_a_request_over_the_context_is_refused_naming_the_limit_and_its_size(responder: LLMResponder) -> None:
-    with pytest.raises(InvalidRequest) as refused:
-        responder.parse("r", payload(messages=[{"role": "user", "content": "hi"}], max_tokens=1000))
-    assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "messages")
-    assert "maximum context length is 256 tokens" in str(refused.value) and "1000 in the completion" in str(
-        refused.value
-    )
-
-
-def test_tools_are_refused_by_a_model_that_cannot_call_them(responder: LLMResponder) -> None:
-    tools = [{"type": "function", "function": {"name": "weather", "parameters": {}}}]
-    with pytest.raises(InvalidRequest) as refused:
-        responder.parse("r", payload(messages=[{"role": "user", "content": "hi"}], tools=tools))
-    assert refused.value.param == "tools"
-
-
-def test_an_image_part_is_refused_naming_it(responder: LLMResponder) -> None:
-    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}]
-    with pytest.raises(InvalidRequest) as refused:
-        responder.parse("r", payload(messages=messages))
-    assert refused.value.param == "messages[0].content[1]"

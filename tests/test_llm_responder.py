@@ -146,6 +146,13 @@ def test_tools_offered_to_a_model_whose_template_cannot_call_them_are_refused_na
     assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "tools"
 
 
+def test_an_image_part_is_refused_naming_it(responder: Any) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}]
+    _, out = ask(responder, "image", {"task": "chat", "messages": messages})
+    assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "messages[0].content[1]"
+
+
 def test_a_model_llama_cpp_cannot_load_stops_the_stage_at_start_naming_the_file(tmp_path: Path) -> None:
     import gguf
     import numpy as np

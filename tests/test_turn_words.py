@@ -35,6 +35,9 @@ def test_unfinished_phrases_are_not_over(transcript: str, reason: str) -> None:
         "Log in",
         "What is the capital of France?",
         "Uh-huh.",
+        "The train leaves from platform 7, the library closes at 9.",
+        "It costs $20.",
+        "Meet me at 7:30",
     ],
 )
 def test_the_words_do_not_object_to_finished_or_particle_endings(transcript: str) -> None:

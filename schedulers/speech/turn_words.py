@@ -30,11 +30,11 @@ CONJUNCTIONS = frozenset(
 DETERMINERS = frozenset({"my", "your", "our", "their", "its", "every", "each"})
 FILLERS = frozenset({"um", "umm", "uh", "uhh", "uhm", "er", "erm"})
 _TRAILING_OFF = re.compile(r"(\.\.\.|…|[-–—,;:])\s*$")
-_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")  # Whisper writes numbers as digits: "closes at 9."
 
 
 def last_word(transcript: str) -> str | None:
-    """The transcript's last word, lower-cased and without punctuation; None when it has none."""
+    """The transcript's last word (a number counts), lower-cased, without punctuation; None when it has none."""
     words = _WORD.findall(transcript.lower())
     return words[-1] if words else None
 
