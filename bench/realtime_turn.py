@@ -8,7 +8,7 @@ when its last sample has been "recorded", so the end of speech happens at a know
 client's clock. Also reported: ``input_audio_buffer.speech_stopped`` to that first audio (the
 part after the turn was declared over). Each turn detection is measured (``server_vad`` with
 OpenAI's default 500 ms of silence, ``semantic_vad`` at ``auto`` and ``high`` eagerness) at 1 and at
-8 concurrent sessions (their turns start 0.6 s apart, like independent users); the server's own
+4 concurrent sessions (their turns start 0.6 s apart, like independent users); the server's own
 per-decision cost of ``semantic_vad`` (transcript, turn model, total) comes from
 its ``/metrics``. Barge-in:
 while an answer streams, the client starts speaking; measured from sending the first speech chunk,
@@ -20,8 +20,12 @@ first delta: at most the server's lead). The server's own figures come from its 
 interruption to the last audio byte sent and to every stage having let the request go, audio unplayed
 at the interruption, time to first audio, real-time factor and underruns of the audio sent.
 
-Run: ``.venv/bin/python bench/realtime_turn.py [--turns 4] [--sessions 1 8] [--detections server_vad semantic_auto]
-[--set KEY=VALUE] [--out PATH]``. The server runs in a subprocess (its own GIL), started as a user would
+Where each turn's milliseconds went (VAD edge, speech_stopped, the answer request's transcript, first
+phrase, first audio synthesized, first audio received) is printed and recorded per measurement
+(``where_the_ms_went``, :mod:`bench.turn_phases`).
+
+Run: ``.venv/bin/python bench/realtime_turn.py [--turns 4] [--sessions 1 4] [--detections server_vad semantic_auto]
+[--set KEY=VALUE] [--no-barge-in] [--out PATH]``. The server runs in a subprocess (its own GIL), started as a user would
 (``--set``: its config overrides; ``responder.factory.mode=repeat`` takes the language model's time out of
 the figures). The load average (1 min) is recorded before and after each measurement. Figures go to
 ``bench/results/realtime_turn.json`` (or ``--out``).
@@ -38,6 +42,8 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.turn_phases import TurnTimes, match_turns, phase_summary, request_timelines, vad_edge_ms  # noqa: E402
 from omnitrio.client import RealtimeClient, open_realtime  # noqa: E402
 
 RATE = 24_000
@@ -116,10 +123,17 @@ class TurnFigures:
     from_end_of_speech: list[float] = attrs.field(factory=list)
     from_speech_stopped: list[float] = attrs.field(factory=list)
     missed: int = 0  # turns whose answer had sent no audio when the next speech started
+    times: list[TurnTimes] = attrs.field(factory=list)  # per answered turn, for bench.turn_phases
 
 
 async def turn_session(
-    url: str, clips: list[bytes], delay: float, detection: dict[str, Any] | None, chunk_ms: int, figures: TurnFigures
+    url: str,
+    clips: list[bytes],
+    delay: float,
+    detection: dict[str, Any] | None,
+    chunk_ms: int,
+    figures: TurnFigures,
+    label: str = "",
 ) -> None:
     """Speak each clip then 3 s of silence, in real time; time each answer's first audio.
 
@@ -140,6 +154,10 @@ async def turn_session(
             timeline += clip + silence(3.0)
         start = trio.current_time() + 0.05
         ends = [start + end for end in ends]
+        refine = detection is None or detection["type"] == "server_vad"
+        edge = [vad_edge_ms(clip, RATE, last_voiced(clip), refine_end=refine) for clip in clips]
+        edges = dict(zip(ends, edge, strict=True))
+        monotonic = time.monotonic() - trio.current_time()  # trio's clock to the server's timeline clock
         async with trio.open_nursery() as nursery:
             answered = trio.Event()
 
@@ -161,6 +179,8 @@ async def turn_session(
                             figures.from_speech_stopped.append(now - stopped)
                             if spoken is not None:
                                 figures.from_end_of_speech.append(now - spoken)
+                                times = (spoken + monotonic, stopped + monotonic, now + monotonic)
+                                figures.times.append(TurnTimes(label, *times, vad_edge_ms=edges[spoken]))
                             stopped = None
                             count += 1
                             if count == len(clips):
@@ -324,9 +344,11 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def start_server(settings: list[str]) -> tuple[subprocess.Popen[str], int]:
+def start_server(settings: list[str], event_dir: Path) -> tuple[subprocess.Popen[str], int]:
+    """The server as a user starts it, recording its timeline events into ``event_dir``."""
     command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0", *(f"--set={s}" for s in settings)]
-    server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "OMNITRIO_EVENT_DIR": str(event_dir)}
+    server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=env)
     assert server.stderr is not None
     for line in server.stderr:
         print(line, end="", file=sys.stderr)
@@ -337,16 +359,25 @@ def start_server(settings: list[str]) -> tuple[subprocess.Popen[str], int]:
 
 
 async def turns(
-    url: str, port: int, clips: list[bytes], detection: dict[str, Any] | None, sessions: int, turns: int, chunk_ms: int
+    url: str,
+    port: int,
+    clips: list[bytes],
+    detection: dict[str, Any] | None,
+    sessions: int,
+    turns: int,
+    chunk_ms: int,
+    label: str,
+    times: list[TurnTimes],
 ) -> dict[str, Any]:
-    """One measurement: ``sessions`` concurrent sessions of ``turns`` turns each with ``detection``."""
-    figures = TurnFigures()
+    """One measurement: ``sessions`` concurrent sessions of ``turns`` turns each with ``detection``;
+    each answered turn's times go to ``times`` under ``label``."""
+    figures = TurnFigures(times=times)
     load_before = os.getloadavg()[0]
     decisions_before = await trio.to_thread.run_sync(decision_totals, port)
     async with trio.open_nursery() as nursery:
         for i in range(sessions):
             session_clips = [clips[(i + t) % len(clips)] for t in range(turns)]
-            nursery.start_soon(turn_session, url, session_clips, 0.6 * i, detection, chunk_ms, figures)
+            nursery.start_soon(turn_session, url, session_clips, 0.6 * i, detection, chunk_ms, figures, label)
     decisions = decision_means(decisions_before, await trio.to_thread.run_sync(decision_totals, port))
     return {
         "end_of_speech_to_first_audio": summary(figures.from_end_of_speech),
@@ -360,11 +391,13 @@ async def turns(
 
 
 async def main(
-    turn_count: int, session_counts: list[int], detections: list[str], chunk_ms: int, settings: list[str]
+    turn_count: int, session_counts: list[int], detections: list[str], chunk_ms: int, settings: list[str], barge: bool
 ) -> dict[str, Any]:
     clips = synthesize(UTTERANCES)
     long_clip, interruption = synthesize([LONG, "Stop, please stop."])
-    server, port = start_server(settings)
+    event_dir = Path(tempfile.mkdtemp(prefix="realtime_turn_events_"))
+    server, port = start_server(settings, event_dir)
+    times: list[TurnTimes] = []
     url = f"ws://127.0.0.1:{port}/v1/realtime"
     results: dict[str, Any] = {
         "cpus": os.cpu_count(),
@@ -375,27 +408,36 @@ async def main(
     try:
         for name in detections:
             for sessions in session_counts:
-                figures = await turns(url, port, clips, DETECTIONS[name], sessions, turn_count, chunk_ms)
-                results[f"{name}_sessions_{sessions}"] = figures
+                label = f"{name}_sessions_{sessions}"
+                figures = await turns(url, port, clips, DETECTIONS[name], sessions, turn_count, chunk_ms, label, times)
+                results[label] = figures
                 print(f"{name}, {sessions} session(s): {json.dumps(figures)}", flush=True)
-        results["barge_in"] = await barge_in(url, long_clip, interruption)
+        if barge:
+            results["barge_in"] = await barge_in(url, long_clip, interruption)
         for sessions in session_counts:
-            if sessions > 1:
+            if sessions > 1 and barge:
                 results[f"barge_in_{sessions}"] = await barge_ins(url, long_clip, interruption, sessions)
                 print(f"barge-in, {sessions} sessions: {results[f'barge_in_{sessions}']}", flush=True)
-        results["response_cancel_ms"] = round(await cancel_time(url, long_clip), 1)
+        if barge:
+            results["response_cancel_ms"] = round(await cancel_time(url, long_clip), 1)
         results["server"] = server_figures(port)
         results["load_avg_after"] = os.getloadavg()[0]
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(30)
+    rows = match_turns(times, request_timelines(event_dir))  # the server flushed its events on exit
+    results["turn_milestones_ms"] = rows
+    for measured in {row["label"] for row in rows}:
+        phases = phase_summary([row for row in rows if row["label"] == measured])
+        results[measured]["where_the_ms_went"] = phases
+        print(f"{measured}: where the ms went (p50, ms after the end of speech): {json.dumps(phases)}", flush=True)
     return results
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
-    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8], help="concurrent sessions to measure")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4], help="concurrent sessions to measure")
     parser.add_argument(
         "--detections", nargs="+", default=list(DETECTIONS), choices=list(DETECTIONS), help="turn detections to measure"
     )
@@ -408,9 +450,12 @@ if __name__ == "__main__":
         metavar="KEY=VALUE",
         help="a config override for the server, e.g. responder.factory.mode=repeat (the realtime path alone)",
     )
+    parser.add_argument("--no-barge-in", action="store_true", help="measure turns only (no barge-in, no cancel)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"where the figures go (default {RESULTS})")
     args = parser.parse_args()
-    figures = trio.run(main, args.turns, args.sessions, args.detections, args.chunk_ms, args.settings)
+    figures = trio.run(
+        main, args.turns, args.sessions, args.detections, args.chunk_ms, args.settings, not args.no_barge_in
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))

@@ -6,7 +6,8 @@ said with a final and with a continuing pitch (:func:`spoken`); each spoken by P
 project's voice, two speeds) and by espeak-ng (two voices), generated here at run time.  Every
 utterance is 0.3 s of silence, the speech, then silence.
 
-Each one is streamed through the server's VAD (Silero, ``pause_ms=200``).  At every pause of
+Each one is streamed through the server's VAD as semantic_vad runs it (Silero, ``pause_ms=200``,
+the scorer's own edge: ``refine_end=False``).  At every pause of
 200 ms the semantic detectors judge the turn from the audio so far and its transcript so far
 (Whisper tiny.en, ``quick``, as the realtime speculation decodes it) and wait the silence their
 judgement asks for (:mod:`schedulers.speech.turn_end`).  Silence-only VAD ends a turn at the
@@ -23,7 +24,16 @@ first pause of ``silence_duration_ms``.  Outcomes, per detector:
   waits the eagerness's timeout, and that wait is its latency.  ``wait`` is the silence alone.
 
 Detectors: ``server_vad`` (500 ms, OpenAI's default; and 200 ms), the audio model alone and the
-words alone (both with the ``medium`` silences), and ``semantic_vad`` at each eagerness.  Per
+words alone (both with the ``medium`` silences), and ``semantic_vad`` at each eagerness, in two
+forms measured in the same run: the model scoring the audio at the 200 ms pause after the words
+(``semantic_vad_*``, before) and the model scoring it at ``EARLY_MS`` of silence beside the
+transcript (``semantic_vad_*_beside``, as the streaming ASR stage now does it: a turn that sounds complete
+there is decided at ``EARLY_MS`` plus the longer of the two, on two threads; any other is scored
+again on the audio to the pause, after it).
+
+The set: ``SENTENCES`` (the ones the rules were tuned on) and ``HELD_OUT`` (new sentences, cut at
+other places: after a verb, an adjective, a number, mid-list; never used to tune anything), said
+also by an extra espeak-ng voice; held-out figures are reported on their own (``held_out``).  Per
 decision: the words' check, the audio model, and (separately) the transcript's ASR, each run
 alone; and both side by side on two threads (``decision_ms``: what a concurrent stage would pay).
 
@@ -54,6 +64,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.turn_taking_set import HELD_OUT, HELD_OUT_ESPEAK_VOICES, SENTENCES  # noqa: E402
 from omnitrio.serve.backchannel import InterruptionPolicy  # noqa: E402
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, resample  # noqa: E402
 from schedulers.speech.turn_end import EagernessPolicy, judge, policy_for  # noqa: E402
@@ -62,37 +73,13 @@ from schedulers.speech.turn_words import unfinished_because  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "turn_taking.json"
 SCORING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turn-model")
 PAUSE_MS = 200
+EARLY_MS = 100  # the streaming ASR stage hears a pause (words and turn model) at this much silence
 LEAD_S = 0.3
 HESITATION_MS = 1000  # a cut utterance's pause before the speaker would go on
 PROMPT_MS = 1000  # a true end must be answered within this long after the end of speech
 SERVER_VAD_MS = (500, 200)
 MS = ASR_SAMPLE_RATE // 1000
 
-# (complete sentence, the same sentence cut mid-phrase)
-SENTENCES: list[tuple[str, str]] = [
-    ("I would like to book a table for four people tonight.", "I would like to book a table for"),
-    ("Can you tell me about the weather in Paris?", "Can you tell me about the"),
-    ("What is the capital of France?", "What is the capital of"),
-    ("My phone number is five five five, one two three four.", "My phone number is five five five"),
-    ("Please send the report to my manager.", "Please send the report to my"),
-    ("I need to buy some milk and bread.", "I need to buy some milk and"),
-    ("Could you turn off the lights in the kitchen?", "Could you turn off the lights in the"),
-    ("Set an alarm for seven in the morning.", "Set an alarm for seven in the, um"),
-    ("How long does it take to drive to the airport?", "How long does it take to drive to"),
-    ("Remind me to call my mother tomorrow.", "Remind me to call my"),
-    ("Play some relaxing music.", "Play some, uh"),
-    ("What time does the pharmacy close today?", "What time does the"),
-    ("I want to cancel my subscription because it is too expensive.", "I want to cancel my subscription because"),
-    ("Thank you very much, goodbye.", "Thank you very much, and"),
-    ("Book me a flight from London to New York.", "Book me a flight from London to"),
-    ("Is it going to rain this afternoon?", "Is it going to rain this"),
-    ("Add eggs, butter and flour to my shopping list.", "Add eggs, butter and"),
-    ("Tell me a joke.", "Tell me a"),
-    ("Where is the nearest train station?", "Where is the nearest"),
-    ("I think we should leave at eight o'clock.", "I think we should leave at"),
-    ("Send a message to Anna saying I will be late.", "Send a message to Anna saying"),
-    ("How do I get from the hotel to the museum?", "How do I get from the hotel to the, uh"),
-]
 BACKCHANNELS = ["Uh-huh.", "Yeah.", "Okay.", "Mm-hmm.", "Right.", "I see.", "Oh, okay."]
 INTERRUPTIONS = ["Wait, stop.", "No, I meant Tuesday.", "Can you repeat that?", "Sorry, what was the address?"]
 PIPER_SPEEDS = (0.9, 1.15)
@@ -116,6 +103,7 @@ class Pause:
     transcript: str
     unfinished: str | None
     probability: float
+    early_probability: float  # the model on the audio up to EARLY_MS of silence
     asr_ms: float
     words_ms: float
     model_ms: float
@@ -130,18 +118,30 @@ class Utterance:
     voice: str
     end_of_speech: int  # sample
     pauses: list[Pause]
+    held_out: bool = False
 
 
 def voices(quick: bool) -> list[Voice]:
-    from schedulers.speech.tts import EspeakSynthesizer, PiperSynthesizer
+    from schedulers.speech.tts import PiperSynthesizer
 
     found: list[Voice] = []
     piper = PiperSynthesizer(threads=1)
+
+    def at_speed(speed: float) -> Callable[[str], FloatAudio]:
+        return lambda text: piper.synthesize(text, speed)
+
     for speed in PIPER_SPEEDS[:1] if quick else PIPER_SPEEDS:
-        found.append(Voice(f"piper@{speed}", _at_16k(lambda text, s=speed: piper.synthesize(text, s), piper)))
+        found.append(Voice(f"piper@{speed}", _at_16k(at_speed(speed), piper)))
+    return found + espeak_voices(ESPEAK_VOICES[:1] if quick else ESPEAK_VOICES)
+
+
+def espeak_voices(names: tuple[str, ...]) -> list[Voice]:
+    """espeak-ng speaking with each voice named; none when espeak-ng is not installed."""
+    from schedulers.speech.tts import EspeakSynthesizer
+
+    found: list[Voice] = []
     try:
-        espeak_voices = ESPEAK_VOICES[:1] if quick else ESPEAK_VOICES
-        for name in espeak_voices:
+        for name in names:
             espeak = EspeakSynthesizer(voice=name)
             found.append(Voice(f"espeak-ng:{name}", _at_16k(espeak.synthesize, espeak)))
     except FileNotFoundError as missing:
@@ -185,7 +185,7 @@ def measure(
     tail_ms = 2 * PROMPT_MS if complete else HESITATION_MS
     lead = np.zeros(int(LEAD_S * ASR_SAMPLE_RATE), dtype=np.float32)
     audio = np.concatenate([lead, speech[:end], np.zeros(tail_ms * MS, dtype=np.float32)])
-    vad = VoiceActivityDetector(pause_ms=PAUSE_MS, silence_duration_ms=60_000, backend="silero")
+    vad = VoiceActivityDetector(pause_ms=PAUSE_MS, silence_duration_ms=60_000, backend="silero", refine_end=False)
     events = vad.feed(audio)
     start = next((e.sample for e in events if e.type == "speech_started"), 0)
     pauses: list[Pause] = []
@@ -208,6 +208,7 @@ def measure(
         words_done = time.perf_counter()
         probability = model.probability_complete(turn)
         model_done = time.perf_counter()
+        early_probability = model.probability_complete(audio[start : speech_end + EARLY_MS * MS])
         scored = SCORING.submit(model.probability_complete, turn)
         recognizer.transcribe(turn, quick=True)
         scored.result()
@@ -220,6 +221,7 @@ def measure(
                 transcript,
                 unfinished,
                 probability,
+                early_probability,
                 (asr_done - began) * 1000,
                 (words_done - asr_done) * 1000,
                 (model_done - words_done) * 1000,
@@ -229,7 +231,7 @@ def measure(
     return Utterance(text, complete, how, voice, lead.size + end, pauses)
 
 
-# A detector: the silence (ms) it waits at a pause, and the compute (ms) its decision costs.
+# A detector: the silence (ms) it waits at a pause, and the compute (ms) its decision costs after the pause.
 Detector = Callable[[Pause], tuple[float, float]]
 
 
@@ -244,6 +246,22 @@ def semantic(policy: EagernessPolicy, *, audio: bool = True, words: bool = True)
         judgement = judge(policy, pause.probability if runs_model else None, unfinished)
         compute = (pause.asr_ms + pause.words_ms if words else 0.0) + (pause.model_ms if runs_model else 0.0)
         return judgement.end_after_ms, compute
+
+    return wait
+
+
+def semantic_beside(policy: EagernessPolicy) -> Detector:
+    """As the streaming ASR stage judges: the model scores the audio at ``EARLY_MS`` of silence beside
+    the transcript; a turn that sounds complete there is judged at the pause at once, else the
+    model scores the audio to the pause (after it)."""
+
+    def wait(pause: Pause) -> tuple[float, float]:
+        unfinished = pause.unfinished
+        early = max(0.0, EARLY_MS + pause.decision_ms - PAUSE_MS)
+        if unfinished is None and pause.early_probability >= policy.threshold:
+            return judge(policy, pause.early_probability, None).end_after_ms, early
+        judgement = judge(policy, pause.probability if unfinished is None else None, unfinished)
+        return judgement.end_after_ms, early + (pause.model_ms if unfinished is None else 0.0)
 
     return wait
 
@@ -307,6 +325,8 @@ def detectors() -> dict[str, Detector]:
     found["words_alone"] = semantic(medium, audio=False)
     for eagerness in ("low", "medium", "high"):
         found[f"semantic_vad_{eagerness}"] = semantic(policy_for(eagerness))
+    for eagerness in ("low", "medium", "high"):
+        found[f"semantic_vad_{eagerness}_beside"] = semantic_beside(policy_for(eagerness))
     return found
 
 
@@ -350,6 +370,16 @@ def interruptions(all_voices: list[Voice], recognizer: Any) -> dict[str, Any]:
     }
 
 
+def scores_against_cuts(utterances: list[Utterance]) -> dict[str, Any]:
+    """Every detector's score against each kind of cut on its own (each set holds as many cuts as
+    complete turns)."""
+    against = {cut: [u for u in utterances if u.how in ("complete", cut)] for cut in HOW[1:]}
+    return {
+        cut: {name: score(subset, detector) for name, detector in detectors().items()}
+        for cut, subset in against.items()
+    }
+
+
 def main(quick: bool) -> dict[str, Any]:
     from schedulers.speech.asr import shared_recognizer
     from schedulers.speech.turn_model import TurnModel
@@ -358,20 +388,23 @@ def main(quick: bool) -> dict[str, Any]:
     model = TurnModel(threads=1)
     load_before = os.getloadavg()[0]
     all_voices = voices(quick)
-    utterances = [
+    tuned = [
         measure(text, complete, how, speech, voice.name, recognizer, model)
         for voice in all_voices
         for whole, cut in (SENTENCES[:8] if quick else SENTENCES)
         for text, complete, how, speech in spoken(voice, whole, cut)
     ]
-    # Precision against each kind of cut on its own: every set holds as many cuts as complete turns.
-    against = {cut: [u for u in utterances if u.how in ("complete", cut)] for cut in HOW[1:]}
-    scores = {
-        cut: {name: score(subset, detector) for name, detector in detectors().items()}
-        for cut, subset in against.items()
-    }
+    held_out = [
+        attrs.evolve(measure(text, complete, how, speech, voice.name, recognizer, model), held_out=True)
+        for voice in [*all_voices, *espeak_voices(HELD_OUT_ESPEAK_VOICES)]
+        for whole, cut in (HELD_OUT[:4] if quick else HELD_OUT)
+        for text, complete, how, speech in spoken(voice, whole, cut)
+    ]
+    utterances = [*tuned, *held_out]
+    scores = scores_against_cuts(tuned)
+    continuing = [u for u in utterances if u.how in ("complete", "cut, continuing")]
     by_voice = {
-        voice: score([u for u in against["cut, continuing"] if u.voice == voice], semantic(policy_for("medium")))
+        voice: score([u for u in continuing if u.voice == voice], semantic(policy_for("medium")))
         for voice in sorted({u.voice for u in utterances})
     }
     return {
@@ -381,6 +414,11 @@ def main(quick: bool) -> dict[str, Any]:
         "voices": sorted({u.voice for u in utterances}),
         "per_decision_ms": per_decision(utterances),
         "detectors": scores,
+        "held_out": {
+            "utterances": {how: sum(u.how == how for u in held_out) for how in HOW},
+            "voices": sorted({u.voice for u in held_out}),
+            "detectors": scores_against_cuts(held_out),
+        },
         "semantic_vad_medium_by_voice_cut_continuing": by_voice,
         "false_interruptions": interruptions(all_voices, recognizer),
         "judged_pauses": [
@@ -393,6 +431,8 @@ def main(quick: bool) -> dict[str, Any]:
                 "transcript": p.transcript,
                 "unfinished": p.unfinished,
                 "probability": round(p.probability, 3),
+                "early_probability": round(p.early_probability, 3),
+                "held_out": u.held_out,
             }
             for u in utterances
             for p in u.pauses
@@ -411,17 +451,9 @@ def report(figures: dict[str, Any]) -> None:
         f" (p90 {decision['decision_ms']['p90']})"
     )
     print("complete-turn latency: end of speech -> decision (with compute; silence waited alone)")
-    for cut, rows in figures["detectors"].items():
-        print(f"\ncomplete turns against {cut!r} ones")
-        print(
-            f"{'detector':<22} {'precision':>9} {'recall':>7} {'false':>6} {'p50 ms':>8} {'p90 ms':>8} {'silence':>8}"
-        )
-        for name, row in rows.items():
-            latency, silence = row["complete_turn_latency_ms"], row["complete_turn_silence_ms"]
-            print(
-                f"{name:<22} {row['precision']!s:>9} {row['recall']!s:>7} {row['false_ends']:>6}"
-                f" {latency['p50']!s:>8} {latency['p90']!s:>8} {silence['p50']!s:>8}"
-            )
+    held_out = figures["held_out"]
+    report_table("", figures["detectors"])
+    report_table(f"held out ({', '.join(held_out['voices'])}): ", held_out["detectors"])
     outcomes = figures["false_interruptions"]
     print(
         f"false interruptions: backchannels resumed {outcomes['backchannels_resumed']},"
@@ -431,12 +463,26 @@ def report(figures: dict[str, Any]) -> None:
         print(f"  wrong: {row['voice']} said {row['said']!r}, heard {row['transcript']!r} -> {row['outcome']}")
 
 
+def report_table(which: str, table: dict[str, Any]) -> None:
+    for cut, rows in table.items():
+        print(f"\n{which}complete turns against {cut!r} ones")
+        print(
+            f"{'detector':<29} {'precision':>9} {'recall':>7} {'false':>6} {'p50 ms':>8} {'p90 ms':>8} {'silence':>8}"
+        )
+        for name, row in rows.items():
+            latency, silence = row["complete_turn_latency_ms"], row["complete_turn_silence_ms"]
+            print(
+                f"{name:<29} {row['precision']!s:>9} {row['recall']!s:>7} {row['false_ends']:>6}"
+                f" {latency['p50']!s:>8} {latency['p90']!s:>8} {silence['p50']!s:>8}"
+            )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two voices and eight sentence pairs")
     args = parser.parse_args()
     results = main(args.quick)
-    report(results)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    report(results)
     print(f"wrote {RESULTS.relative_to(ROOT)}")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
-from schedulers.speech.tts import check_speed, split_sentences
+from schedulers.speech.tts import check_speed, complete_sentences_end, split_sentences
 
 TWO_SENTENCES = "The weather is lovely today. Let us go for a walk in the park."
 
@@ -21,6 +21,27 @@ pytestmark = pytest.mark.timeout(300)  # loads Piper: past the global 120 s when
 def test_split_sentences_keeps_abbreviations_and_quotes() -> None:
     text = 'Dr. Smith arrived. "Is it done?" she asked!\nYes'
     assert split_sentences(text) == ["Dr. Smith arrived.", '"Is it done?"', "she asked!", "Yes"]
+
+
+@pytest.mark.parametrize(
+    ("written", "ready"),
+    [
+        ("The forecast for Paris today, ", "The forecast for Paris today, "),  # the first phrase, on its own
+        ("I think the answer is yes - but", "I think the answer is yes - "),
+        ("Sure, the forecast", ""),  # too short an opener: it waits for more words
+        ("Sure, the forecast for Paris", ""),
+        ("It is sunny. Later today, it", "It is sunny. "),  # after the first sentence: whole sentences only
+        ("It costs 1,000 dollars and more", ""),  # a comma inside a number is no clause break
+    ],
+)
+def test_an_answers_first_phrase_is_ready_before_its_first_sentence_ends(written: str, ready: str) -> None:
+    assert written[: complete_sentences_end(written)] == ready
+
+
+def test_what_is_ready_to_say_only_grows_as_the_answer_is_written() -> None:
+    answer = "Well, the forecast for today, as far as I know, is sunny. Take a hat, it is hot."
+    ends = [complete_sentences_end(answer[:n]) for n in range(len(answer) + 1)]
+    assert ends == sorted(ends)
 
 
 def test_speed_outside_openai_range_is_rejected() -> None:

@@ -48,6 +48,43 @@ def test_vad_reports_speech_start_and_stop_around_the_sentence(
     assert abs(stopped.sample - (loud[-1] + 8000)) <= 3 * 512
 
 
+ENDINGS = [
+    "Please send the report before Friday.",
+    "Turn left at the second traffic light.",
+    "What is the weather in Paris?",
+]
+
+
+def voices() -> list[object]:
+    """Piper (deterministic) and espeak-ng, whichever are installed."""
+    from schedulers.speech.tts import EspeakSynthesizer, PiperSynthesizer
+
+    found: list[object] = []
+    for make in (lambda: PiperSynthesizer(variation=0.0), EspeakSynthesizer):
+        try:
+            found.append(make())
+        except (ImportError, FileNotFoundError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("text", ENDINGS)
+def test_the_end_of_speech_is_the_last_voiced_sample_not_the_scores_decay(text: str) -> None:
+    pytest.importorskip("onnxruntime")
+    synthesizers = voices()
+    if not synthesizers:
+        pytest.skip("neither piper-tts nor espeak-ng is installed")
+    for tts in synthesizers:
+        speech = resample(tts.synthesize(text), tts.sample_rate, 16_000)  # type: ignore[attr-defined]
+        clip = np.concatenate([np.zeros(LEAD, np.float32), speech, np.zeros(TAIL, np.float32)])
+        loud = np.abs(clip)
+        last_voiced = int(np.flatnonzero(loud > loud.max() / 20)[-1]) + 1
+        detector = VoiceActivityDetector(backend="silero", silence_duration_ms=500)
+        (stopped,) = [event for event in feed_in_pieces(detector, clip) if event.type == "speech_stopped"]
+        speech_end = stopped.sample - detector.silence_samples
+        assert abs(speech_end - last_voiced) <= 1.5 * 512, tts.name  # type: ignore[attr-defined]
+
+
 def test_silence_alone_produces_no_events() -> None:
     detector = VoiceActivityDetector(backend="energy")
     assert feed_in_pieces(detector, np.zeros(48_000, np.float32)) == []

@@ -1,13 +1,16 @@
-"""semantic_vad's work at a pause does not grow with the turn before it (no speech models).
+"""semantic_vad's work at a pause does not grow with the turn before it, and waits for the longer
+of its parts, not their sum (no speech models).
 
 A long turn with many short pauses (each past the early-transcript silence, none long enough to
 judge) is transcribed as it goes; at each pause the recognizer is given the stretch since the last
 one and a bounded context before it (from an earlier pause), never the whole turn again, so a long turn ends as soon
-after its speech as a short one.
+after its speech as a short one. At the early silence of a pause the turn model scores the audio on
+another thread while the words are decoded.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import attrs
@@ -90,3 +93,95 @@ def test_words_decoded_with_context_join_the_known_ones_where_they_overlap() -> 
     assert merged_words("Book a table for", "a table for four, please.") == "Book a table for four, please."
     assert merged_words("Book a table", "uh, table for two.") is None
     assert merged_words("Hello.", "Oh hello there.") == "hello there."
+
+
+def one_pause(monkeypatch: pytest.MonkeyPatch, both: Any, ctx: Ctx) -> Ctx:
+    """A semantic_vad turn of 1 s of tone then 1 s of silence, fed in 20 ms pieces; ``both`` is the
+    recognizer and the turn model."""
+    monkeypatch.setattr(turn_model, "shared_turn_model", lambda threads=1: both)
+    transcriber = StreamingTranscriber(both, vad_backend="energy")
+    config = {"sample_rate": RATE, "partial_every_ms": None, "turn_detection": {"type": "semantic_vad"}}
+    state = transcriber.open(None, OmniRequest(metadata={SESSION_METADATA_KEY: {"config": config}}))  # type: ignore[arg-type]
+    clip = np.concatenate([np.zeros(RATE // 2, np.float32), tone(1.0), np.zeros(RATE, np.float32)])
+    for start in range(0, clip.size, RATE * 2 // 100):
+        transcriber.append(state, clip[start : start + RATE * 2 // 100], None, ctx)  # type: ignore[arg-type]
+    return ctx
+
+
+class Together:
+    """A recognizer and a model that each wait (bounded) for the other to be running."""
+
+    def __init__(self) -> None:
+        self.decoding, self.scoring = threading.Event(), threading.Event()
+        self.met: list[bool] = []
+
+    def transcribe(self, audio: Any, language: str | None = None, *, quick: bool = False) -> str:
+        self.decoding.set()
+        self.met.append(self.scoring.wait(10))
+        return "Please send the report."
+
+    def probability_complete(self, audio_16k: Any) -> float:
+        self.scoring.set()
+        self.decoding.wait(10)
+        return 0.9
+
+
+def test_the_turn_model_scores_the_pause_while_its_words_are_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    both = Together()
+    ctx = one_pause(monkeypatch, both, Ctx())
+    judged = [event for event in ctx.events if event["type"] == "turn_judged"]
+    assert both.met == [True]  # one decode, and the model was running beside it
+    assert [(e["turn_complete"], e["probability"]) for e in judged] == [(True, 0.9)]
+    assert [e["type"] for e in ctx.events].count("speech_stopped") == 1
+
+
+class DoubtfulFirst:
+    """A recognizer of complete words, and a model unsure of the early audio, sure of the longer."""
+
+    def __init__(self) -> None:
+        self.scored: list[int] = []
+
+    def transcribe(self, audio: Any, language: str | None = None, *, quick: bool = False) -> str:
+        return "Please send the report."
+
+    def probability_complete(self, audio_16k: Any) -> float:
+        self.scored.append(int(np.asarray(audio_16k).size))
+        return 0.2 if len(self.scored) == 1 else 0.9
+
+
+def test_a_pause_the_early_audio_left_in_doubt_is_scored_again_on_the_audio_to_the_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    both = DoubtfulFirst()
+    ctx = one_pause(monkeypatch, both, Ctx())
+    judged = [event for event in ctx.events if event["type"] == "turn_judged"]
+    assert [(e["turn_complete"], e["probability"]) for e in judged] == [(True, 0.9)]
+    assert len(both.scored) == 2 and both.scored[1] > both.scored[0]  # the second heard the whole pause
+
+
+class SaysFirst(Ctx):
+    """Notes when ``speech_paused`` (the words) has been said."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said = threading.Event()
+
+    def emit(self, chunk: Any, modality: str = "text") -> None:
+        super().emit(chunk, modality)
+        if modality == "vad" and chunk["type"] == "speech_paused":
+            self.said.set()
+
+
+def test_the_words_of_a_pause_are_said_before_the_turn_model_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = SaysFirst()
+    waited: list[bool] = []
+
+    class Slow(DoubtfulFirst):
+        def probability_complete(self, audio_16k: Any) -> float:
+            waited.append(ctx.said.wait(10))  # the model answers only once the words were said
+            return 0.9
+
+    both = Slow()
+    one_pause(monkeypatch, both, ctx)
+    assert waited == [True]
+    assert [e["type"] for e in ctx.events].count("speech_stopped") == 1

@@ -23,7 +23,10 @@ Session ``config`` (the open command's ``config``):
   and the words' objection ``unfinished`` (None when they have none), so a server can start
   preparing its answer while the silence goes on (speech coming back first: ``speech_resumed``);
   at the pause of ``pause_ms`` (default 200) the turn is judged on those words and its audio
-  (:mod:`schedulers.speech.turn_end`: the turn model runs only when the words do not object):
+  (:mod:`schedulers.speech.turn_end`; the turn model scores the audio on another thread beside
+  the transcription, at the early silence, so a turn that sounds complete there is judged at the
+  pause without waiting for either; one that does not is scored again on the audio to the pause;
+  the model's answer is used only when the words do not object):
   ``{"type": "turn_judged", "audio_ms", "transcript", "turn_complete", "probability" (the
   model's, None when the words vetoed), "unfinished", "decision_ms": {"asr", "model", "total"}}``,
   and ``speech_stopped`` comes after the silence that judgement asks for (at once when that
@@ -40,6 +43,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -92,13 +97,33 @@ def merged_words(known: str, heard: str) -> str | None:
 
 
 @attrs.frozen
+class Heard:
+    """A turn's words and the turn model's probability for its audio, found side by side: the
+    seconds of the decode, of the model, and of both (the longer, on two threads)."""
+
+    transcript: str
+    probability: float
+    asr_seconds: float
+    model_seconds: float
+    seconds: float
+
+    def spent_ms(self) -> dict[str, float]:
+        spent = {"asr": self.asr_seconds, "model": self.model_seconds, "total": self.seconds}
+        return {part: round(1000 * seconds, 1) for part, seconds in spent.items()}
+
+
+@attrs.frozen
 class EarlyTranscript:
-    """A semantic turn transcribed at ``EARLY_MS`` of silence: whose (turn start, last speech
-    sample), the words, and the seconds the decode took."""
+    """A semantic turn heard (:class:`Heard`) at ``EARLY_MS`` of silence: whose (turn start, last
+    speech sample)."""
 
     key: tuple[int, int]
-    transcript: str
-    seconds: float
+    heard: Heard
+
+
+def _timed(score: Callable[[Any], float], audio: FloatAudio) -> tuple[float, float]:
+    began = time.perf_counter()
+    return score(audio), time.perf_counter() - began
 
 
 @attrs.frozen
@@ -157,6 +182,7 @@ class StreamingTranscriber:
         self.recognizer = recognizer
         self.partial_every = partial_every_ms * ASR_SAMPLE_RATE // 1000
         self.vad_backend = vad_backend
+        self._scoring = ThreadPoolExecutor(max_workers=2, thread_name_prefix="turn-model")  # beside the ASR
 
     def open(self, ref: SessionRef, request: OmniRequest) -> TranscriptionSession:
         config = request.metadata.get(SESSION_METADATA_KEY, {}).get("config") or {}
@@ -204,36 +230,56 @@ class StreamingTranscriber:
             silence_duration_ms=state.detector.policy.incomplete_silence_ms,
             backend=self.vad_backend,
             pause_ms=turn.get("pause_ms", JUDGE_AT_MS),
+            refine_end=False,  # the judge point and the turn model were tuned on the scorer's edge
         )
 
     def _judge(self, state: TranscriptionSession, paused: VadEvent, ctx: SessionContext) -> None:
         """Judge the turn at its pause (``turn_judged``) and tell the VAD the silence it now needs;
-        first transcribe it and say so (``speech_paused``), unless that was done ahead of the pause."""
+        first hear it and say so (``speech_paused``), unless that was done ahead of the pause (then
+        only silence came since: the words are the same). A turn the early audio made sound
+        complete is judged on it at once; otherwise the model hears the audio to the pause too."""
         assert state.vad is not None and state.detector is not None
         pause_ms = state.vad.pause_ms or 0
         key = (state.vad.turn_start, paused.sample - pause_ms * ASR_SAMPLE_RATE // 1000)
-        audio = state.audio()[key[0] : paused.sample]
         early = self._early_for(state, key, ctx)
         if early is not None:
-            transcript, asr_seconds = early.transcript, early.seconds  # the same words: only silence came since
+            heard = early.heard
         else:
-            began = time.perf_counter()
-            transcript = self._turn_words(state, paused.sample)
-            asr_seconds = time.perf_counter() - began
-            ctx.emit(_heard(paused.ms, transcript), modality="vad")
+            heard = self._hear(state, paused.sample, ctx)
+        sounded_over = early is None or heard.probability >= state.detector.policy.threshold
+        probability = heard.probability if sounded_over else None  # else: score the audio to the pause
         began = time.perf_counter()
-        decision = state.detector.decide(audio, transcript, silence_ms=pause_ms)
-        model_seconds = time.perf_counter() - began
+        decision = state.detector.decide(
+            state.audio()[key[0] : paused.sample], heard.transcript, silence_ms=pause_ms, probability=probability
+        )
+        spent = heard.spent_ms()
+        if probability is None:
+            rescored = round(1000 * (time.perf_counter() - began), 1)
+            spent = {**spent, "model": spent["model"] + rescored, "total": spent["total"] + rescored}
         state.vad.judge(decision.judgement.end_after_ms)
-        spent = {"asr": asr_seconds, "model": model_seconds, "total": asr_seconds + model_seconds}
         judged = {
-            **_heard(paused.ms, transcript),
+            **_heard(paused.ms, heard.transcript),
             "type": "turn_judged",
             "turn_complete": decision.judgement.complete,
             "probability": decision.judgement.probability,
-            "decision_ms": {part: round(1000 * seconds, 1) for part, seconds in spent.items()},
+            "decision_ms": spent,
         }
         ctx.emit(judged, modality="vad")
+
+    def _hear(self, state: TranscriptionSession, end: int, ctx: SessionContext) -> Heard:
+        """The open turn's words up to sample ``end``, said (``speech_paused``) as soon as they are
+        decoded, and the turn model's probability for its audio to ``end``, scored on another thread
+        meanwhile."""
+        assert state.vad is not None and state.detector is not None
+        began = time.perf_counter()
+        scored = self._scoring.submit(
+            _timed, state.detector.model.probability_complete, state.audio()[state.vad.turn_start : end]
+        )
+        transcript = self._turn_words(state, end)
+        asr_seconds = time.perf_counter() - began
+        ctx.emit(_heard(end * 1000 // ASR_SAMPLE_RATE, transcript), modality="vad")  # the answer may start
+        probability, model_seconds = scored.result()
+        return Heard(transcript, probability, asr_seconds, model_seconds, time.perf_counter() - began)
 
     def _early_for(
         self, state: TranscriptionSession, key: tuple[int, int], ctx: SessionContext
@@ -284,17 +330,15 @@ class StreamingTranscriber:
             self._transcribe_early(state, ctx)
 
     def _transcribe_early(self, state: TranscriptionSession, ctx: SessionContext) -> None:
-        """Once a turn has been silent ``EARLY_MS``, transcribe it and say so (``speech_paused``): a
-        server starts its answer while the silence goes on to the pause, which reuses the words."""
+        """Once a turn has been silent ``EARLY_MS``, hear it (words and turn model, :meth:`_hear`) and
+        say so (``speech_paused``): a server starts its answer while the silence goes on to the
+        pause, whose judgement reuses both."""
         assert state.vad is not None
         speech_end, silent = state.vad.silence
         key = (state.vad.turn_start, speech_end)
         if self._early_for(state, key, ctx) is not None or not EARLY_SAMPLES <= silent < (state.vad.pause_samples or 0):
             return
-        began = time.perf_counter()
-        transcript = self._turn_words(state, speech_end + silent)
-        state.early = EarlyTranscript(key, transcript, time.perf_counter() - began)
-        ctx.emit(_heard((speech_end + silent) * 1000 // ASR_SAMPLE_RATE, transcript), modality="vad")
+        state.early = EarlyTranscript(key, self._hear(state, speech_end + silent, ctx))
 
     def _turn_words(self, state: TranscriptionSession, end: int) -> str:
         """The open turn's words up to sample ``end``. The audio since the words known from its last

@@ -35,6 +35,9 @@ MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 # A sentence ends at . ! ? (perhaps followed by a closing quote or bracket) and whitespace, or at a newline.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
+# A clause ends at , ; : followed by whitespace, or at a dash between spaces.
+_CLAUSE_END = re.compile(r"(?<=[,;:])\s+|\s+[-–—]\s+")
+FIRST_PHRASE_WORDS = 4  # an answer's first phrase is said on its own once it has this many words
 _ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", "etc.", "e.g.", "i.e.", "no."})
 
 
@@ -48,16 +51,29 @@ class SpeechSynthesizer(Protocol):
 
 
 def complete_sentences_end(text: str) -> int:
-    """Where the complete sentences of a text still being written end (0: none yet).
+    """Where the part of an answer still being written that is ready to be said ends (0: none yet).
 
     ``text[:end]`` holds every sentence followed by a sentence break (as :func:`split_sentences`
-    sees them); the rest may still grow.  An abbreviation ("Dr.") does not end a sentence."""
+    sees them); the rest may still grow.  An abbreviation ("Dr.") does not end a sentence.  Before
+    the first sentence is complete, its first phrase is ready (:func:`first_phrase_end`), so an
+    answer's first audio need not wait for its first full stop.  The end only moves forward as
+    the text grows."""
     end = 0
     for match in _SENTENCE_END.finditer(text):
         before = text[: match.start()].rsplit(maxsplit=1)
         if before and before[-1].lower() not in _ABBREVIATIONS:
             end = match.end()
-    return end
+    return end or first_phrase_end(text)
+
+
+def first_phrase_end(text: str) -> int:
+    """Where the first phrase of ``text`` ends: after the first clause break (``,`` ``;`` ``:``
+    or a dash between spaces, then whitespace) that follows at least ``FIRST_PHRASE_WORDS`` words;
+    0 when there is none yet.  A shorter opener ("Sure, ...") stays with what follows it."""
+    for match in _CLAUSE_END.finditer(text):
+        if len(text[: match.start()].split()) >= FIRST_PHRASE_WORDS:
+            return match.end()
+    return 0
 
 
 def split_sentences(text: str) -> list[str]:

@@ -1,8 +1,9 @@
 """A TTS scheduler that streams audio sentence by sentence, abortable between sentences.
 
 One scheduler thread owns every request's state; it reads the inbox and synthesizes one
-sentence at a time, taking turns among the live requests (round robin) so that a new
-request's first audio does not wait for an earlier request's last sentence.  Before each
+sentence at a time. A request that has sent no audio yet goes first (the oldest such one: its
+user is waiting to hear anything), so a new answer's first sentence never waits behind another
+answer's later sentences; the others take turns (round robin).  Before each
 sentence it drains the inbox, so an abort — :meth:`abort` posts it there — takes effect at
 the next sentence boundary; a sentence already being synthesized when the abort comes is
 discarded, so the aborted request gets no further output from the moment ``abort`` returns.
@@ -89,7 +90,7 @@ class SentenceStreamingTTSScheduler:
             try:
                 message = self.inbox.get(block=not self._jobs)
             except queue.Empty:
-                self._step(self._jobs.popleft())
+                self._step(self._next_job())
                 continue
             if message is _STOP:
                 return
@@ -108,6 +109,14 @@ class SentenceStreamingTTSScheduler:
     def active_requests(self) -> int:
         """Requests being synthesized (read from another thread it is a snapshot)."""
         return len(self._jobs)
+
+    def _next_job(self) -> _Job:
+        """The oldest job that has sent no audio yet, else the next in turn (taken off ``_jobs``)."""
+        waiting = next((job for job in self._jobs if job.num_samples == 0), None)
+        if waiting is None:
+            return self._jobs.popleft()
+        self._jobs.remove(waiting)
+        return waiting
 
     def _dispatch(self, message: IncomingMessage) -> None:
         match message.type:

@@ -109,17 +109,23 @@ class SemanticTurnDetector:
             model = shared_turn_model()
         self.model = model
 
-    def decide(self, audio_16k: Any, transcript: str, silence_ms: int) -> TurnDecision:
+    def decide(
+        self, audio_16k: Any, transcript: str, silence_ms: int, *, probability: float | None = None
+    ) -> TurnDecision:
         """The decision for a turn whose audio so far (16 kHz mono, its trailing silence
         included) is ``audio_16k``, whose transcript so far is ``transcript``, and which has been
-        silent for ``silence_ms``.  The audio model runs only when the words do not object.
+        silent for ``silence_ms``.  The audio model runs only when the words do not object and
+        ``probability`` (the model's answer for this turn, scored already) is not given.
         """
         if isinstance(silence_ms, bool) or not isinstance(silence_ms, int) or silence_ms < 0:
             raise ValueError(f"silence_ms must be a non-negative integer, got {silence_ms!r}")
         if not isinstance(transcript, str):
             raise ValueError(f"transcript must be a string, got {type(transcript).__name__}")
         unfinished = unfinished_because(transcript)
-        probability = None if unfinished is not None else self.model.probability_complete(audio_16k)
+        if unfinished is not None:
+            probability = None
+        elif probability is None:
+            probability = self.model.probability_complete(audio_16k)
         judgement = judge(self.policy, probability, unfinished)
         wait = max(0, judgement.end_after_ms - silence_ms)
         return TurnDecision(end=wait == 0, wait_ms=wait, judgement=judgement)

@@ -7,8 +7,16 @@
   ``prefix_padding_ms``, but never before 0 nor before the previous turn's ``speech_stopped``
   (that audio belongs to the turn that ended): the start of the audio a model should hear, so
   speech that follows a turn closely starts a turn of its own;
-* ``speech_stopped.sample`` is where ``silence_duration_ms`` of silence after the last
-  speech frame completed — the end of that audio, silence included.
+* ``speech_stopped.sample`` is where ``silence_duration_ms`` of silence after the end of speech
+  completed — the end of that audio, silence included.
+
+The end of speech is not the end of the last frame scored as speech: a scorer's probability
+decays over a few frames after the voice stops. When a turn's first silent frame comes, the end
+is moved back to the last voiced sample of the ``REFINE_MS`` before it (:func:`last_voiced_sample`:
+the last 5 ms window whose loudness is within ``VOICED_DB`` of the turn's loudest), so silences
+(pauses, the stop) are counted from where the voice really stopped.  ``refine_end=False`` keeps the
+scorer's edge (semantic end of turn: its pause length and turn model were tuned on that edge, and
+counted from the true end the same pause judges more mid-sentence gaps).
 
 Events alternate, starting with ``speech_started``, and come in stream order.  With
 ``pause_ms`` set, a turn may also report ``speech_paused`` (``pause_ms`` of silence so far:
@@ -43,6 +51,11 @@ VadBackendName = Literal["auto", "silero", "energy"]
 FRAME_SAMPLES = 512  # 32 ms at 16 kHz: the frame Silero VAD is trained on
 _SILERO_CONTEXT = 64
 _HYSTERESIS = 0.15  # speech continues while the score stays above threshold - 0.15 (Silero's own rule)
+REFINE_MS = 160  # the end of speech is looked for this far back from the last frame scored as speech
+REFINE_SAMPLES = REFINE_MS * ASR_SAMPLE_RATE // 1000
+VOICED_DB = 30.0  # a window this far below the turn's loudest is not voice
+VOICED_FLOOR = 10 ** (-55 / 20)  # RMS below -55 dBFS is never voice
+WINDOW_SAMPLES = 80  # 5 ms
 
 
 @attrs.frozen
@@ -136,6 +149,26 @@ def new_scorer(backend: VadBackendName = "auto") -> FrameScorer:
             raise ValueError(f"unknown VAD backend {backend!r}; expected auto, silero or energy")
 
 
+def window_rms(audio: FloatAudio) -> np.ndarray:
+    """RMS of each whole 5 ms window of ``audio``."""
+    usable = audio.size - audio.size % WINDOW_SAMPLES
+    windows = audio[:usable].reshape(-1, WINDOW_SAMPLES).astype(np.float64)
+    return np.sqrt(np.mean(np.square(windows), axis=1))
+
+
+def last_voiced_sample(tail: FloatAudio, loudest: float) -> int | None:
+    """Where the voice in ``tail`` (audio ending at the last frame scored as speech) stops: the end
+    of its last window whose RMS is within ``VOICED_DB`` of ``loudest`` (the turn's loudest window),
+    as an offset into ``tail``; None when no window is (the scorer's end then stands).
+    Windows are counted back from the end of ``tail``."""
+    skip = tail.size % WINDOW_SAMPLES
+    rms = window_rms(tail[skip:])
+    voiced = np.flatnonzero(rms >= max(VOICED_FLOOR, loudest * 10 ** (-VOICED_DB / 20)))
+    if voiced.size == 0:
+        return None
+    return skip + (int(voiced[-1]) + 1) * WINDOW_SAMPLES
+
+
 def _check_unit(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be a number between 0 and 1, got {value!r}")
@@ -160,6 +193,7 @@ class VoiceActivityDetector:
         backend: VadBackendName = "auto",
         scorer: FrameScorer | None = None,
         pause_ms: int | None = None,
+        refine_end: bool = True,
     ) -> None:
         self.threshold = _check_unit("threshold", threshold)
         self.prefix_padding = _check_ms("prefix_padding_ms", prefix_padding_ms) * ASR_SAMPLE_RATE // 1000
@@ -167,6 +201,7 @@ class VoiceActivityDetector:
         self.pause_ms = None if pause_ms is None else _check_ms("pause_ms", pause_ms)
         self.pause_samples = None if self.pause_ms is None else self.pause_ms * ASR_SAMPLE_RATE // 1000
         self.scorer = scorer if scorer is not None else new_scorer(backend)
+        self.refine_end = refine_end
         self._judged_silence: int | None = None  # samples: this pause's verdict, until speech resumes
         self._turn_start = 0
         self._paused = False
@@ -175,6 +210,8 @@ class VoiceActivityDetector:
         self._speaking = False
         self._last_speech_end = 0
         self._last_stop = 0  # the previous turn's speech_stopped sample: no later turn starts before it
+        self._recent = np.zeros(0, dtype=np.float32)  # the last frame scored and the REFINE_SAMPLES before it
+        self._loudest = 0.0  # the turn's loudest 5 ms window (RMS)
 
     @property
     def speaking(self) -> bool:
@@ -206,16 +243,20 @@ class VoiceActivityDetector:
         usable = buffered.size - buffered.size % FRAME_SAMPLES
         self._pending = buffered[usable:].copy()
         for start in range(0, usable, FRAME_SAMPLES):
-            probability = self.scorer.score(buffered[start : start + FRAME_SAMPLES])
+            frame = buffered[start : start + FRAME_SAMPLES]
+            probability = self.scorer.score(frame)
             frame_start = self._consumed
             self._consumed += FRAME_SAMPLES
+            self._recent = np.concatenate([self._recent, frame])[-(REFINE_SAMPLES + FRAME_SAMPLES) :]
             if not self._speaking and probability >= self.threshold:
                 self._speaking = True
                 self._last_speech_end = self._consumed
+                self._loudest = float(window_rms(frame).max())
                 self._turn_start = max(self._last_stop, frame_start - self.prefix_padding)
                 yield VadEvent("speech_started", self._turn_start)
             elif self._speaking and probability >= self.threshold - _HYSTERESIS:
                 self._last_speech_end = self._consumed
+                self._loudest = max(self._loudest, float(window_rms(frame).max()))
                 if self._paused:
                     self._paused = False
                     self._judged_silence = None
@@ -232,6 +273,8 @@ class VoiceActivityDetector:
 
     def _silent_frame(self) -> Iterator[VadEvent]:
         """The turn's silence grew by a frame: maybe a pause, maybe the end of the turn."""
+        if self.refine_end and self._consumed - self._last_speech_end == FRAME_SAMPLES:  # the first silent frame
+            self._last_speech_end = self._voiced_end()
         silent = self._consumed - self._last_speech_end
         if silent >= self._needed_silence():
             yield self._stop()
@@ -240,6 +283,14 @@ class VoiceActivityDetector:
             yield VadEvent("speech_paused", self._last_speech_end + self.pause_samples)
             if silent >= self._needed_silence():  # judged complete at the pause
                 yield self._stop()
+
+    def _voiced_end(self) -> int:
+        """The last voiced sample before this silent frame, within ``REFINE_MS``, never before the turn."""
+        tail = self._recent[: self._recent.size - FRAME_SAMPLES]  # the audio up to the last speech frame
+        found = last_voiced_sample(tail, self._loudest)
+        if found is None:
+            return self._last_speech_end
+        return max(self._turn_start, self._last_speech_end - tail.size + found)
 
     def _needed_silence(self) -> int:
         return self.silence_samples if self._judged_silence is None else self._judged_silence
