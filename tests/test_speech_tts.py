@@ -12,6 +12,7 @@ import pytest
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.speech.tts import check_speed, complete_sentences_end, split_sentences
+from toys.debian import ensure
 
 TWO_SENTENCES = "The weather is lovely today. Let us go for a walk in the park."
 
@@ -130,10 +131,9 @@ def test_bad_speed_is_an_error(tts_stage: Any) -> None:
 
 
 def test_espeak_ng_fallback_speaks_when_installed() -> None:
-    import shutil
 
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (Debian package espeak-ng)")
+    if (missing := ensure("espeak-ng", "espeak-ng")) is not None:
+        pytest.skip(missing)
     from schedulers.speech.tts import load_synthesizer, synthesize_sentences
 
     tts = load_synthesizer("espeak-ng")

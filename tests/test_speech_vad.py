@@ -56,8 +56,11 @@ ENDINGS = [
 
 
 def voices() -> list[object]:
-    """Piper (deterministic) and espeak-ng, whichever are installed."""
+    """Piper (deterministic) and espeak-ng (installed with apt if missing), whichever can be had."""
     from schedulers.speech.tts import EspeakSynthesizer, PiperSynthesizer
+    from toys.debian import ensure
+
+    ensure("espeak-ng", "espeak-ng")
 
     found: list[object] = []
     for make in (lambda: PiperSynthesizer(variation=0.0), EspeakSynthesizer):

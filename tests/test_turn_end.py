@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 from schedulers.speech.audio import ASR_SAMPLE_RATE, float_to_pcm16, resample
 from schedulers.speech.turn_end import SemanticTurnDetector
 from schedulers.speech.turn_model import WINDOW_SAMPLES, last_window
+from toys.debian import ensure
 
 PAUSE = np.zeros(ASR_SAMPLE_RATE // 5, dtype=np.float32)  # the 200 ms pause a decision is taken at
 
@@ -73,8 +73,8 @@ def test_a_turn_cut_on_a_preposition_waits_without_running_the_model(speak: Any)
 
 
 def test_espeak_voice_complete_sentence(model: Any) -> None:
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (Debian package espeak-ng)")
+    if (missing := ensure("espeak-ng", "espeak-ng")) is not None:
+        pytest.skip(missing)
     from schedulers.speech.tts import EspeakSynthesizer
 
     tts = EspeakSynthesizer()

@@ -12,10 +12,7 @@ a WAV that the browser then hears as its microphone, from the moment the page op
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +25,8 @@ from typing import Any
 
 import attrs
 import httpx
+
+from toys.debian import ensure
 
 CHROMIUM = Path("/usr/bin/chromium")
 RATE = 24_000
@@ -53,26 +52,8 @@ def launch_args(microphone: Path) -> list[str]:
 
 
 def ensure_chromium() -> str | None:
-    """Install Debian's chromium when it is missing; None when it is there, else why it is not.
-
-    Parallel callers wait on one lock, so apt runs once.
-    """
-    if CHROMIUM.exists():
-        return None
-    apt = shutil.which("apt-get")
-    if apt is None:
-        return "no /usr/bin/chromium and no apt-get to install it"
-    with open(Path(tempfile.gettempdir()) / "omnitrio-chromium.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if CHROMIUM.exists():
-            return None
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = [apt, "install", "-y", "-q", "chromium"]
-        for command in ([apt, "update", "-q"], install):
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                return f"apt-get could not install chromium: {done.stderr.strip()[-400:]}"
-    return None if CHROMIUM.exists() else "apt-get ran but /usr/bin/chromium is missing"
+    """Install Debian's chromium when it is missing; None when it is there, else why it is not."""
+    return ensure("chromium", str(CHROMIUM))
 
 
 @attrs.frozen
