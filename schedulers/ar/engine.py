@@ -35,10 +35,10 @@ import collections
 import attrs
 import torch
 
-from omnitrio.contract import StageOverloaded
 from schedulers.ar.kv_sessions import SessionCache
 from schedulers.ar.model import KVCache, TinyLlama
 from schedulers.ar.sampling import Penalties, penalize, sample_rows
+from schedulers.engine_admission import check_new_request, check_room
 
 FinishReason = str  # "stop" | "length"
 
@@ -147,21 +147,12 @@ class ARBatchEngine:
     def add(self, request: GenerationRequest) -> None:
         """Queue a request; raises ``ValueError`` naming the bad field, or ``StageOverloaded`` when full."""
         rid = request.request_id
-        if rid in self.waiting or rid in self.running:
-            raise ValueError(f"request {rid!r} is already in the engine")
-        if not request.prompt_ids:
-            raise ValueError(f"request {rid!r}: the prompt is empty")
         vocab = self.config.vocab_size
-        if any(not 0 <= t < vocab for t in request.prompt_ids):
-            raise ValueError(f"request {rid!r}: prompt token ids must be in [0, {vocab})")
-        if request.max_new_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_new_tokens={request.max_new_tokens} must be >= 1")
-        total = len(request.prompt_ids) + request.max_new_tokens
-        if total > self.config.max_seq_len:
-            raise ValueError(
-                f"request {rid!r}: prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
-                f"({request.max_new_tokens}) exceeds max_seq_len={self.config.max_seq_len}"
-            )
+        present = rid in self.waiting or rid in self.running
+        check_new_request(
+            rid, request.prompt_ids, request.max_new_tokens, vocab_size=vocab,
+            context_tokens=self.config.max_seq_len, present=present,
+        )  # fmt: skip
         if request.temperature < 0:
             raise ValueError(f"request {rid!r}: temperature={request.temperature} must be >= 0")
         if not 0 < request.top_p <= 1:
@@ -171,13 +162,10 @@ class ARBatchEngine:
                 raise ValueError(f"request {rid!r}: {name}={getattr(request, name)} must be in [-2, 2]")
         if any(not 0 <= t < vocab or not -100 <= b <= 100 for t, b in request.logit_bias.items()):
             raise ValueError(f"request {rid!r}: logit_bias needs token ids in [0, {vocab}) and biases in [-100, 100]")
-        # Requests that the next step admits into a free slot do not count as waiting.
-        free = self.max_running_requests - len(self.running)
-        if len(self.waiting) >= self.max_waiting_requests + free:
-            raise StageOverloaded(
-                f"AR engine: waiting queue is full ({len(self.waiting) - free} waiting, "
-                f"max_waiting_requests={self.max_waiting_requests}); request {rid!r} rejected"
-            )
+        check_room(
+            "AR engine", rid, waiting=len(self.waiting), running=len(self.running),
+            max_running=self.max_running_requests, max_waiting=self.max_waiting_requests,
+        )  # fmt: skip
         self.waiting[rid] = request
 
     def abort(self, request_id: str) -> bool:

@@ -34,7 +34,7 @@ import random
 
 import attrs
 
-from omnitrio.contract import StageOverloaded
+from schedulers.engine_admission import check_new_request, check_room
 from schedulers.llamacpp.model import LlamaModel
 from schedulers.llamacpp.sampling import Sampling, TokenSampler
 from schedulers.llamacpp.sequences import Sequences
@@ -146,30 +146,19 @@ class LlamaBatchEngine:
     def add(self, request: LlamaRequest) -> None:
         """Queue a request; raises ``ValueError`` naming the bad field, or ``StageOverloaded`` when full."""
         rid = request.request_id
-        if rid in self.waiting or rid in self.running:
-            raise ValueError(f"request {rid!r} is already in the engine")
-        if not request.prompt_ids:
-            raise ValueError(f"request {rid!r}: the prompt is empty")
         vocab = self.model.n_vocab
-        if any(not 0 <= t < vocab for t in request.prompt_ids):
-            raise ValueError(f"request {rid!r}: prompt token ids must be in [0, {vocab})")
-        if request.max_new_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_new_tokens={request.max_new_tokens} must be >= 1")
-        total = len(request.prompt_ids) + request.max_new_tokens
-        if total > self.context_length:
-            raise ValueError(
-                f"request {rid!r}: prompt ({len(request.prompt_ids)} tokens) + max_new_tokens "
-                f"({request.max_new_tokens}) exceeds the {self.context_length}-token context"
-            )
+        present = rid in self.waiting or rid in self.running
+        check_new_request(
+            rid, request.prompt_ids, request.max_new_tokens, vocab_size=vocab, context_tokens=self.context_length,
+            present=present,
+        )  # fmt: skip
         problem = request.sampling.check(vocab)
         if problem is not None:
             raise ValueError(f"request {rid!r}: {problem}")
-        free = self.max_running_requests - len(self.running)
-        if len(self.waiting) >= self.max_waiting_requests + free:
-            raise StageOverloaded(
-                f"llama.cpp engine: waiting queue is full ({len(self.waiting) - free} waiting, "
-                f"max_waiting_requests={self.max_waiting_requests}); request {rid!r} rejected"
-            )
+        check_room(
+            "llama.cpp engine", rid, waiting=len(self.waiting), running=len(self.running),
+            max_running=self.max_running_requests, max_waiting=self.max_waiting_requests,
+        )  # fmt: skip
         self.waiting[rid] = request
 
     def abort(self, request_id: str) -> bool:
