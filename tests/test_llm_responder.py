@@ -111,6 +111,30 @@ def test_a_realtime_conversation_keeps_its_keys_values_between_turns(responder: 
     assert engine.reused_tokens - reused >= first.data.data["usage"]["prompt_tokens"]
 
 
+def test_a_request_alone_decodes_on_the_solo_threads_and_shared_ones_on_the_shared_count(
+    responder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = responder.engine
+    seen: list[tuple[int, int]] = []  # (requests in the engine, threads) at each step
+    step = engine.step
+
+    def recorded() -> Any:
+        seen.append((len(engine.running) + len(engine.waiting), responder.decode_threads))
+        return step()
+
+    monkeypatch.setattr(engine, "step", recorded)
+    assert (responder.threads, responder.solo_threads) == (1, 2)  # the factory's defaults
+    ask(responder, "alone", {"task": "chat", "messages": QUESTION, "max_tokens": 4})
+    for rid in ("a", "b"):  # two at once: both are queued before the scheduler steps
+        inputs = {"task": "chat", "messages": QUESTION, "max_tokens": 8}
+        responder.inbox.put(IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(inputs), {})))
+    results = 0
+    while results < 2:
+        results += responder.outbox.get(timeout=300).type == "result"
+    assert {threads for count, threads in seen if count == 1} == {2}
+    assert {threads for count, threads in seen if count == 2} == {1}
+
+
 def test_serve_model_points_the_default_pipeline_at_another_gguf_file(tmp_path: Path) -> None:
     from omnitrio.cli import DEFAULT_CONFIG, build_parser, model_overrides
     from omnitrio.config import load

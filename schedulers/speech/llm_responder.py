@@ -82,13 +82,18 @@ class LLMResponder(StepLoop):
         stream_target: Callable[[StagePayload], str],
         defaults: Defaults | None = None,
         threads: int = 1,
+        solo_threads: int | None = None,
     ) -> None:
+        """``threads`` decode while several requests share the model; ``solo_threads`` (when given) while
+        one request has it to itself (a voice user waiting alone gets its first words sooner)."""
         super().__init__()
         self.engine = engine
         self.chat = chat
         self.stream_target = stream_target
         self.defaults = defaults or Defaults()
         self.threads = threads
+        self.solo_threads = solo_threads
+        self._threads_now = threads
         self._answers: dict[str, _Answer] = {}
         self._opening = chat.encode_chat([{"role": "user", "content": "\x00"}])  # default system prompt + header
 
@@ -189,7 +194,17 @@ class LLMResponder(StepLoop):
                 )
             del messages[keep]
 
+    @property
+    def decode_threads(self) -> int:
+        """The threads the model decodes on now (``threads`` or ``solo_threads``)."""
+        return self._threads_now
+
     def _step(self) -> list[OutgoingMessage]:
+        alone = len(self.engine.running) + len(self.engine.waiting) <= 1
+        threads = self.solo_threads if alone and self.solo_threads is not None else self.threads
+        if threads != self._threads_now:
+            self.engine.model.set_threads(threads)
+            self._threads_now = threads
         try:
             events, _ = self.engine.step()
         except Exception as exc:  # the model failed: every request of this step fails, the rest go on

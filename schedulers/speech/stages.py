@@ -167,6 +167,7 @@ def create_responder_stage(
     repeat_penalty: float = 1.0,
     voice_system_prompt: str | None = VOICE_PROMPT,
     threads: int = 1,
+    solo_threads: int | None = 2,
 ) -> SimpleScheduler | LLMResponder:
     """The responder: ``llm`` answers with a GGUF model on llama.cpp (:mod:`schedulers.speech.llm_responder`);
     ``repeat`` answers with the user's own words (a transcript or chat text), for tests that need exact text.
@@ -179,7 +180,9 @@ def create_responder_stage(
     the running requests and the ``kept_sessions`` most recent conversations (a cache, not a limit on
     sessions: an evicted conversation is prefilled again); one request may use ``context_length``
     tokens (default: the model's, at most ``kv_tokens``).  ``temperature`` and the penalties apply
-    to requests that give none; ``voice_system_prompt`` to spoken answers without a system message."""
+    to requests that give none; ``voice_system_prompt`` to spoken answers without a system message.
+    The model decodes on ``threads`` threads while several requests share it, on ``solo_threads`` while
+    one has it alone (None: ``threads`` always)."""
     match mode:
         case "repeat":
             return SimpleScheduler(_repeat)
@@ -206,7 +209,12 @@ def create_responder_stage(
                 voice_system_prompt=voice_system_prompt,
             )
             responder = LLMResponder(
-                engine, LlamaChat(model), stream_target=_stream_target, defaults=defaults, threads=threads
+                engine,
+                LlamaChat(model),
+                stream_target=_stream_target,
+                defaults=defaults,
+                threads=threads,
+                solo_threads=solo_threads,
             )
             log.info("language model ready in %.1f s", time.perf_counter() - started)
             return responder
