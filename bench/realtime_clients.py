@@ -75,7 +75,7 @@ def main(runs: int, scripts: list[str], settings: list[str], out: Path) -> dict[
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(30)
-    results["loaded"] = "measured on a shared 2-core machine under the load recorded beside each figure"
+    results["load"] = "the 1-minute load average before and after each client is recorded beside its figures"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     return results

@@ -344,10 +344,10 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def start_server(settings: list[str], event_dir: Path) -> tuple[subprocess.Popen[str], int]:
-    """The server as a user starts it, recording its timeline events into ``event_dir``."""
+def start_server(settings: list[str], event_dir: Path | None = None) -> tuple[subprocess.Popen[str], int]:
+    """The server as a user starts it, recording its timeline events into ``event_dir`` when given."""
     command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0", *(f"--set={s}" for s in settings)]
-    env = {**os.environ, "OMNITRIO_EVENT_DIR": str(event_dir)}
+    env = {**os.environ, **({"OMNITRIO_EVENT_DIR": str(event_dir)} if event_dir is not None else {})}
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=env)
     assert server.stderr is not None
     for line in server.stderr:
