@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from toys.browser import RATE, Server, ensure_chromium, launch_args, served, speech_wav
+from toys.browser import RATE, Server, launch_args, page_server, speech_wav
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
@@ -46,10 +46,9 @@ JITTER_MS = 1500  # the most a browser's WebRTC jitter buffer may hold on a load
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    reason = ensure_chromium()
-    if reason is not None:
-        pytest.skip(reason)
-    with served(["--api-key", KEY, "--set", "responder.factory.mode=repeat"]) as running:
+    with page_server(KEY) as running:
+        if isinstance(running, str):
+            pytest.skip(running)
         yield running
 
 

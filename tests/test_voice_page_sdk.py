@@ -24,7 +24,7 @@ import httpx
 import pytest
 import trio
 
-from toys.browser import Server, ensure_chromium, launch_args, served, speech_wav
+from toys.browser import Server, launch_args, page_server, speech_wav
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
@@ -54,10 +54,9 @@ def bundle() -> bytes:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    reason = ensure_chromium()
-    if reason is not None:
-        pytest.skip(reason)
-    with served(["--api-key", KEY, "--set", "responder.factory.mode=repeat"]) as running:
+    with page_server(KEY) as running:
+        if isinstance(running, str):
+            pytest.skip(running)
         yield running
 
 

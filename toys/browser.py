@@ -91,6 +91,20 @@ def served(args: Sequence[str] = (), *, env: dict[str, str] | None = None) -> It
                 process.wait()
 
 
+@contextlib.contextmanager
+def page_server(key: str) -> Iterator[Server | str]:
+    """A server for the page's tests (API key ``key``, the repeat responder), or why there can be none.
+
+    Yields the reason (a string) when chromium cannot be had, so a test skips saying why.
+    """
+    reason = ensure_chromium()
+    if reason is not None:
+        yield reason
+        return
+    with served(["--api-key", key, "--set", "responder.factory.mode=repeat"]) as running:
+        yield running
+
+
 def speech_wav(server: Server, path: Path, parts: Sequence[str | float], *, key: str | None = None) -> Path:
     """A mono 24 kHz WAV of ``parts``: each string said by the server's voice, each number that many
     seconds of silence."""
