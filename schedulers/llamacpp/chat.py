@@ -7,17 +7,22 @@ tokenizes the rendered text with llama.cpp's own tokenizer, control tokens writt
 (``<|im_start|>``) read as such.  :meth:`LlamaChat.decode` gives an answer's text: control tokens
 dropped, a character split across tokens shown as U+FFFD until its last byte arrives.  Tools are
 rendered into templates that read a ``tools`` variable (:attr:`LlamaChat.supports_tools`); offering
-them to one that does not is an :class:`~omnitrio.contract.InvalidRequest` naming ``tools``.
+them to one that does not is an :class:`~omnitrio.contract.InvalidRequest` naming ``tools``.  The
+format its model writes calls in is :attr:`LlamaChat.tool_format`
+(:mod:`schedulers.llamacpp.tool_calls`); an earlier call's ``arguments`` (JSON text in OpenAI's
+shape) reach the template as the object templates expect.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from schedulers.ar.chat_tokenizer import ChatTemplate
 from schedulers.llamacpp.errors import ModelFileError
 from schedulers.llamacpp.model import LlamaModel
+from schedulers.llamacpp.tool_calls import ToolCallFormat, tool_format_of
 
 
 class LlamaChat:
@@ -39,6 +44,7 @@ class LlamaChat:
         except Exception as exc:
             raise ModelFileError(model.path, f"its tokenizer.chat_template does not parse: {exc}") from exc
         self.supports_tools = self.template.supports_tools
+        self.tool_format: ToolCallFormat | None = tool_format_of(template) if self.supports_tools else None
         self._model = model
 
     def render(
@@ -49,6 +55,7 @@ class LlamaChat:
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """See :meth:`~schedulers.ar.chat_tokenizer.ChatTemplate.render`."""
+        messages = [_with_argument_objects(m) if m.get("tool_calls") else m for m in messages]
         return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
     def encode(self, text: str) -> list[int]:
@@ -57,9 +64,25 @@ class LlamaChat:
     def encode_chat(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.encode(self.render(messages, tools=tools))
 
-    def piece(self, token: int) -> bytes:
-        """The bytes ``token`` adds to an answer (none for a control token)."""
-        return self._model.piece(token)
+    def piece(self, token: int, keep: frozenset[str] = frozenset()) -> bytes:
+        """The bytes ``token`` adds to an answer: none for a control token, unless its text is in ``keep``."""
+        piece = self._model.piece(token)
+        if not piece and keep and (text := self._model.token_text(token)) in keep:
+            return text.encode()
+        return piece
 
     def decode(self, ids: Sequence[int]) -> str:
         return b"".join(map(self._model.piece, ids)).decode("utf-8", errors="replace")
+
+
+def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with each call's ``arguments`` parsed from JSON text (kept as text when it is not JSON)."""
+    calls = []
+    for call in message["tool_calls"]:
+        function = dict(call["function"])
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except (TypeError, ValueError):
+            pass
+        calls.append({**call, "function": function})
+    return {**message, "tool_calls": calls}

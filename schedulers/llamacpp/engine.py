@@ -155,6 +155,8 @@ class LlamaBatchEngine:
         problem = request.sampling.check(vocab)
         if problem is not None:
             raise ValueError(f"request {rid!r}: {problem}")
+        if request.sampling.grammar is not None:  # parsed now, so that it cannot fail a step
+            TokenSampler(self.model.llama, self.model.vocab, request.sampling, window=1, seed=0).close()
         check_room(
             "llama.cpp engine", rid, waiting=len(self.waiting), running=len(self.running),
             max_running=self.max_running_requests, max_waiting=self.max_waiting_requests,
@@ -228,7 +230,7 @@ class LlamaBatchEngine:
             seq, reused = self.sequences.claim(request.session_id, request.prompt_ids, request.shared_prefix_len)
             sampler = TokenSampler(
                 self.model.llama,
-                self.model.n_vocab,
+                self.model.vocab,
                 request.sampling,
                 window=request.max_new_tokens,
                 seed=self._random.getrandbits(32),

@@ -3,7 +3,8 @@
 The chain applies, in order: ``logit_bias`` (added to the logits, OpenAI's meaning: -100 bans a
 token, +100 forces it), the penalties (``frequency_penalty`` × how often a token was generated so
 far + ``presence_penalty`` if it was, subtracted from its logit; ``repeat_penalty`` divides a
-generated token's positive logit), then either the most likely token (``temperature == 0``) or
+generated token's positive logit), a ``grammar`` (GBNF, rule ``root``: only tokens it accepts, and the
+end-of-turn token only once it is complete), then either the most likely token (``temperature == 0``) or
 ``temperature``, ``top_p`` and a draw from the request's own generator (seeded with ``seed``).
 
 Only generated tokens count for the penalties (the chain accepts each token it samples, not the
@@ -29,6 +30,7 @@ class Sampling:
     presence_penalty: float = 0.0
     repeat_penalty: float = 1.0
     logit_bias: dict[int, float] = attrs.field(factory=dict)
+    grammar: str | None = None
 
     def check(self, n_vocab: int) -> str | None:
         """What is wrong with these knobs for a vocabulary of ``n_vocab`` tokens, or None."""
@@ -47,8 +49,10 @@ class Sampling:
 class TokenSampler:
     """A llama.cpp sampler chain for one request (see the module docstring)."""
 
-    def __init__(self, llama: Any, n_vocab: int, sampling: Sampling, *, window: int, seed: int) -> None:
+    def __init__(self, llama: Any, vocab: Any, sampling: Sampling, *, window: int, seed: int) -> None:
+        """A chain for ``vocab`` (a ``llama_vocab`` pointer); a grammar llama.cpp cannot parse is a ``ValueError``."""
         self._llama = llama
+        n_vocab = llama.llama_vocab_n_tokens(vocab)
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
         self._chain = chain
         if sampling.logit_bias:
@@ -63,6 +67,12 @@ class TokenSampler:
                 n_vocab, window, sampling.repeat_penalty, sampling.frequency_penalty, sampling.presence_penalty
             )
             llama.llama_sampler_chain_add(chain, penalties)
+        if sampling.grammar is not None:
+            grammar = llama.llama_sampler_init_grammar(vocab, sampling.grammar.encode(), b"root")
+            if not grammar:
+                self.close()
+                raise ValueError("grammar: llama.cpp cannot parse it")
+            llama.llama_sampler_chain_add(chain, grammar)
         if sampling.temperature == 0:
             llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
         else:

@@ -23,8 +23,16 @@ conversation without a system message gets ``voice_system_prompt``.  A chat whos
 :class:`~omnitrio.contract.InvalidRequest` (``context_length_exceeded``, ``param="messages"``); a
 kept conversation (one with a ``session_id``: a realtime session's) that grew past it loses its
 oldest turns instead (the system prompt stays).
-Offered ``tools`` are rendered into a chat template that reads them (the answer comes back as text);
-offering them to a model whose template does not is an ``InvalidRequest`` naming ``tools``.
+Offered ``tools`` are rendered into a chat template that reads them, and the calls the model writes
+(in its template's format, :mod:`schedulers.llamacpp.tool_calls`) come back as the result's
+``"tool_calls"`` with ``finish_reason: "tool_calls"``, the words before them as its ``text``.  What
+is or may still become a call is never streamed: it is held until it is not (then streamed as
+text) or until the answer ends; a call that does not parse is the result's text, streamed to
+``text_out`` at the end but never spoken.  ``tool_choice``: ``"none"`` renders no tools and reads
+no calls; ``"auto"`` (or none given) lets the model choose; ``"required"`` or a named function
+constrains the answer to one well-formed call of an offered (or the named) function
+(:mod:`schedulers.llamacpp.tool_grammar`).  Offering tools to a model whose template does not read
+them, or whose call format is not one of those read, is an ``InvalidRequest`` naming ``tools``.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from schedulers.ar.step_loop import StepLoop
 from schedulers.llamacpp.chat import LlamaChat
 from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest, TokenEvent
 from schedulers.llamacpp.sampling import Sampling
+from schedulers.llamacpp.tool_calls import ToolCallFormat
+from schedulers.llamacpp.tool_grammar import forced_call_grammar, forced_function
 from schedulers.speech.conversation import Conversation, conversation
 from schedulers.speech.repetition import repeat_start
 from schedulers.speech.tts import complete_sentences_end
@@ -66,6 +76,7 @@ class _Answer:
     target: str | None  # where text streams; None: it does not
     by_sentence: bool
     stop: list[str]
+    tools: ToolCallFormat | None  # how the model writes the calls read from this answer; None: none are
     tokens: int = 0  # answer tokens so far (the end-of-turn token not counted)
     raw: bytes = b""  # their text's bytes (a character may still be split)
     sent: int = 0  # characters of the answer already streamed
@@ -141,20 +152,40 @@ class LLMResponder(StepLoop):
             messages.insert(0, {"role": "system", "content": voice})
         tools = conv.tools if conv.tool_choice != "none" else None
         prompt, max_tokens = self._fit(messages, conv.max_tokens, tools, trim=conv.session_id is not None)
+        calls = self._tool_format(tools)
         system = messages[0] if messages[0]["role"] == "system" else None
         opening = self.chat.encode(self.chat.render([system], add_generation_prompt=False)) if system else self._opening
         request = LlamaRequest(
             request_id=request_id,
             prompt_ids=prompt,
             max_new_tokens=max_tokens,
-            sampling=self._sampling(conv),
+            sampling=self._sampling(conv, self._grammar(calls, tools, conv.tool_choice)),
             session_id=conv.session_id,
             shared_prefix_len=common_prefix(opening, prompt),
         )
-        answer = _Answer(payload, len(prompt), target if streams else None, target == "tts", conv.stop)
+        answer = _Answer(payload, len(prompt), target if streams else None, target == "tts", conv.stop, calls)
         return request, answer
 
-    def _sampling(self, conv: Conversation) -> Sampling:
+    def _tool_format(self, tools: list[dict[str, Any]] | None) -> ToolCallFormat | None:
+        """How the model writes the calls to read from its answer (None: no tools offered)."""
+        if not tools:
+            return None
+        if self.chat.tool_format is None:
+            raise InvalidRequest(
+                "tools: this model's chat template reads tools, but its model writes calls in a format this "
+                "server does not read (it reads Hermes/Qwen <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])",
+                param="tools",
+            )
+        return self.chat.tool_format
+
+    @staticmethod
+    def _grammar(calls: ToolCallFormat | None, tools: list[dict[str, Any]] | None, choice: Any) -> str | None:
+        """The grammar that forces a call when ``choice`` requires one (or names a function), else None."""
+        if calls is None or not tools or not (choice == "required" or forced_function(choice)):
+            return None
+        return forced_call_grammar(calls, tools, forced_function(choice))
+
+    def _sampling(self, conv: Conversation, grammar: str | None = None) -> Sampling:
         d = self.defaults
         temperature = d.temperature if conv.temperature is None else conv.temperature
         top_p = 1.0 if conv.top_p is None else conv.top_p
@@ -168,6 +199,7 @@ class LLMResponder(StepLoop):
             presence_penalty=d.presence_penalty if conv.presence_penalty is None else conv.presence_penalty,
             repeat_penalty=d.repeat_penalty,
             logit_bias=_known_tokens(conv.logit_bias, self.engine.model.n_vocab),
+            grammar=grammar,
         )
 
     def _fit(
@@ -218,36 +250,46 @@ class LLMResponder(StepLoop):
     def _outputs(self, event: TokenEvent) -> list[OutgoingMessage]:
         rid = event.request_id
         answer = self._answers[rid]
+        calls = answer.tools
         if not event.ends_turn:
             answer.tokens += 1
-            answer.raw += self.chat.piece(event.token_id)
+            answer.raw += self.chat.piece(event.token_id, calls.markers if calls else frozenset())
         text = answer.raw.decode("utf-8", errors="replace")
         finish = event.finish_reason
+        at = calls.call_start(text) if calls else None
+        words, called = (text, "") if at is None else (text[:at], text[at:])  # called: the calls, from their marker
         for stop in answer.stop:
-            at = text.find(stop)
-            if at >= 0:
-                text, finish = text[:at], "stop"
-        repeat = repeat_start(text)
+            found = words.find(stop)
+            if found >= 0:
+                words, called, finish = words[:found], "", "stop"
+        repeat = repeat_start(words)
         if repeat is not None:
-            text, finish = text[: max(repeat, answer.sent)], "stop"
+            words, called, finish = words[: max(repeat, answer.sent)], "", "stop"
         if finish is not None and event.finish_reason is None:
             self.engine.abort(rid)
-        outputs = self._stream(rid, answer, text, done=finish is not None)
         if finish is None:
-            return outputs
+            shown = len(words) if called or calls is None else calls.streamable(words)
+            return self._stream(rid, answer, words, shown, done=False)
         del self._answers[rid]
+        tool_calls = calls.parse(called) if calls and called else None
+        text = words if tool_calls or not called else words + called
+        spoken_text = words if answer.by_sentence else text  # a call never goes to speech, parsed or not
+        outputs = self._stream(rid, answer, spoken_text, len(spoken_text), done=True)
         usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.tokens}
         payload = answer.payload
         payload.data = {"text": text, "finish_reason": finish, "usage": usage}
+        if tool_calls:
+            payload.data |= {"finish_reason": "tool_calls", "tool_calls": tool_calls}
         return [*outputs, OutgoingMessage(rid, "result", payload)]
 
-    def _stream(self, rid: str, answer: _Answer, text: str, *, done: bool) -> list[OutgoingMessage]:
+    def _stream(self, rid: str, answer: _Answer, text: str, shown: int, *, done: bool) -> list[OutgoingMessage]:
+        """Stream what of ``text`` is new and may go now (at most its first ``shown`` characters)."""
         if answer.target is None:
             return []
-        ready = len(text)
+        ready = shown
         if not done:
-            if text.endswith("\ufffd"):  # a character split across tokens
-                ready = len(text.rstrip("\ufffd"))
+            if text[:ready].endswith("\ufffd"):  # a character split across tokens
+                ready = len(text[:ready].rstrip("\ufffd"))
             hold = max((len(s) - 1 for s in answer.stop), default=0)
             ready = max(answer.sent, ready - hold)
             if answer.by_sentence:

