@@ -93,6 +93,31 @@ def test_a_spoken_answer_that_calls_a_tool_never_sends_the_call_to_speech(respon
     assert "tool_call" not in said and "get_" not in said and "{" not in said
 
 
+def weather_calls_before(city: str) -> list[dict[str, Any]]:
+    """A conversation in which the assistant answered two weather questions with calls, then asks about ``city``."""
+    messages: list[dict[str, Any]] = []
+    for i, earlier in enumerate(["Paris", "London"]):
+        arguments = json.dumps({"city": earlier})
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        messages += [
+            {"role": "user", "content": f"What is the weather like in {earlier}?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
+    return [*messages, {"role": "user", "content": f"What is the weather like in {city}?"}]
+
+
+def test_a_call_the_model_chooses_to_make_comes_back_as_tool_calls_and_is_never_streamed(responder: Any) -> None:
+    chunks, out = ask(responder, "auto", messages=weather_calls_before("Rome"), tool_choice="auto")
+    assert calls_of(out) == [("get_weather", {"city": "Rome"})]
+    assert out.data.data["text"] == "" and chunks == []
+
+
+def test_a_spoken_answer_with_tools_never_says_the_call_the_model_chose(responder: Any) -> None:
+    chunks, out = ask(responder, "auto-spoken", messages=weather_calls_before("Rome"), modalities=["audio"])
+    assert calls_of(out) == [("get_weather", {"city": "Rome"})]
+    assert [c.data["text"] for c in chunks if c.target == "tts"] == []
+
+
 def test_tool_choice_none_answers_in_words(responder: Any) -> None:
     chunks, out = ask(responder, "none", tool_choice="none", max_tokens=8)
     answer = out.data.data

@@ -84,6 +84,7 @@ def test_text_that_may_still_become_a_call_is_held_and_other_text_is_not() -> No
     assert HERMES.streamable("Sure, let me check <tool_") == len("Sure, let me check ")
     assert HERMES.streamable("a < b") == len("a < b")
     assert HERMES.streamable("It is sunny.") == len("It is sunny.")
+    assert HERMES.streamable("\n") == HERMES.streamable("\n<tool_") == 0  # white space may precede a call
     assert LLAMA3.streamable("  ") == 0
     assert LLAMA3.streamable("Paris") == len("Paris")
     assert LLAMA3.call_start(' {"name"') == 1  # a Llama answer that opens with "{" is held as a call

@@ -15,8 +15,8 @@ must be kept in that text: a model's tokenizer may drop them from an answer):
 * :meth:`ToolCallFormat.call_start` is where a call begins, or None; the text before it is the
   answer's words, and it never changes once a call began;
 * :meth:`ToolCallFormat.streamable` of text without a call is how much of it can be shown now: text
-  that may still become a call's first marker (``"<tool_"``, or a Llama answer that is empty or
-  opens with ``{``) is held;
+  that may still become a call's first marker (``"<tool_"``) and an answer that is only white space
+  so far (a call may follow) are held;
 * :meth:`ToolCallFormat.parse` of the text from :meth:`~ToolCallFormat.call_start` on is the calls in
   OpenAI's chat shape (``{"id": "call_<random>", "type": "function", "function": {"name",
   "arguments": JSON text}}``), or None when it is not a well-formed call (the model wrote text).
@@ -114,12 +114,12 @@ class ToolCallFormat:
 
     def streamable(self, text: str) -> int:
         """How much of ``text`` (which holds no call yet) may be shown: not what may still become one."""
-        if self.bare_json and not text.strip():
-            return 0
+        end = len(text)
         for size in range(min(len(self.opening) - 1, len(text)), 0, -1):
             if self.opening.startswith(text[-size:]):
-                return len(text) - size
-        return len(text)
+                end -= size
+                break
+        return end if text[:end].strip() else 0
 
     def parse(self, text: str) -> list[dict[str, Any]] | None:
         """The calls ``text`` (from :meth:`call_start` on) makes, or None when it is not a call."""

@@ -268,10 +268,12 @@ class LLMResponder(StepLoop):
         if finish is not None and event.finish_reason is None:
             self.engine.abort(rid)
         if finish is None:
-            shown = len(words) if called or calls is None else calls.streamable(words)
+            shown = len(words) if calls is None else calls.streamable(words)
             return self._stream(rid, answer, words, shown, done=False)
         del self._answers[rid]
         tool_calls = calls.parse(called) if calls and called else None
+        if tool_calls and not words.strip():
+            words = ""  # held, never streamed: white space before a call is not an answer
         text = words if tool_calls or not called else words + called
         spoken_text = words if answer.by_sentence else text  # a call never goes to speech, parsed or not
         outputs = self._stream(rid, answer, spoken_text, len(spoken_text), done=True)
