@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -100,3 +101,10 @@ def endless_config(**producer: object) -> PipelineConfig:
     factory = FactoryArgs(count=0, **producer)
     stage = StageConfig(name="talker", factory_path=f"{S}.create_producer", factory=factory, terminal=True)
     return PipelineConfig(stages=[stage])
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds, looking again each time this process's tasks have settled."""
+    with trio.fail_after(timeout):
+        while not condition():
+            await trio.testing.wait_all_tasks_blocked(cushion=0.001)
