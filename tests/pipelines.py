@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import trio
 import trio.testing
 
@@ -108,3 +109,15 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     with trio.fail_after(timeout):
         while not condition():
             await trio.testing.wait_all_tasks_blocked(cushion=0.001)
+
+
+async def settled_server(base_url: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait until the server at ``base_url`` says (``GET /health``) that no stage and not the
+    coordinator holds any request; return that health."""
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        with trio.fail_after(timeout):
+            while True:
+                health: dict[str, Any] = (await client.get("/health")).json()
+                if health["requests"] == 0 and all(s["active_requests"] == 0 for s in health["stages"].values()):
+                    return health
+                await trio.sleep(0.01)

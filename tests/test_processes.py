@@ -150,7 +150,7 @@ async def test_views_passed_to_a_stage_in_the_same_process_stay_valid_after_the_
         await one(0)  # warm: torch imported everywhere
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one, 1)
-            await trio.sleep(0.1)  # r1 is in read's sleep; r2's tensor is packed meanwhile
+            await until_held(pipeline, "read")  # r1 is in read's sleep; r2's tensor is packed meanwhile
             nursery.start_soon(one, 2)
         await settled(pipeline)
     assert results[1] == {"value": 1.0, "uniform": True} and results[2] == {"value": 2.0, "uniform": True}

@@ -11,6 +11,7 @@ import attrs
 import prometheus_client
 import pytest
 import trio
+import trio.testing
 
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, open_pipeline
 from omnitrio.errors import RequestError
@@ -130,7 +131,9 @@ async def kill_one_replica(config: PipelineConfig) -> None:
         async with trio.open_nursery() as nursery:
             for i in range(4):
                 nursery.start_soon(one, f"r{i}")
-            await trio.sleep(1.0)
+            with trio.fail_after(60):  # until each replica of s1 holds two of them (3 s each)
+                while [r["active_requests"] for r in (await pipeline.health())["stages"]["s1"]["replicas"]] != [2, 2]:
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.01)
             os.kill(victim, signal.SIGKILL)
         failed = {rid: exc for rid, exc in outcomes.items() if isinstance(exc, RequestError)}
         assert len(failed) == 2, outcomes

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trio.testing
 import trio_websocket
 
 from omnitrio.cli import DEFAULT_CONFIG, main
@@ -83,7 +84,7 @@ async def test_a_closed_session_makes_room_for_the_next(nursery: trio.Nursery) -
         with trio.fail_after(5):
             while served.fake.live:  # the session's ASR listener is aborted after the socket closed
                 await trio.sleep(0.01)
-            await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()  # the server has finished with the session
 
 
 async def test_an_upload_longer_than_max_audio_seconds_is_413(nursery: trio.Nursery) -> None:

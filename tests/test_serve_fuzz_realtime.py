@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import trio_websocket
 import wsproto
 import wsproto.events
@@ -286,7 +287,7 @@ async def test_a_handshake_that_never_completes_leaves_nothing(served: Served) -
     stream = await trio.open_tcp_stream("127.0.0.1", served.port)
     async with stream:
         await stream.send_all(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n")
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()  # the server has read it and waits for the rest
     with pytest.raises(trio_websocket.ConnectionRejected):
         async with trio_websocket.open_websocket_url(served.ws_url.replace("/v1/realtime", "/v1/realtimex")):
             pass
