@@ -127,8 +127,9 @@ async def test_a_killed_actor_fails_its_requests_and_is_restarted(cluster: Any) 
             nursery.start_soon(caller)
             await until_held(pipeline, "s1")
             os.kill(victim, signal.SIGKILL)
-        while not (await pipeline.health())["stages"]["s1"]["alive"]:
-            await trio.sleep(0.1)
+        with trio.fail_after(120):
+            while not (await pipeline.health())["stages"]["s1"]["alive"]:
+                await trio.sleep(0.1)
         health = await pipeline.health()
         assert health["stages"]["s1"]["restarts"] == 1
         assert health["stages"]["s1"]["pid"] != victim
@@ -142,8 +143,9 @@ async def test_leaving_stops_every_actor(cluster: Any) -> None:
     async with open_pipeline(config) as pipeline:
         assert await pipeline.submit("r", "x") == {"raw_inputs": "x"}
         pids = {s["pid"] for s in (await pipeline.health())["stages"].values()}
-    while pids & descendants(os.getpid()):
-        await trio.sleep(0.1)  # ray.kill is asynchronous; the raylet ends the workers
+    with trio.fail_after(60):
+        while pids & descendants(os.getpid()):
+            await trio.sleep(0.1)  # ray.kill is asynchronous; the raylet ends the workers
     assert our_shm() == []
 
 
