@@ -112,19 +112,15 @@ async def answers_to(rt: RealtimeClient, event: Any, probe: str) -> list[dict[st
 
 async def nothing_left(served: Served) -> None:
     """No pipeline request is live and both admission places are free again."""
-    with trio.fail_after(5):
-        while served.fake.live:
-            await trio.sleep(0.01)
+    await served.fake.idle()
     with trio.fail_after(5):
         while True:  # the server gives a place back just after the socket closed
             async with open_realtime(served.ws_url) as one, open_realtime(served.ws_url) as two:
                 kinds = {(await one.receive())["type"], (await two.receive())["type"]}
             if kinds == {"session.created"}:
                 break
-            await trio.sleep(0.02)
-    with trio.fail_after(5):
-        while served.fake.live:
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+    await served.fake.idle()
 
 
 @pytest.mark.parametrize("kind", sorted(VALID))
