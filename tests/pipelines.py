@@ -121,3 +121,11 @@ async def settled_server(base_url: str, timeout: float = 30.0) -> dict[str, Any]
                 if health["requests"] == 0 and all(s["active_requests"] == 0 for s in health["stages"].values()):
                     return health
                 await trio.sleep(0.01)
+
+
+async def until_alive(pipeline: Any, stage: str, timeout: float = 60.0) -> None:
+    """Wait until ``health()`` reports ``stage`` alive again (its restarted process said it is ready);
+    asked every 50 ms, as the restart happens in other processes."""
+    with trio.fail_after(timeout):
+        while not (await pipeline.health())["stages"][stage]["alive"]:
+            await trio.sleep(0.05)

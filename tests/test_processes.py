@@ -14,7 +14,7 @@ import trio
 
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, StageConfig, open_pipeline
 from omnitrio.errors import StartupError
-from tests.pipelines import T, chain_config, fan_config, settled, until_held
+from tests.pipelines import T, chain_config, fan_config, settled, until_alive, until_held
 from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPUT
 from toys.seed import ch4_batch, ch4_fanin, ch4_stream
 
@@ -198,9 +198,7 @@ async def test_a_killed_stage_process_fails_its_requests_fast_and_is_restarted(
             os.kill(victim, signal.SIGKILL)
         assert failed_at[0] - killed_at < 1.0
         assert "'r' failed at stage 's1': ProcessDied: process 'p_s1' (stages s1) died" in caplog.text
-        with trio.fail_after(30):
-            while not (await pipeline.health())["stages"]["s1"]["alive"]:
-                await trio.sleep(0.05)
+        await until_alive(pipeline, "s1", timeout=30)
         health = await pipeline.health()
         assert health["stages"]["s1"]["restarts"] == 1
         assert health["stages"]["s1"]["pid"] != victim
