@@ -80,9 +80,8 @@ class _Sink:
 
 async def tensor(far: bool, repeats: int) -> dict[str, Any]:
     homes = {"s": "b"}
-    a, b = Switchboard("a", homes), Switchboard("b", homes)
     sink = _Sink()
-    b.stages["s"] = sink
+    a, b = Switchboard("a", homes), Switchboard("b", homes, stages={"s": sink})
     t = torch.ones(TENSOR_BYTES // 4, dtype=torch.float32)
     seconds = []
     async with trio.open_nursery() as nursery:

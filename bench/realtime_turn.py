@@ -7,7 +7,8 @@ microphone does: each chunk (``--chunk-ms``, 20 by default, as WebRTC and phone 
 when its last sample has been "recorded", so the end of speech happens at a known moment of the
 client's clock. Also reported: ``input_audio_buffer.speech_stopped`` to that first audio (the
 part after the turn was declared over). Each turn detection is measured (``server_vad`` with
-OpenAI's default 500 ms of silence, ``semantic_vad`` at ``auto`` and ``high`` eagerness) at 1 and at
+OpenAI's default 500 ms of silence, ``semantic_vad`` at ``auto`` and ``high`` eagerness; on request
+``server_vad_300ms``, a client's shorter silence) at 1 and at
 4 concurrent sessions (their turns start 0.6 s apart, like independent users); the server's own
 per-decision cost of ``semantic_vad`` (transcript, turn model, total) comes from
 its ``/metrics``. Barge-in:
@@ -62,6 +63,7 @@ RATE = 24_000
 CHUNK = RATE // 10  # 100 ms: barge-in and cancel sends
 DETECTIONS: dict[str, dict[str, Any] | None] = {
     "server_vad": None,  # the session's default: no session.update (see turn_session)
+    "server_vad_300ms": {"type": "server_vad", "silence_duration_ms": 300},  # a client that asks for less silence
     "semantic_auto": {"type": "semantic_vad", "eagerness": "auto"},
     "semantic_high": {"type": "semantic_vad", "eagerness": "high"},
 }
@@ -154,8 +156,7 @@ async def turn_session(
             timeline += clip + silence(3.0)
         start = trio.current_time() + 0.05
         ends = [start + end for end in ends]
-        refine = detection is None or detection["type"] == "server_vad"
-        edge = [vad_edge_ms(clip, RATE, last_voiced(clip), refine_end=refine) for clip in clips]
+        edge = [vad_edge_ms(clip, RATE, last_voiced(clip)) for clip in clips]
         edges = dict(zip(ends, edge, strict=True))
         monotonic = time.monotonic() - trio.current_time()  # trio's clock to the server's timeline clock
         async with trio.open_nursery() as nursery:
@@ -439,7 +440,11 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=4, help="turns per session (default 4)")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4], help="concurrent sessions to measure")
     parser.add_argument(
-        "--detections", nargs="+", default=list(DETECTIONS), choices=list(DETECTIONS), help="turn detections to measure"
+        "--detections",
+        nargs="+",
+        default=["server_vad", "semantic_auto", "semantic_high"],
+        choices=list(DETECTIONS),
+        help="turn detections to measure",
     )
     parser.add_argument("--chunk-ms", type=int, default=20, help="microphone chunk length in ms (default 20)")
     parser.add_argument(

@@ -54,15 +54,14 @@ class TurnTimes:
     vad_edge_ms: float | None = None
 
 
-def vad_edge_ms(pcm24k: bytes, rate: int, true_end_sample: int, *, refine_end: bool = True) -> float:
-    """ms from the clip's last voiced sample to where the server's VAD (server_vad defaults; semantic_vad
-    keeps the scorer's edge: ``refine_end=False``) ends its speech."""
+def vad_edge_ms(pcm24k: bytes, rate: int, true_end_sample: int) -> float:
+    """ms from the clip's last voiced sample to where the server's VAD (server_vad defaults) ends its speech."""
     from schedulers.speech.audio import ASR_SAMPLE_RATE, StreamResampler, pcm16_to_float
     from schedulers.speech.vad import VoiceActivityDetector
 
     resampler = StreamResampler(rate, ASR_SAMPLE_RATE)
     audio = resampler.push(pcm16_to_float(np.frombuffer(pcm24k + bytes(2 * rate), "<i2")))
-    vad = VoiceActivityDetector(refine_end=refine_end)
+    vad = VoiceActivityDetector()
     stops = [event for event in vad.feed(audio) if event.type == "speech_stopped"]
     if not stops:
         return float("nan")

@@ -42,7 +42,12 @@ let the assistant resume; real interruptions ("wait, stop", …) should cancel i
 by every voice, transcribed (Whisper, ``quick``) and classified by
 :class:`omnitrio.serve.backchannel.InterruptionPolicy` with its default list.
 
-Run: ``.venv/bin/python bench/turn_taking.py [--quick]``; figures go to ``bench/results/turn_taking.json``.
+Other edges, to re-tune against (``--precise-end``: pauses and silences counted from the last voiced
+sample, as ``server_vad`` counts them; ``--pause-ms``: the judging pause; ``--model-at-ms``: the
+silence at which the model scores beside the transcript).
+
+Run: ``.venv/bin/python bench/turn_taking.py [--quick] [--precise-end] [--pause-ms 200] [--model-at-ms 100]
+[--out PATH]``; figures go to ``bench/results/turn_taking.json``.
 """
 
 from __future__ import annotations
@@ -103,11 +108,13 @@ class Pause:
     transcript: str
     unfinished: str | None
     probability: float
-    early_probability: float  # the model on the audio up to EARLY_MS of silence
+    early_probability: float  # the model on the audio up to ``model_at_ms`` of silence
     asr_ms: float
     words_ms: float
     model_ms: float
     decision_ms: float  # ASR and model side by side on two threads
+    pause_ms: int = PAUSE_MS  # the silence after ``speech_end`` at which it was judged
+    model_at_ms: int = EARLY_MS  # the silence at which the model scored it beside the transcript
 
 
 @attrs.frozen
@@ -175,17 +182,40 @@ def spoken(voice: Voice, complete: str, cut: str) -> list[tuple[str, bool, str, 
     ]
 
 
+@attrs.frozen
+class Edge:
+    """Where the VAD puts the end of speech, and the pause (from there) at which a turn is judged."""
+
+    refine_end: bool = False  # False: the scorer's decayed edge; True: the last voiced sample
+    pause_ms: int = PAUSE_MS
+    model_at_ms: int = EARLY_MS  # the turn model scores the audio to this much silence, beside the words
+
+    @property
+    def name(self) -> str:
+        edge = "precise" if self.refine_end else "scorer"
+        return f"{edge} edge, transcript at {EARLY_MS} ms, model at {self.model_at_ms} ms, judged at {self.pause_ms} ms"
+
+
 def measure(
-    text: str, complete: bool, how: str, speech: FloatAudio, voice: str, recognizer: Any, model: Any
+    text: str,
+    complete: bool,
+    how: str,
+    speech: FloatAudio,
+    voice: str,
+    recognizer: Any,
+    model: Any,
+    edge: Edge = Edge(),
 ) -> Utterance:
-    """Stream one utterance through the VAD and judge every pause of 200 ms."""
+    """Stream one utterance through the VAD and judge every pause of ``edge.pause_ms``."""
     from schedulers.speech.vad import VoiceActivityDetector
 
     end = end_of_speech(speech)
     tail_ms = 2 * PROMPT_MS if complete else HESITATION_MS
     lead = np.zeros(int(LEAD_S * ASR_SAMPLE_RATE), dtype=np.float32)
     audio = np.concatenate([lead, speech[:end], np.zeros(tail_ms * MS, dtype=np.float32)])
-    vad = VoiceActivityDetector(pause_ms=PAUSE_MS, silence_duration_ms=60_000, backend="silero", refine_end=False)
+    vad = VoiceActivityDetector(
+        pause_ms=edge.pause_ms, silence_duration_ms=60_000, backend="silero", refine_end=edge.refine_end
+    )
     events = vad.feed(audio)
     start = next((e.sample for e in events if e.type == "speech_started"), 0)
     pauses: list[Pause] = []
@@ -193,7 +223,7 @@ def measure(
         if event.type != "speech_paused":
             continue
         resumed = next((e.sample for e in events[index + 1 :] if e.type == "speech_resumed"), None)
-        speech_end = event.sample - PAUSE_MS * MS
+        speech_end = event.sample - edge.pause_ms * MS
         final = resumed is None
         if final and complete:
             length = float("inf")
@@ -208,7 +238,7 @@ def measure(
         words_done = time.perf_counter()
         probability = model.probability_complete(turn)
         model_done = time.perf_counter()
-        early_probability = model.probability_complete(audio[start : speech_end + EARLY_MS * MS])
+        early_probability = model.probability_complete(audio[start : speech_end + edge.model_at_ms * MS])
         scored = SCORING.submit(model.probability_complete, turn)
         recognizer.transcribe(turn, quick=True)
         scored.result()
@@ -226,6 +256,8 @@ def measure(
                 (words_done - asr_done) * 1000,
                 (model_done - words_done) * 1000,
                 (decided - model_done) * 1000,
+                edge.pause_ms,
+                edge.model_at_ms,
             )
         )
     return Utterance(text, complete, how, voice, lead.size + end, pauses)
@@ -257,7 +289,11 @@ def semantic_beside(policy: EagernessPolicy) -> Detector:
 
     def wait(pause: Pause) -> tuple[float, float]:
         unfinished = pause.unfinished
-        early = max(0.0, EARLY_MS + pause.decision_ms - PAUSE_MS)
+        if pause.model_at_ms == EARLY_MS:  # transcript and model side by side
+            ready = EARLY_MS + pause.decision_ms
+        else:  # the transcript at EARLY_MS, the model later on its own thread
+            ready = max(EARLY_MS + pause.asr_ms, pause.model_at_ms + pause.model_ms)
+        early = max(0.0, ready - pause.pause_ms)
         if unfinished is None and pause.early_probability >= policy.threshold:
             return judge(policy, pause.early_probability, None).end_after_ms, early
         judgement = judge(policy, pause.probability if unfinished is None else None, unfinished)
@@ -282,7 +318,7 @@ def outcome(utterance: Utterance, detector: Detector) -> Outcome:
         if not (pause.final and utterance.complete):
             return Outcome("false")
         lag = (pause.speech_end - utterance.end_of_speech) / MS
-        latency = lag + max(silence, PAUSE_MS + compute)
+        latency = lag + max(silence, pause.pause_ms + compute)
         return Outcome("true" if lag + silence <= PROMPT_MS else "missed", latency, lag + silence)
     return Outcome("missed" if utterance.complete else "held")
 
@@ -380,7 +416,7 @@ def scores_against_cuts(utterances: list[Utterance]) -> dict[str, Any]:
     }
 
 
-def main(quick: bool) -> dict[str, Any]:
+def main(quick: bool, edge: Edge) -> dict[str, Any]:
     from schedulers.speech.asr import shared_recognizer
     from schedulers.speech.turn_model import TurnModel
 
@@ -389,13 +425,13 @@ def main(quick: bool) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     all_voices = voices(quick)
     tuned = [
-        measure(text, complete, how, speech, voice.name, recognizer, model)
+        measure(text, complete, how, speech, voice.name, recognizer, model, edge)
         for voice in all_voices
         for whole, cut in (SENTENCES[:8] if quick else SENTENCES)
         for text, complete, how, speech in spoken(voice, whole, cut)
     ]
     held_out = [
-        attrs.evolve(measure(text, complete, how, speech, voice.name, recognizer, model), held_out=True)
+        attrs.evolve(measure(text, complete, how, speech, voice.name, recognizer, model, edge), held_out=True)
         for voice in [*all_voices, *espeak_voices(HELD_OUT_ESPEAK_VOICES)]
         for whole, cut in (HELD_OUT[:4] if quick else HELD_OUT)
         for text, complete, how, speech in spoken(voice, whole, cut)
@@ -410,6 +446,7 @@ def main(quick: bool) -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
         "load_avg_before": load_before,
+        "vad_edge": edge.name,
         "utterances": {how: sum(u.how == how for u in utterances) for how in HOW},
         "voices": sorted({u.voice for u in utterances}),
         "per_decision_ms": per_decision(utterances),
@@ -480,9 +517,15 @@ def report_table(which: str, table: dict[str, Any]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two voices and eight sentence pairs")
+    parser.add_argument(
+        "--precise-end", action="store_true", help="count pauses from the last voiced sample, as server_vad does"
+    )
+    parser.add_argument("--pause-ms", type=int, default=PAUSE_MS, help=f"judge turns at this pause ({PAUSE_MS})")
+    parser.add_argument("--model-at-ms", type=int, default=EARLY_MS, help="the turn model scores at this silence")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the figures go")
     args = parser.parse_args()
-    results = main(args.quick)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    results = main(args.quick, Edge(args.precise_end, args.pause_ms, args.model_at_ms))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
     report(results)
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {args.out}")

@@ -18,7 +18,6 @@ import shutil
 import signal
 import sys
 import traceback
-from typing import Any
 
 import attrs
 import trio
@@ -80,23 +79,24 @@ async def _serve(spec: ChildSpec) -> None:
     stages: dict[str, Stage] = {}
     shutdown = trio.Event()
 
-    def on_control(src: str, message: Any) -> None:
-        match message:
-            case wire.Shutdown():
-                shutdown.set()
-            case wire.HealthQuery(qid=qid):
-                figures = {name: Figures.of(s) for name, s in stages.items()}
-                counts = {name: f.to_wire() for name, f in figures.items()}
-                dead = {name: f.dead for name, f in figures.items() if f.dead is not None}
-                board.send_control(MAIN, wire.HealthReply(qid, spec.process, counts, dead))
-            case _:
-                return
+    async def answer_control() -> None:
+        async for _, message in board.control:
+            match message:
+                case wire.Shutdown():
+                    shutdown.set()
+                case wire.HealthQuery(qid=qid):
+                    figures = {name: Figures.of(s) for name, s in stages.items()}
+                    counts = {name: f.to_wire() for name, f in figures.items()}
+                    dead = {name: f.dead for name, f in figures.items() if f.dead is not None}
+                    board.send_control(MAIN, wire.HealthReply(qid, spec.process, counts, dead))
+                case _:
+                    pass
 
-    board.on_control = on_control
     recorder = recorder_from_env(spec.process)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(board.run)
+            nursery.start_soon(answer_control)
             own = await board.listen(spec.addresses[spec.process], f"{spec.shm_prefix}{spec.process}-")
             for process, address in spec.addresses.items():
                 if process != spec.process:

@@ -221,31 +221,33 @@ class Children:
 
     # -- control messages from children -----------------------------------------------------
 
-    def _on_control(self, src: str, message: Any) -> None:
-        child = self._children.get(src)
-        match message:
-            case wire.Ready(address=address) if child is not None:
-                child.alive = True
-                if self._ray is not None:
-                    self._joined(child, address)
-                child.ready.set()
-            case wire.StartupFailed(error=error) if child is not None:
-                child.startup_error = error
-                child.ready.set()
-            case wire.HealthReply(qid=qid, process=process, stages=stages, dead=dead):
-                waiter = self._health_waiters.get(qid)
-                if waiter is not None:
-                    waiter[1][process] = {name: Figures.from_wire(v, dead.get(name)) for name, v in stages.items()}
-                    waiter[0].set()
-            case _:
-                return
+    async def _take_control(self) -> None:
+        """Handle what the children report (the board's :attr:`~Switchboard.control`), in order."""
+        async for src, message in self._board.control:
+            child = self._children.get(src)
+            match message:
+                case wire.Ready(address=address) if child is not None:
+                    child.alive = True
+                    if self._ray is not None:
+                        self._joined(child, address)
+                    child.ready.set()
+                case wire.StartupFailed(error=error) if child is not None:
+                    child.startup_error = error
+                    child.ready.set()
+                case wire.HealthReply(qid=qid, process=process, stages=stages, dead=dead):
+                    waiter = self._health_waiters.get(qid)
+                    if waiter is not None:
+                        waiter[1][process] = {name: Figures.from_wire(v, dead.get(name)) for name, v in stages.items()}
+                        waiter[0].set()
+                case _:
+                    pass
 
     # -- one child's life -------------------------------------------------------------------
 
     async def _start(self) -> None:
         """Listen, connect to every child's address and spawn the children."""
-        assert self._endpoints is not None
-        self._board.on_control = self._on_control
+        assert self._endpoints is not None and self._nursery is not None
+        self._nursery.start_soon(self._take_control)
         main = await self._board.listen(self._addresses[MAIN], f"{self._endpoints.prefix}{MAIN}-")
         self._addresses[MAIN] = main
         for name, address in self._addresses.items():

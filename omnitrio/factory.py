@@ -59,7 +59,7 @@ def build_stages(
     stages = {
         name: Stage(plan, scheduler_builder(config, name), board, recorder, **options) for name, plan in plans.items()
     }
-    board.stages.update(stages)
+    board.attach(stages)
     return stages
 
 

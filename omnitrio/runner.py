@@ -40,9 +40,10 @@ async def open_pipeline(config: PipelineConfig, *, inline: bool = False) -> Asyn
     validate(config)
     topology = Topology.compile(config)
     homes = topology.homes(inline)
-    board = Switchboard(MAIN, homes, Replicas.of(config.processes, homes))
-    coordinator = Coordinator(topology, board.send, topology.plans, board.replicas)
-    board.coordinator = coordinator
+    replicas = Replicas.of(config.processes, homes)
+    board, coordinator = Switchboard.for_caller(
+        MAIN, homes, replicas, lambda send: Coordinator(topology, send, topology.plans, replicas)
+    )
     recorder = recorder_from_env(MAIN)
     here = {name: plan for name, plan in topology.plans.items() if homes[name] == MAIN}
     stages = build_stages(here, config, board, recorder)

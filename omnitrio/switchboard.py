@@ -20,14 +20,22 @@ incarnation number says which one it is bound to (:mod:`omnitrio.replicas`; the
 coordinator binds each request when it is submitted).  Every message of a request —
 payloads, fan-in inputs, stream chunks, credits, aborts — therefore reaches the same
 replica, whichever process sends it.
+
+A switchboard is whole once made: the coordinator it hands results to is built with it
+(:meth:`Switchboard.for_caller`, which gives the coordinator the board's ``send``), and
+process-level messages it does not handle itself — ``Ready``, ``Shutdown``, health
+queries and replies — queue in :attr:`Switchboard.control`, in arrival order, for the one
+task of the process that reads them; one that arrives before that task starts waits for
+it.  Stages register once built (:meth:`Switchboard.attach`), before they run.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -65,6 +73,8 @@ RELAY_SLOTS = 256
 """Slots of the relay pool: 256 MiB in all, enough for the tensors in flight at once."""
 
 Lease = tuple[str, int]
+Control = tuple[str, Any]
+"""A process-level message and the process it came from."""
 
 
 class LocalStage(Protocol):
@@ -81,27 +91,37 @@ class LocalCoordinator(Protocol):
     def deliver(self, envelope: ToCoordinator) -> None: ...
 
 
-def _drop_control(src: str, message: Any) -> None:
-    log.debug("switchboard: no handler for %s from %r", type(message).__name__, src)
+C = TypeVar("C", bound=LocalCoordinator)
+Send = Callable[[ToStage], None]
 
 
 class Switchboard:
     """Routes the messages of one process; see the module docstring."""
 
-    def __init__(self, name: str, homes: dict[str, str], replicas: Replicas | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        homes: dict[str, str],
+        replicas: Replicas | None = None,
+        *,
+        stages: Mapping[str, LocalStage] | None = None,
+        coordinator: Callable[[Send], LocalCoordinator] | None = None,
+    ) -> None:
         """``name``: this process; ``homes``: the process group of every stage of the pipeline;
-        ``replicas``: how many copies of each group run (one each when None)."""
+        ``replicas``: how many copies of each group run (one each when None); ``stages``:
+        stages of this process that exist already (more with :meth:`attach`);
+        ``coordinator``: builds the coordinator from this board's :meth:`send`, in the
+        caller's process only (see :meth:`for_caller`)."""
         self.name = name
         self._name_frame = name.encode()
         self.homes = homes
         self.replicas = Replicas(homes) if replicas is None else replicas
         self.group = self.replicas.group_of(name)[0]
-        self.stages: dict[str, LocalStage] = {}
-        """This process's stages by name (filled in before they run)."""
-        self.coordinator: LocalCoordinator | None = None
-        """The coordinator, in the caller's process only."""
-        self.on_control: Callable[[str, Any], None] = _drop_control
-        """Called with process-level messages the switchboard does not handle itself."""
+        self.stages: dict[str, LocalStage] = dict(stages or {})
+        """This process's stages by name."""
+        self._control_in, self.control = trio.open_memory_channel[Control](math.inf)
+        """Process-level messages the switchboard does not handle itself, in arrival order;
+        unbounded (they are few: start-up, health, shutdown), read by one task."""
         self.down: set[str] = set()
         self._links: dict[str, Link] = {}
         self._far: set[str] = set()  # peers on another host: tensors go inline over TCP, never shared memory
@@ -112,6 +132,25 @@ class Switchboard:
         self._zmq: ZmqPeers | None = None
         self._unix_inbound: UnixInbound | None = None
         self._nursery: trio.Nursery | None = None
+        self.coordinator: LocalCoordinator | None = None if coordinator is None else coordinator(self.send)
+        """The coordinator, in the caller's process only."""
+
+    @classmethod
+    def for_caller(
+        cls, name: str, homes: dict[str, str], replicas: Replicas, coordinator: Callable[[Send], C]
+    ) -> tuple[Switchboard, C]:
+        """The caller's board and its coordinator, which ``coordinator(send)`` builds on it."""
+        built: list[C] = []
+
+        def build(send: Send) -> C:
+            built.append(coordinator(send))
+            return built[0]
+
+        return cls(name, homes, replicas, coordinator=build), built[0]
+
+    def attach(self, stages: Mapping[str, LocalStage]) -> None:
+        """Route to ``stages`` (built on this board, so made after it) from now on; call before they run."""
+        self.stages.update(stages)
 
     # -- outbound -------------------------------------------------------------------
 
@@ -226,7 +265,7 @@ class Switchboard:
             case wire.PeerUp(process=process, address=address):
                 self.peer_up(process, address)
             case _:
-                self.on_control(src, message)
+                self._control_in.send_nowait((src, message))
 
     def _unpack(self, src: str, message: Any, buffers: Sequence[memoryview]) -> tuple[Any, list[Lease]] | None:
         """User data of ``message`` and the leases it holds; None (leases returned) if unreadable."""

@@ -77,6 +77,12 @@ class FakePipeline:
         self.history: list[FakeRequest] = []
         self._arrivals_send, self.arrivals = trio.open_memory_channel[FakeRequest](math.inf)
 
+    async def idle(self, timeout: float = 5.0) -> None:
+        """Return once no request is live: each one's stream has exited (``trio.TooSlowError`` after ``timeout``)."""
+        with trio.fail_after(timeout):
+            while self.live:
+                await next(iter(self.live.values())).exited.wait()
+
     @asynccontextmanager
     async def stream(
         self, request_id: str, inputs: Any, *, params: dict[str, Any] | None = None, timeout: float | None = None

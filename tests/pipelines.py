@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import httpx
 import trio
 import trio.testing
 
@@ -100,3 +102,30 @@ def endless_config(**producer: object) -> PipelineConfig:
     factory = FactoryArgs(count=0, **producer)
     stage = StageConfig(name="talker", factory_path=f"{S}.create_producer", factory=factory, terminal=True)
     return PipelineConfig(stages=[stage])
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds, looking again each time this process's tasks have settled."""
+    with trio.fail_after(timeout):
+        while not condition():
+            await trio.testing.wait_all_tasks_blocked(cushion=0.001)
+
+
+async def settled_server(base_url: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Wait until the server at ``base_url`` says (``GET /health``) that no stage and not the
+    coordinator holds any request; return that health."""
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        with trio.fail_after(timeout):
+            while True:
+                health: dict[str, Any] = (await client.get("/health")).json()
+                if health["requests"] == 0 and all(s["active_requests"] == 0 for s in health["stages"].values()):
+                    return health
+                await trio.sleep(0.01)
+
+
+async def until_alive(pipeline: Any, stage: str, timeout: float = 60.0) -> None:
+    """Wait until ``health()`` reports ``stage`` alive again (its restarted process said it is ready);
+    asked every 50 ms, as the restart happens in other processes."""
+    with trio.fail_after(timeout):
+        while not (await pipeline.health())["stages"][stage]["alive"]:
+            await trio.sleep(0.05)

@@ -4,7 +4,6 @@ stall a scheduler's outbox."""
 from __future__ import annotations
 
 import queue
-import time
 
 import trio
 
@@ -21,6 +20,7 @@ class BurstScheduler:
         self.inbox: queue.Queue[IncomingMessage | None] = queue.Queue()
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self.put_before: int = 0
+        self.loop_idle = LoopIdle()
 
     def warm_up_serving_thread(self) -> None:
         return None
@@ -29,7 +29,7 @@ class BurstScheduler:
         while (msg := self.inbox.get()) is not None:
             if msg.type != "new_request":
                 continue
-            time.sleep(0.02)  # the IO loop is idle by now
+            assert self.loop_idle.event.wait(10)  # the IO loop waits for IO with nothing to run
             for i in range(BURST):
                 self.outbox.put(OutgoingMessage(msg.request_id, "stream", data=i))
                 self.put_before = i + 1
@@ -57,7 +57,7 @@ async def run_burst(*, handoff_s: float) -> list[tuple[int, int]]:
     def first_output(request_id: str) -> bool:
         return not any(out.request_id == request_id for out in received)
 
-    idle = LoopIdle()
+    idle = scheduler.loop_idle
     trio.lowlevel.add_instrument(idle)
     bridge = SchedulerBridge(scheduler, "burst", deliver, first_output=first_output, idle=idle, handoff_s=handoff_s)
     async with trio.open_nursery() as nursery:

@@ -17,7 +17,7 @@ import trio
 import omnitrio.children
 from omnitrio import FactoryArgs, RequestFailed, open_pipeline
 from omnitrio.placement.actors import ActorProcess
-from tests.pipelines import T, chain_config, settled, until_held
+from tests.pipelines import T, chain_config, settled, until_alive, until_held
 
 LATE = 2.0
 
@@ -49,8 +49,6 @@ async def test_a_process_whose_connection_drops_fails_its_requests_before_its_wa
             nursery.start_soon(caller)
             await until_held(pipeline, "s1")
             os.kill(victim, signal.SIGKILL)
-        with trio.fail_after(60):
-            while not (await pipeline.health())["stages"]["s1"]["alive"]:
-                await trio.sleep(0.05)
+        await until_alive(pipeline, "s1", timeout=60)
         assert await pipeline.submit("after", "y", timeout=60) == {"raw_inputs": "y"}
         await settled(pipeline)

@@ -16,7 +16,7 @@ from omnitrio import (
     StageConfig,
     open_pipeline,
 )
-from tests.pipelines import T, chain_config, fan_config, settled, talk_config
+from tests.pipelines import T, chain_config, fan_config, settled, talk_config, until_held
 
 S = "toys.stream_stages"
 
@@ -35,9 +35,7 @@ async def test_abort_with_wait_returns_once_every_stage_released(process: bool) 
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(caller)
-            with trio.fail_after(10):
-                while (await pipeline.health())["stages"]["b"]["active_requests"] == 0:
-                    await trio.sleep(0.01)
+            await until_held(pipeline, "b")
             assert await pipeline.abort("r", wait=True) is True
             health = await pipeline.health()
             assert health["requests"] == 0

@@ -15,7 +15,7 @@ from schedulers.speech.stages import SMOLLM2_FILE, SMOLLM2_PACKAGE, smollm2_path
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the speech extra)")
 
 from schedulers.llamacpp.chat import LlamaChat
-from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest, TokenEvent
+from schedulers.llamacpp.engine import MAX_HELD_STEPS, URGENT_TOKENS, LlamaBatchEngine, LlamaRequest, TokenEvent
 from schedulers.llamacpp.errors import ModelFileError
 from schedulers.llamacpp.model import LlamaModel, load_model
 from schedulers.llamacpp.sampling import Sampling
@@ -148,6 +148,43 @@ def test_abort_frees_the_sequence_at_once(engine: LlamaBatchEngine, chat: LlamaC
     events = run_to_end(engine)
     assert set(events) == {"b"}
     assert model_sequences_empty(engine)
+
+
+def test_an_answer_under_way_waits_while_a_new_request_gets_its_first_words(
+    engine: LlamaBatchEngine, chat: LlamaChat
+) -> None:
+    engine.add(LlamaRequest("solo", ask(chat, PROMPTS[3]), 40))
+    alone = tokens(run_to_end(engine)["solo"])
+    engine.add(LlamaRequest("long", ask(chat, PROMPTS[3]), 40))
+    for _ in range(3):
+        engine.step()
+    engine.settle("long")  # its first words went out
+    engine.add(LlamaRequest("new", ask(chat, PROMPTS[0]), 40))
+    steps = [engine.step()[0] for _ in range(5)]
+    assert all([e.request_id for e in step] == ["new"] for step in steps)  # the new one alone
+    engine.settle("new")
+    together = run_to_end(engine)
+    assert tokens(together["long"])[-(40 - 3) :] == alone[3:]  # held, never changed
+
+
+def test_a_request_that_is_never_settled_holds_the_others_only_for_a_while(
+    engine: LlamaBatchEngine, chat: LlamaChat
+) -> None:
+    engine.add(LlamaRequest("long", ask(chat, PROMPTS[3]), 60))
+    engine.step()
+    engine.settle("long")
+    engine.add(LlamaRequest("new", ask(chat, PROMPTS[3]), 60))
+    made: list[str] = []
+    for _ in range(MAX_HELD_STEPS + 1):
+        made += [e.request_id for e in engine.step()[0]]
+    assert made.count("long") == 1  # after MAX_HELD_STEPS steps held, one step along
+    while engine.has_work and made.count("new") < URGENT_TOKENS:
+        made += [e.request_id for e in engine.step()[0]]
+    before = made.count("long")
+    for _ in range(3):
+        made += [e.request_id for e in engine.step()[0]]
+    assert made.count("long") == before + 3  # past URGENT_TOKENS the new one is no longer urgent
+    run_to_end(engine)
 
 
 def model_sequences_empty(engine: LlamaBatchEngine) -> bool:

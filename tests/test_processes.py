@@ -14,7 +14,7 @@ import trio
 
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, StageConfig, open_pipeline
 from omnitrio.errors import StartupError
-from tests.pipelines import T, chain_config, fan_config, settled, until_held
+from tests.pipelines import T, chain_config, fan_config, settled, until_alive, until_held
 from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPUT
 from toys.seed import ch4_batch, ch4_fanin, ch4_stream
 
@@ -150,7 +150,7 @@ async def test_views_passed_to_a_stage_in_the_same_process_stay_valid_after_the_
         await one(0)  # warm: torch imported everywhere
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one, 1)
-            await trio.sleep(0.1)  # r1 is in read's sleep; r2's tensor is packed meanwhile
+            await until_held(pipeline, "read")  # r1 is in read's sleep; r2's tensor is packed meanwhile
             nursery.start_soon(one, 2)
         await settled(pipeline)
     assert results[1] == {"value": 1.0, "uniform": True} and results[2] == {"value": 2.0, "uniform": True}
@@ -198,9 +198,7 @@ async def test_a_killed_stage_process_fails_its_requests_fast_and_is_restarted(
             os.kill(victim, signal.SIGKILL)
         assert failed_at[0] - killed_at < 1.0
         assert "'r' failed at stage 's1': ProcessDied: process 'p_s1' (stages s1) died" in caplog.text
-        with trio.fail_after(30):
-            while not (await pipeline.health())["stages"]["s1"]["alive"]:
-                await trio.sleep(0.05)
+        await until_alive(pipeline, "s1", timeout=30)
         health = await pipeline.health()
         assert health["stages"]["s1"]["restarts"] == 1
         assert health["stages"]["s1"]["pid"] != victim

@@ -22,7 +22,7 @@ import trio
 
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, open_pipeline
 from omnitrio.placement.cluster import loopback_env, ray_cluster
-from tests.pipelines import T, chain_config, settled
+from tests.pipelines import T, chain_config, settled, until_alive, until_held
 from tests.test_replicas import kill_one_replica, slow_replicated_chain
 from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPUT
 from toys.seed import ch4_batch, ch4_fanin, ch4_stream
@@ -125,10 +125,9 @@ async def test_a_killed_actor_fails_its_requests_and_is_restarted(cluster: Any) 
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(caller)
-            await trio.sleep(0.5)
+            await until_held(pipeline, "s1")
             os.kill(victim, signal.SIGKILL)
-        while not (await pipeline.health())["stages"]["s1"]["alive"]:
-            await trio.sleep(0.1)
+        await until_alive(pipeline, "s1", timeout=120)
         health = await pipeline.health()
         assert health["stages"]["s1"]["restarts"] == 1
         assert health["stages"]["s1"]["pid"] != victim
@@ -142,8 +141,9 @@ async def test_leaving_stops_every_actor(cluster: Any) -> None:
     async with open_pipeline(config) as pipeline:
         assert await pipeline.submit("r", "x") == {"raw_inputs": "x"}
         pids = {s["pid"] for s in (await pipeline.health())["stages"].values()}
-    while pids & descendants(os.getpid()):
-        await trio.sleep(0.1)  # ray.kill is asynchronous; the raylet ends the workers
+    with trio.fail_after(60):
+        while pids & descendants(os.getpid()):
+            await trio.sleep(0.1)  # ray.kill is asynchronous; the raylet ends the workers
     assert our_shm() == []
 
 

@@ -33,6 +33,7 @@ import trio_websocket
 
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
+from tests.pipelines import settled_server
 from tests.realtime_sdk_types import checked
 from tests.test_serve_realtime import GA_AUDIO_RESPONSE
 from tests.test_speech_roundtrip import heard_as
@@ -352,8 +353,8 @@ async def test_short_sessions_are_no_stage_failures(server: Server) -> None:
             await rt.receive()
             vad = {"type": "server_vad", "silence_duration_ms": 300}  # restarts turn detection
             await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
-            await trio.sleep(0.2)
-    await trio.sleep(1)  # the server aborts each ASR session just after its socket closed
+            await receive_until(rt, "session.updated")
+    await settled_server(server.url)  # the server aborts each ASR session just after its socket closed
     metrics = (await trio.to_thread.run_sync(httpx.get, f"{server.url}/metrics")).text
     failures = [line for line in metrics.splitlines() if line.startswith("omnitrio_stage_failures_total{")]
     assert failures == []

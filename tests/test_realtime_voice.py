@@ -18,6 +18,7 @@ from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.config import load
 from omnitrio.serve import serve
+from tests.pipelines import settled_server
 from tests.test_speech_pipeline import REPEAT
 from toys.speech_text import heard_as
 
@@ -162,4 +163,5 @@ async def test_closing_the_socket_releases_the_asr_session() -> None:
                 await send_audio(rt, pcm16(SENTENCE, silence_after=1.0))
                 events = await events_until(rt, "response.done")
             assert events[-1]["response"]["status"] == "completed"
-            await trio.sleep(1)  # the server aborts the ASR session just after the socket closed
+            # The server aborts the ASR session just after the socket closed.
+            await settled_server(url.replace("ws://", "http://").removesuffix("/v1/realtime"))

@@ -11,11 +11,12 @@ import attrs
 import prometheus_client
 import pytest
 import trio
+import trio.testing
 
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, open_pipeline
 from omnitrio.errors import RequestError
 from omnitrio.replicas import Replicas
-from tests.pipelines import T, chain_config, settled, talk_config
+from tests.pipelines import T, chain_config, settled, talk_config, until_alive
 from tests.test_seed_experiments import FANIN_OUTPUT
 from toys.seed import ch4_fanin
 
@@ -130,16 +131,16 @@ async def kill_one_replica(config: PipelineConfig) -> None:
         async with trio.open_nursery() as nursery:
             for i in range(4):
                 nursery.start_soon(one, f"r{i}")
-            await trio.sleep(1.0)
+            with trio.fail_after(60):  # until each replica of s1 holds two of them (3 s each)
+                while [r["active_requests"] for r in (await pipeline.health())["stages"]["s1"]["replicas"]] != [2, 2]:
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.01)
             os.kill(victim, signal.SIGKILL)
         failed = {rid: exc for rid, exc in outcomes.items() if isinstance(exc, RequestError)}
         assert len(failed) == 2, outcomes
         assert all(isinstance(exc, RequestFailed) and exc.error_type == "ProcessDied" for exc in failed.values())
         assert all("process 'p_s1.1' (stages s1) died" in str(exc) for exc in failed.values())
         assert all(outcomes[rid] == {"raw_inputs": rid} for rid in outcomes.keys() - failed.keys())
-        with trio.fail_after(120):
-            while not (await pipeline.health())["stages"]["s1"]["alive"]:
-                await trio.sleep(0.1)
+        await until_alive(pipeline, "s1", timeout=120)
         replicas = (await pipeline.health())["stages"]["s1"]["replicas"]
         assert [r["restarts"] for r in replicas] == [0, 1] and replicas[1]["pid"] != victim
         async with trio.open_nursery() as nursery:

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trio.testing
 import trio_websocket
 
 from omnitrio.cli import DEFAULT_CONFIG, main
@@ -37,9 +38,7 @@ async def test_a_request_past_the_concurrency_limit_gets_429_with_retry_after(nu
             refused = await client.get("/v1/models")
             health = await client.get("/health")
         holding.cancel_scope.cancel()
-    with trio.fail_after(5):
-        while served.fake.live:
-            await trio.sleep(0.01)
+    await served.fake.idle()
     async with OmnitrioClient(served.url) as again:
         models = await again.models()
     assert refused.status_code == 429
@@ -80,10 +79,8 @@ async def test_a_closed_session_makes_room_for_the_next(nursery: trio.Nursery) -
         async with open_realtime(served.ws_url) as rt:
             with trio.fail_after(5):
                 assert (await rt.receive())["type"] == "session.created"
-        with trio.fail_after(5):
-            while served.fake.live:  # the session's ASR listener is aborted after the socket closed
-                await trio.sleep(0.01)
-            await trio.sleep(0.05)
+        await served.fake.idle()  # the session's ASR listener is aborted after the socket closed
+        await trio.testing.wait_all_tasks_blocked()  # the server has finished with the session
 
 
 async def test_an_upload_longer_than_max_audio_seconds_is_413(nursery: trio.Nursery) -> None:

@@ -173,9 +173,7 @@ async def served(nursery: trio.Nursery) -> Served:
 async def assert_nothing_left(served: Served, client: httpx.AsyncClient) -> None:
     """/health is 200, no pipeline request is live, and every admission place is free again."""
     assert (await client.get("/health")).status_code == 200
-    with trio.fail_after(5):
-        while served.fake.live:
-            await trio.sleep(0.01)
+    await served.fake.idle()
     statuses: list[int] = []
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
@@ -190,9 +188,7 @@ async def assert_nothing_left(served: Served, client: httpx.AsyncClient) -> None
                 await nursery.start(hold)
             nursery.cancel_scope.cancel()
     assert statuses == [200] * 4
-    with trio.fail_after(5):
-        while served.fake.live:
-            await trio.sleep(0.01)
+    await served.fake.idle()
 
 
 @pytest.mark.parametrize(("route", "valid"), [("/v1/chat/completions", CHAT), ("/v1/audio/speech", SPEECH)])

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import trio_websocket
 import wsproto
 import wsproto.events
@@ -111,19 +112,15 @@ async def answers_to(rt: RealtimeClient, event: Any, probe: str) -> list[dict[st
 
 async def nothing_left(served: Served) -> None:
     """No pipeline request is live and both admission places are free again."""
-    with trio.fail_after(5):
-        while served.fake.live:
-            await trio.sleep(0.01)
+    await served.fake.idle()
     with trio.fail_after(5):
         while True:  # the server gives a place back just after the socket closed
             async with open_realtime(served.ws_url) as one, open_realtime(served.ws_url) as two:
                 kinds = {(await one.receive())["type"], (await two.receive())["type"]}
             if kinds == {"session.created"}:
                 break
-            await trio.sleep(0.02)
-    with trio.fail_after(5):
-        while served.fake.live:
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+    await served.fake.idle()
 
 
 @pytest.mark.parametrize("kind", sorted(VALID))
@@ -286,7 +283,7 @@ async def test_a_handshake_that_never_completes_leaves_nothing(served: Served) -
     stream = await trio.open_tcp_stream("127.0.0.1", served.port)
     async with stream:
         await stream.send_all(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n")
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()  # the server has read it and waits for the rest
     with pytest.raises(trio_websocket.ConnectionRejected):
         async with trio_websocket.open_websocket_url(served.ws_url.replace("/v1/realtime", "/v1/realtimex")):
             pass

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import trio_websocket
 
 from omnitrio.client import RealtimeClient, open_realtime
@@ -349,7 +350,8 @@ async def test_an_interrupted_response_is_measured_in_metrics(served: Served) ->
         await long_reply(rt)
         await rt.send({"type": "response.cancel"})
         await receive_until(rt, "response.done")
-        await trio.sleep(0.1)
+        await served.fake.idle()  # the cancelled request is released
+        await trio.testing.wait_all_tasks_blocked()  # and the server has measured it
     async with httpx.AsyncClient() as client:
         text = (await client.get(f"{served.url}/metrics")).text
     for name in ("interrupt_to_last_audio", "interrupt_to_released", "unplayed_audio_at_interrupt"):

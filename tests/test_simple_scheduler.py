@@ -460,11 +460,11 @@ def test_stop_returns_start_promptly_when_idle() -> None:
 
 def test_stop_during_batch_window_returns_promptly() -> None:
     rec = BatchRecorder()
-    s = batching_scheduler(rec, max_batch_wait_ms=60_000, batch_wait_when_idle=True)
+    s = windowed(batching_scheduler(rec, max_batch_wait_ms=60_000, batch_wait_when_idle=True))
     thread = threading.Thread(target=s.start, daemon=True)
     thread.start()
     s.inbox.put(new("r1"))
-    time.sleep(0.02)
+    assert s.inbox.in_window.wait(TIMEOUT)  # the scheduler holds "r1" in its 60 s window
     s.stop()
     thread.join(TIMEOUT)
     assert not thread.is_alive()

@@ -17,8 +17,10 @@ pytest.importorskip("faster_whisper", reason="the speech extra (faster-whisper) 
 
 from schedulers.speech.audio import resample
 from schedulers.speech.stages import create_asr_stage, create_streaming_asr_stage
+from schedulers.speech.streaming_asr import EARLY_MS
 from schedulers.speech.tts import shared_synthesizer
-from schedulers.speech.vad import FRAME_SAMPLES
+from schedulers.speech.turn_end import JUDGE_AT_MS, policy_for
+from schedulers.speech.vad import FRAME_SAMPLES, REFINE_MS
 from toys.speech_text import heard_as
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -181,7 +183,8 @@ def test_semantic_vad_ends_a_complete_turn_after_a_short_silence(streaming_stage
     # the transcript comes before the judgement, so an answer can be prepared while the model runs
     assert heard_as(paused["transcript"], "What is the capital of France?") and paused["unfinished"] is None
     assert judged["turn_complete"] and judged["probability"] >= 0.5 and judged["audio_ms"] == paused["audio_ms"]
-    assert stopped["audio_end_ms"] - paused["audio_ms"] == 50  # "auto": 250 ms of silence, judged at 200
+    complete_silence = policy_for("auto").complete_silence_ms  # at most the pause: it ends at the judgement
+    assert stopped["audio_end_ms"] - judged["audio_ms"] == max(0, complete_silence - JUDGE_AT_MS)
 
 
 def test_semantic_vad_waits_when_the_words_are_unfinished(streaming_stage: Any) -> None:
@@ -227,7 +230,10 @@ def test_semantic_vad_transcribes_a_turn_ahead_of_its_pause_and_judges_on_that_t
     started, paused, judged, _ = events = streamed_semantic_events(streaming_stage, "sem4", clip)
     assert [e["type"] for e in events] == ["speech_started", "speech_paused", "turn_judged", "speech_stopped"]
     assert heard_as(paused["transcript"], "What is the capital of France?") and paused["unfinished"] is None
-    assert len(heard) == 1  # one decode, made at 100 ms of silence, before the pause (200 ms) came:
+    voiced = np.flatnonzero(np.abs(clip) > np.abs(clip).max() / 20)
+    # silence counts from the last voiced sample, not from where the VAD's score decayed
+    assert paused["audio_ms"] - (voiced[-1] + 1) / 16 < EARLY_MS + REFINE_MS
+    assert len(heard) == 1  # one decode, made at 100 ms of silence, before the pause came:
     assert heard[0] == (paused["audio_ms"] - started["audio_start_ms"]) * 16
     assert paused["audio_ms"] <= judged["audio_ms"] - FRAME_SAMPLES // 16  # the words came frames ahead
     assert judged["turn_complete"] and judged["transcript"] == paused["transcript"]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from omnitrio import (
     CompleteMessage,
@@ -19,7 +22,8 @@ from omnitrio import (
 )
 from omnitrio.bridge import INBOX_DEPTH
 from omnitrio.flow import BACKLOG_HIGH, STREAM_WINDOW
-from tests.pipelines import S, endless_config, settled, talk_config
+from tests.held_stages import H
+from tests.pipelines import S, endless_config, settled, talk_config, until
 
 
 async def test_end_of_stream_before_the_payload_completes_when_the_payload_arrives() -> None:
@@ -100,44 +104,73 @@ async def test_leaving_a_stream_early_aborts_the_request_everywhere() -> None:
 
 
 async def test_one_requests_backlog_does_not_delay_anothers_first_chunk() -> None:
+    produced = threading.Event()
     config = endless_config()
-    config.stages[0].factory = FactoryArgs(count=600, outbox_size=1000)
+    config.stages[0].factory_path = f"{H}.create_noted_producer"
+    config.stages[0].factory = FactoryArgs(produced=produced, count=600, outbox_size=1000)
     async with open_pipeline(config, inline=True) as pipeline:
         async with pipeline.stream("hog", "x") as hog:
             await hog.__anext__()  # 600 chunks come; nobody reads them
-            await trio.sleep(0.2)
+            await trio.to_thread.run_sync(produced.wait)
             with trio.fail_after(5):
                 async with pipeline.stream("other", "y") as other:
                     first = await other.__anext__()
             assert isinstance(first, StreamMessage) and first.request_id == "other"
 
 
-def recorder_config(first_chunk_delay: float) -> PipelineConfig:
-    """talker (a Producer) streams to ``b``, which stalls on the first chunk it ever gets."""
+def held_config(release: threading.Event) -> PipelineConfig:
+    """talker (a Producer) streams to ``b``, which holds the first chunk it ever gets until ``release``."""
     config = talk_config()
-    config.stages[1].factory_path = f"{S}.create_order_recorder"
-    config.stages[1].factory = FactoryArgs(first_chunk_delay=first_chunk_delay)
+    config.stages[1].factory_path = f"{H}.create_held_recorder"
+    config.stages[1].factory = FactoryArgs(release=release)
     return config
 
 
+def b_gauge(pipeline: Any, name: str) -> float:
+    return pipeline.metrics_registry.get_sample_value(f"omnitrio_stage_{name}", {"stage": "b"}) or 0.0
+
+
 async def test_a_slow_stage_holds_its_producer_back_instead_of_queueing_without_bound() -> None:
-    async with open_pipeline(recorder_config(first_chunk_delay=1.0), inline=True) as pipeline:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pipeline.submit, "endless", 0)  # streams until aborted
-            await trio.sleep(0.4)  # b is stalled all this time
-            depth = pipeline.metrics_registry.get_sample_value("omnitrio_stage_queue_depth", {"stage": "b"})
-            nursery.cancel_scope.cancel()
-    assert depth is not None and 0 < depth <= STREAM_WINDOW + INBOX_DEPTH
+    release = threading.Event()
+    async with open_pipeline(held_config(release), inline=True) as pipeline:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pipeline.submit, "endless", 0)  # streams until aborted
+                await until(lambda: b_gauge(pipeline, "queue_depth") >= STREAM_WINDOW - 1)  # b holds chunk 0
+                # An unthrottled talker would keep the loop busy forwarding chunks to b, never settling.
+                with trio.move_on_after(5):
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                depth = b_gauge(pipeline, "queue_depth")
+                nursery.cancel_scope.cancel()
+        finally:
+            release.set()
+    assert depth <= STREAM_WINDOW + INBOX_DEPTH
 
 
 async def test_a_late_requests_chunks_do_not_wait_behind_another_requests_backlog() -> None:
-    async with open_pipeline(recorder_config(first_chunk_delay=1.0), inline=True) as pipeline:
-        async with trio.open_nursery() as nursery:
-            # Fewer chunks than BACKLOG_HIGH: the talker's one outbox is never paused for hog.
-            nursery.start_soon(pipeline.submit, "hog", BACKLOG_HIGH - 100)
-            await trio.sleep(0.2)  # b stalls (1 s) on hog's first chunk; hog's next ones pile up
-            late = await pipeline.submit("late", 3)
-            nursery.cancel_scope.cancel()
+    release = threading.Event()
+    async with open_pipeline(held_config(release), inline=True) as pipeline:
+        try:
+            async with trio.open_nursery() as nursery:
+                # Fewer chunks than BACKLOG_HIGH: the talker's one outbox is never paused for hog.
+                nursery.start_soon(pipeline.submit, "hog", BACKLOG_HIGH - 100)
+                # b holds hog's first chunk; a window of its next ones piles up behind it, more than
+                # b's inbox takes, so a queue in arrival order would put late's first chunk after them.
+                await until(lambda: b_gauge(pipeline, "queue_depth") >= STREAM_WINDOW - 1)
+                late: dict[str, Any] = {}
+
+                async def submit_late() -> None:
+                    late.update(await pipeline.submit("late", 3))
+
+                nursery.start_soon(submit_late)
+                await until(lambda: b_gauge(pipeline, "active_requests") == 2)  # late's first chunk is at b
+                release.set()
+                with trio.fail_after(10):
+                    while not late:
+                        await trio.testing.wait_all_tasks_blocked(cushion=0.001)
+                nursery.cancel_scope.cancel()
+        finally:
+            release.set()
     # b finishes what its inbox held when it stalled, then takes turns between requests.
     assert late["first_chunk_at"] <= INBOX_DEPTH + 4
 

@@ -45,12 +45,11 @@ def our_shm() -> list[str]:
 
 
 @asynccontextmanager
-async def two_boards(host_a: str, host_b: str) -> AsyncIterator[tuple[Switchboard, Sink]]:
+async def two_boards(host_a: str, host_b: str) -> AsyncIterator[tuple[Switchboard, Switchboard, Sink]]:
     """Board "a" (sending) and board "b" (with stage "s" as a Sink), connected over TCP."""
     homes = {"s": "b"}
-    a, b = Switchboard("a", homes), Switchboard("b", homes)
     sink = Sink()
-    b.stages["s"] = sink
+    a, b = Switchboard("a", homes), Switchboard("b", homes, stages={"s": sink})
     async with trio.open_nursery() as nursery:
         await nursery.start(a.run)
         await nursery.start(b.run)
@@ -59,13 +58,13 @@ async def two_boards(host_a: str, host_b: str) -> AsyncIterator[tuple[Switchboar
         assert address_a.startswith(f"tcp://{host_a}:") and not address_a.endswith(":*")
         a.peer_up("b", address_b)
         b.peer_up("a", address_a)
-        yield a, sink
+        yield a, b, sink
         nursery.cancel_scope.cancel()
 
 
 async def test_a_tensor_to_another_host_rides_in_tcp_frames() -> None:
     tensor = torch.arange(1 << 20, dtype=torch.float32)
-    async with two_boards("127.0.0.1", "127.0.0.2") as (a, sink):
+    async with two_boards("127.0.0.1", "127.0.0.2") as (a, _, sink):
         a.send(Payload("r", 0, "s", "src", {"t": tensor}))
         body, leases = await sink.received.receive()
         assert torch.equal(body["t"], tensor)
@@ -90,7 +89,7 @@ def test_tensors_for_another_host_are_packed_out_of_band_without_a_copy() -> Non
 
 async def test_a_tensor_to_this_host_goes_through_shared_memory() -> None:
     tensor = torch.arange(1 << 20, dtype=torch.float32)
-    async with two_boards("127.0.0.1", "127.0.0.1") as (a, sink):
+    async with two_boards("127.0.0.1", "127.0.0.1") as (a, _, sink):
         a.send(Payload("r", 0, "s", "src", {"t": tensor}))
         body, leases = await sink.received.receive()
         assert torch.equal(body["t"], tensor)
@@ -98,10 +97,19 @@ async def test_a_tensor_to_this_host_goes_through_shared_memory() -> None:
     assert our_shm() == []
 
 
+async def test_control_messages_wait_in_order_for_the_task_that_reads_them() -> None:
+    async with two_boards("127.0.0.1", "127.0.0.1") as (a, b, sink):
+        a.send_control("b", wire.HealthQuery(1))
+        a.send_control("b", wire.Shutdown())
+        a.send(Payload("r", 0, "s", "src", "after"))
+        assert (await sink.received.receive())[0] == "after"  # so both control messages have arrived
+        assert b.control.receive_nowait() == ("a", wire.HealthQuery(1))
+        assert b.control.receive_nowait() == ("a", wire.Shutdown())
+
+
 async def test_a_peer_that_goes_away_is_noticed_through_the_connection() -> None:
     a, b = Switchboard("a", {}), Switchboard("b", {})
-    heard, lost = trio.Event(), trio.Event()
-    b.on_control = lambda src, message: heard.set()
+    lost = trio.Event()
     b_alive = trio.CancelScope()
 
     async def run_b(task_status: trio.TaskStatus[None]) -> None:
@@ -119,7 +127,7 @@ async def test_a_peer_that_goes_away_is_noticed_through_the_connection() -> None
             await a.listen("tcp://127.0.0.1:*", f"{PREFIX}a-")
             a.peer_up("b", await b.listen("tcp://127.0.0.2:*", f"{PREFIX}b-"))
             a.send_control("b", wire.HealthQuery(1))
-            await heard.wait()  # connected
+            assert await b.control.receive() == ("a", wire.HealthQuery(1))  # connected
             nursery.start_soon(watch)
             await trio.testing.wait_all_tasks_blocked()  # watch waits on the live connection
             assert not lost.is_set()

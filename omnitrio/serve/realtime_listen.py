@@ -13,8 +13,8 @@ one is in flight, further audio is coalesced into the next, so the listener neve
 
 Besides OpenAI's ``speech_started`` / ``speech_stopped`` the listener asks for ``speech_paused``
 (the turn *may* be ending: ``PAUSE_LEAD_MS`` before server VAD's ``speech_stopped`` could confirm it,
-or, with ``semantic_vad``, once the turn was transcribed, at 100 ms of silence, before it is
-judged at ``SEMANTIC_PAUSE_MS``: ``turn_judged`` follows) and ``speech_resumed`` (it did not): the
+or, with ``semantic_vad``, once the turn was transcribed, at 100 ms of silence, before the stage
+judges it at its pause: ``turn_judged`` follows) and ``speech_resumed`` (it did not): the
 connection uses them to prepare its answer speculatively.
 Each judged pause is logged (``omnitrio.serve.realtime_listen``, DEBUG): what was heard, the
 model's probability, the words' objection and the decision.
@@ -42,7 +42,6 @@ from omnitrio.serve.realtime_session import TurnDetection
 from omnitrio.serve.realtime_turn import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnJudged, VadEvent
 
 PAUSE_LEAD_MS = 400  # start preparing the answer when this much silence is still needed to end the turn
-SEMANTIC_PAUSE_MS = 200  # semantic_vad judges a turn (and prepares its answer) after this much silence
 CLOSE_TIMEOUT = 2.0
 logger = logging.getLogger(__name__)
 
@@ -66,11 +65,12 @@ def vad_event(chunk: dict[str, Any]) -> VadEvent | None:
 def session_config(detection: TurnDetection) -> dict[str, Any]:
     """The ``open`` command's config: 24 kHz PCM16 in, VAD with a speculation point, no partials.
 
-    ``semantic_vad`` is judged at a pause of ``SEMANTIC_PAUSE_MS``; the ``speech_paused`` event before
-    it carries the transcript of the turn so far, which the connection reuses for the answer it prepares.
+    ``semantic_vad`` is judged at the pause the stage tunes its turn model for; the ``speech_paused``
+    event before it carries the transcript of the turn so far, which the connection reuses for the
+    answer it prepares.
     """
     if detection.type == "semantic_vad":
-        semantic = {"type": "semantic_vad", "eagerness": detection.eagerness, "pause_ms": SEMANTIC_PAUSE_MS}
+        semantic = {"type": "semantic_vad", "eagerness": detection.eagerness}
         return {"sample_rate": REALTIME_RATE, "turn_detection": semantic, "partial_every_ms": None}
     vad = {
         "type": "server_vad",

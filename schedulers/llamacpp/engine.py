@@ -12,6 +12,13 @@ its own sampler (:mod:`schedulers.llamacpp.sampling`).  A request finishes with 
 end-of-turn token (``TokenEvent.ends_turn``: not part of the answer) and with ``"length"`` at
 ``max_new_tokens``; its sequence is then parked or freed (:mod:`schedulers.llamacpp.sequences`).
 
+**Whoever waits first goes first.**  A request is *urgent* from its admission until its caller
+has the first words it waited for (:meth:`settle`: a spoken answer's first phrase is on its way to
+the voice) or it has made ``URGENT_TOKENS`` tokens.  While any request is urgent, answers already
+under way skip the step's decode rows, at most ``MAX_HELD_STEPS`` steps in a row, so a user who is
+waiting for an answer to start gets the speed of a smaller batch; the answers held have words in
+their callers' hands already.  Holding a request delays its tokens and never changes them.
+
 :meth:`abort` takes effect at once: the request leaves the waiting queue, or its sequence is
 parked/freed, and it never produces another token.
 
@@ -38,6 +45,9 @@ from schedulers.engine_admission import check_new_request, check_room
 from schedulers.llamacpp.model import LlamaModel
 from schedulers.llamacpp.sampling import Sampling, TokenSampler
 from schedulers.llamacpp.sequences import Sequences
+
+URGENT_TOKENS = 32  # a request not settled by then stops being urgent
+MAX_HELD_STEPS = 16  # the most steps in a row a request already answering sits out for urgent ones
 
 
 @attrs.define(eq=False)
@@ -86,6 +96,8 @@ class _Running:
     length: int  # tokens whose keys/values are in the sequence
     phase: Phase = Phase.PROMPT
     output_ids: list[int] = attrs.field(factory=list)
+    urgent: bool = True  # its caller still waits for its first words
+    held: int = 0  # steps sat out in a row for urgent requests
 
     def cached_tokens(self) -> list[int]:
         return (self.request.prompt_ids + self.output_ids)[: self.length]
@@ -173,19 +185,31 @@ class LlamaBatchEngine:
         self._leave(state)
         return True
 
+    def settle(self, request_id: str) -> None:
+        """Its caller has the first words it waited for: the request is no longer urgent."""
+        state = self.running.get(request_id)
+        if state is not None:
+            state.urgent = False
+
     def step(self) -> tuple[list[TokenEvent], StepStats]:
         """Run one step (one ``llama_decode``); see the module docstring."""
         rows: list[tuple[_Running, int]] = []  # (request, prompt tokens it reads this step)
         sampled: list[tuple[_Running, int]] = []  # (request, batch position of its logits)
         n = 0
+        self._admit()
+        someone_waits = any(state.urgent for state in self.running.values())
         for state in self.running.values():
             if state.phase is Phase.ANSWER:
+                if someone_waits and not state.urgent and state.held < MAX_HELD_STEPS:
+                    state.held += 1
+                    continue
+                state.held = 0
                 self._put(n, state.output_ids[-1], state.length, state.seq, True)
                 rows.append((state, 1))
                 sampled.append((state, n))
                 n += 1
         prompt_tokens = 0
-        for state in [*self._prompting(), *self._admit()]:
+        for state in self._prompting():
             if n >= self.model.n_batch:
                 break
             prompt = state.request.prompt_ids
@@ -219,8 +243,7 @@ class LlamaBatchEngine:
     def _prompting(self) -> list[_Running]:
         return [s for s in self.running.values() if s.phase is Phase.PROMPT]
 
-    def _admit(self) -> list[_Running]:
-        admitted = []
+    def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running_requests:
             request = next(iter(self.waiting.values()))
             held = self.sequences.held(request.session_id)  # cells its own parked turn already counts
@@ -238,8 +261,6 @@ class LlamaBatchEngine:
             state = _Running(request, seq, sampler, reused)
             self.running[request.request_id] = state
             self.reused_tokens += reused
-            admitted.append(state)
-        return admitted
 
     def _make_room(self, cells: int) -> bool:
         """Evict parked sessions, then prefixes, until ``cells`` more fit; False if they cannot yet."""
@@ -270,6 +291,8 @@ class LlamaBatchEngine:
         token = state.sampler.sample(self.model.ctx, position)
         state.phase = Phase.ANSWER
         state.output_ids.append(token)
+        if len(state.output_ids) >= URGENT_TOKENS:
+            state.urgent = False
         if state.length == len(request.prompt_ids) and request.shared_prefix_len:
             prefix = request.prompt_ids[: request.shared_prefix_len]
             if len(prefix) < len(request.prompt_ids) and self.sequences.needs_prefix(prefix):

@@ -11,10 +11,14 @@ Per request, in order, when the request streams (``params["stream"]``):
   its sentence is complete, the unfinished rest in one last chunk before the result;
 * to ``text_out`` (text only): ``stream`` chunks ``{"text": delta}``, one per step that adds text.
 
-Concatenated, the chunks are exactly the result's ``text``.  ``stop`` strings end the answer before
-them (``finish_reason: "stop"``); text that might be the start of a stop string is held back until
-it is not.  An answer that starts repeating itself (:mod:`schedulers.speech.repetition`) ends
-before the repeat (``"stop"``); a spoken answer never says a repeated sentence.
+Concatenated, the chunks are exactly the result's ``text``.  Until a request's first chunk is out
+(a request that does not stream: until its first token) the engine treats it as urgent: answers
+already under way sit out its steps (:class:`~schedulers.llamacpp.engine.LlamaBatchEngine`).
+
+``stop`` strings end the answer before them (``finish_reason: "stop"``); text that might be the
+start of a stop string is held back until it is not.  An answer that starts repeating itself
+(:mod:`schedulers.speech.repetition`) ends before the repeat (``"stop"``); a spoken answer never
+says a repeated sentence.
 
 A conversation with a ``session_id`` keeps its keys/values between turns, and the prompt's opening
 (the system prompt and the first role header) is computed once for all.  A spoken answer to a
@@ -269,7 +273,10 @@ class LLMResponder(StepLoop):
             self.engine.abort(rid)
         if finish is None:
             shown = len(words) if calls is None else calls.streamable(words)
-            return self._stream(rid, answer, words, shown, done=False)
+            outputs = self._stream(rid, answer, words, shown, done=False)
+            if outputs or answer.target is None:
+                self.engine.settle(rid)  # its caller has its first words (or waits for the whole answer)
+            return outputs
         del self._answers[rid]
         tool_calls = calls.parse(called) if calls and called else None
         if tool_calls and not words.strip():

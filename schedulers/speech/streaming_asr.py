@@ -22,11 +22,12 @@ Session ``config`` (the open command's ``config``):
   so at once with that ``transcript``
   and the words' objection ``unfinished`` (None when they have none), so a server can start
   preparing its answer while the silence goes on (speech coming back first: ``speech_resumed``);
-  at the pause of ``pause_ms`` (default 200) the turn is judged on those words and its audio
-  (:mod:`schedulers.speech.turn_end`; the turn model scores the audio on another thread beside
-  the transcription, at the early silence, so a turn that sounds complete there is judged at the
-  pause without waiting for either; one that does not is scored again on the audio to the pause;
-  the model's answer is used only when the words do not object):
+  at the pause of ``pause_ms`` (default ``JUDGE_AT_MS``, 200) the turn is judged on those words
+  and its audio (:mod:`schedulers.speech.turn_end`; the turn model scores the audio to
+  ``SCORE_AT_MS`` (100) of silence on another thread, so a turn that sounds complete there is
+  judged at the pause without waiting; one that does not is scored again on the audio to the
+  pause; the model's answer is used only when the words do not object).  ``EARLY_MS`` counts from
+  the last voiced sample; the judgement's silences from the VAD scorer's edge, as tuned:
   ``{"type": "turn_judged", "audio_ms", "transcript", "turn_complete", "probability" (the
   model's, None when the words vetoed), "unfinished", "decision_ms": {"asr", "model", "total"}}``,
   and ``speech_stopped`` comes after the silence that judgement asks for (at once when that
@@ -44,7 +45,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -54,13 +55,14 @@ from omnitrio.contract import OmniRequest, StagePayload
 from schedulers.session import SESSION_METADATA_KEY, SessionContext, SessionRef
 from schedulers.speech.asr import SpeechRecognizer
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, StreamResampler, as_float_audio
-from schedulers.speech.turn_end import JUDGE_AT_MS, SemanticTurnDetector
+from schedulers.speech.turn_end import JUDGE_AT_MS, SCORE_AT_MS, SemanticTurnDetector
 from schedulers.speech.turn_words import unfinished_because
 from schedulers.speech.vad import VadBackendName, VadEvent, VoiceActivityDetector
 
 _WORD = re.compile(r"[^\w']+")
-EARLY_MS = 100  # semantic_vad: a turn silent this long is transcribed and announced, ahead of its judgement
+EARLY_MS = 100  # semantic_vad: a turn whose voice is silent this long is transcribed and announced ahead of the pause
 EARLY_SAMPLES = EARLY_MS * ASR_SAMPLE_RATE // 1000
+SCORE_SAMPLES = SCORE_AT_MS * ASR_SAMPLE_RATE // 1000
 CONTEXT_MS = 1500  # semantic_vad: at least this much known audio is decoded with a turn's new part
 CONTEXT_SAMPLES = CONTEXT_MS * ASR_SAMPLE_RATE // 1000
 SLACK_WORDS = 2
@@ -112,13 +114,24 @@ class Heard:
         return {part: round(1000 * seconds, 1) for part, seconds in spent.items()}
 
 
-@attrs.frozen
+@attrs.define(eq=False)
 class EarlyTranscript:
-    """A semantic turn heard (:class:`Heard`) at ``EARLY_MS`` of silence: whose (turn start, last
-    speech sample)."""
+    """A semantic turn's words, heard at ``EARLY_MS`` of silence, and the turn model's probability
+    for its audio to ``SCORE_AT_MS`` of silence (scored on another thread from then): whose
+    ``key`` is (turn start, last speech sample)."""
 
     key: tuple[int, int]
-    heard: Heard
+    transcript: str
+    asr_seconds: float
+    scoring: Future[tuple[float, float]] | None = None  # (probability, seconds) once submitted
+
+    def heard(self) -> Heard:
+        """The words and the model's probability (waiting for the scoring, which must be submitted)."""
+        assert self.scoring is not None
+        probability, model_seconds = self.scoring.result()
+        return Heard(
+            self.transcript, probability, self.asr_seconds, model_seconds, max(self.asr_seconds, model_seconds)
+        )
 
 
 def _timed(score: Callable[[Any], float], audio: FloatAudio) -> tuple[float, float]:
@@ -230,7 +243,7 @@ class StreamingTranscriber:
             silence_duration_ms=state.detector.policy.incomplete_silence_ms,
             backend=self.vad_backend,
             pause_ms=turn.get("pause_ms", JUDGE_AT_MS),
-            refine_end=False,  # the judge point and the turn model were tuned on the scorer's edge
+            refine_end=False,  # the judgement's silences and turn model were tuned on the scorer's edge
         )
 
     def _judge(self, state: TranscriptionSession, paused: VadEvent, ctx: SessionContext) -> None:
@@ -243,7 +256,9 @@ class StreamingTranscriber:
         key = (state.vad.turn_start, paused.sample - pause_ms * ASR_SAMPLE_RATE // 1000)
         early = self._early_for(state, key, ctx)
         if early is not None:
-            heard = early.heard
+            if early.scoring is None:  # the pause came before the audio model's point
+                early.scoring = self._score(state, paused.sample)
+            heard = early.heard()
         else:
             heard = self._hear(state, paused.sample, ctx)
         sounded_over = early is None or heard.probability >= state.detector.policy.threshold
@@ -272,14 +287,18 @@ class StreamingTranscriber:
         meanwhile."""
         assert state.vad is not None and state.detector is not None
         began = time.perf_counter()
-        scored = self._scoring.submit(
-            _timed, state.detector.model.probability_complete, state.audio()[state.vad.turn_start : end]
-        )
+        scored = self._score(state, end)
         transcript = self._turn_words(state, end)
         asr_seconds = time.perf_counter() - began
         ctx.emit(_heard(end * 1000 // ASR_SAMPLE_RATE, transcript), modality="vad")  # the answer may start
         probability, model_seconds = scored.result()
         return Heard(transcript, probability, asr_seconds, model_seconds, time.perf_counter() - began)
+
+    def _score(self, state: TranscriptionSession, end: int) -> Future[tuple[float, float]]:
+        """The turn model scoring the open turn's audio to sample ``end``, on another thread."""
+        assert state.vad is not None and state.detector is not None
+        audio = state.audio()[state.vad.turn_start : end]
+        return self._scoring.submit(_timed, state.detector.model.probability_complete, audio)
 
     def _early_for(
         self, state: TranscriptionSession, key: tuple[int, int], ctx: SessionContext
@@ -330,15 +349,26 @@ class StreamingTranscriber:
             self._transcribe_early(state, ctx)
 
     def _transcribe_early(self, state: TranscriptionSession, ctx: SessionContext) -> None:
-        """Once a turn has been silent ``EARLY_MS``, hear it (words and turn model, :meth:`_hear`) and
-        say so (``speech_paused``): a server starts its answer while the silence goes on to the
-        pause, whose judgement reuses both."""
+        """Ahead of the pause: once the voice has been silent ``EARLY_MS`` (counted from its last
+        voiced sample), transcribe the turn and say so (``speech_paused``: a server starts its answer
+        while the silence goes on); once the VAD's silence reaches ``SCORE_AT_MS``, start the turn
+        model on the audio so far.  The pause's judgement reuses both."""
         assert state.vad is not None
         speech_end, silent = state.vad.silence
         key = (state.vad.turn_start, speech_end)
-        if self._early_for(state, key, ctx) is not None or not EARLY_SAMPLES <= silent < (state.vad.pause_samples or 0):
+        heard = state.vad.voiced_silence >= EARLY_SAMPLES or silent >= SCORE_SAMPLES
+        if not heard or silent >= (state.vad.pause_samples or 0):
             return
-        state.early = EarlyTranscript(key, self._hear(state, speech_end + silent, ctx))
+        early = self._early_for(state, key, ctx)
+        scoring = early.scoring if early is not None else None
+        if scoring is None and silent >= SCORE_SAMPLES:
+            scoring = self._score(state, speech_end + silent)
+        if early is None:
+            began = time.perf_counter()
+            transcript = self._turn_words(state, speech_end + silent)
+            ctx.emit(_heard((speech_end + silent) * 1000 // ASR_SAMPLE_RATE, transcript), modality="vad")
+            early = state.early = EarlyTranscript(key, transcript, time.perf_counter() - began)
+        early.scoring = scoring
 
     def _turn_words(self, state: TranscriptionSession, end: int) -> str:
         """The open turn's words up to sample ``end``. The audio since the words known from its last

@@ -29,7 +29,11 @@ from schedulers.speech.turn_words import unfinished_because
 
 Eagerness = Literal["low", "medium", "high", "auto"]
 EAGERNESS_LEVELS: tuple[Eagerness, ...] = ("low", "medium", "high", "auto")
-JUDGE_AT_MS = 200  # the pause at which a turn is judged: Smart Turn expects a short silence after the words
+# Silences counted from the VAD scorer's edge, which the policies and Smart Turn were tuned on: the
+# model hears the turn to SCORE_AT_MS of silence (it expects a short silence after the words), and
+# the turn is judged at JUDGE_AT_MS.
+SCORE_AT_MS = 100
+JUDGE_AT_MS = 200
 
 
 class CompletionScorer(Protocol):

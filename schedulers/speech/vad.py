@@ -15,8 +15,10 @@ decays over a few frames after the voice stops. When a turn's first silent frame
 is moved back to the last voiced sample of the ``REFINE_MS`` before it (:func:`last_voiced_sample`:
 the last 5 ms window whose loudness is within ``VOICED_DB`` of the turn's loudest), so silences
 (pauses, the stop) are counted from where the voice really stopped.  ``refine_end=False`` keeps the
-scorer's edge (semantic end of turn: its pause length and turn model were tuned on that edge, and
-counted from the true end the same pause judges more mid-sentence gaps).
+scorer's edge for every silence (semantic end of turn: its pause length, silences and turn model
+were tuned on that edge, and counted from the true end the same silences judge more mid-sentence
+gaps and hesitations over); :attr:`~VoiceActivityDetector.voiced_silence` still says how long the
+voice itself has been silent.
 
 Events alternate, starting with ``speech_started``, and come in stream order.  With
 ``pause_ms`` set, a turn may also report ``speech_paused`` (``pause_ms`` of silence so far:
@@ -209,6 +211,7 @@ class VoiceActivityDetector:
         self._consumed = 0  # samples scored so far
         self._speaking = False
         self._last_speech_end = 0
+        self._voiced_end: int | None = None  # the last voiced sample, once the turn is silent
         self._last_stop = 0  # the previous turn's speech_stopped sample: no later turn starts before it
         self._recent = np.zeros(0, dtype=np.float32)  # the last frame scored and the REFINE_SAMPLES before it
         self._loudest = 0.0  # the turn's loudest 5 ms window (RMS)
@@ -229,6 +232,14 @@ class VoiceActivityDetector:
         if not self._speaking:
             return 0, 0
         return self._last_speech_end, self._consumed - self._last_speech_end
+
+    @property
+    def voiced_silence(self) -> int:
+        """Samples since the last voiced sample of the turn in progress (0 while it is voiced, or
+        outside a turn): :attr:`silence` as ``refine_end=True`` counts it, whatever ``refine_end`` is."""
+        if not self._speaking or self._voiced_end is None:
+            return 0
+        return self._consumed - self._voiced_end
 
     def feed(self, audio: Any) -> list[VadEvent]:
         """Score the new audio (16 kHz mono) and return the events it completes, in order."""
@@ -251,11 +262,13 @@ class VoiceActivityDetector:
             if not self._speaking and probability >= self.threshold:
                 self._speaking = True
                 self._last_speech_end = self._consumed
+                self._voiced_end = None
                 self._loudest = float(window_rms(frame).max())
                 self._turn_start = max(self._last_stop, frame_start - self.prefix_padding)
                 yield VadEvent("speech_started", self._turn_start)
             elif self._speaking and probability >= self.threshold - _HYSTERESIS:
                 self._last_speech_end = self._consumed
+                self._voiced_end = None
                 self._loudest = max(self._loudest, float(window_rms(frame).max()))
                 if self._paused:
                     self._paused = False
@@ -273,8 +286,10 @@ class VoiceActivityDetector:
 
     def _silent_frame(self) -> Iterator[VadEvent]:
         """The turn's silence grew by a frame: maybe a pause, maybe the end of the turn."""
-        if self.refine_end and self._consumed - self._last_speech_end == FRAME_SAMPLES:  # the first silent frame
-            self._last_speech_end = self._voiced_end()
+        if self._consumed - self._last_speech_end == FRAME_SAMPLES:  # the first silent frame
+            self._voiced_end = self._find_voiced_end()
+            if self.refine_end:
+                self._last_speech_end = self._voiced_end
         silent = self._consumed - self._last_speech_end
         if silent >= self._needed_silence():
             yield self._stop()
@@ -284,7 +299,7 @@ class VoiceActivityDetector:
             if silent >= self._needed_silence():  # judged complete at the pause
                 yield self._stop()
 
-    def _voiced_end(self) -> int:
+    def _find_voiced_end(self) -> int:
         """The last voiced sample before this silent frame, within ``REFINE_MS``, never before the turn."""
         tail = self._recent[: self._recent.size - FRAME_SAMPLES]  # the audio up to the last speech frame
         found = last_voiced_sample(tail, self._loudest)
