@@ -76,3 +76,14 @@ class Gate:
 
     def wait_started(self, rid: str) -> None:
         assert self.started[rid].wait(TIMEOUT)
+
+
+def ask_streamed(scheduler: Any, rid: str, inputs: Any) -> tuple[list[OutgoingMessage], OutgoingMessage]:
+    """Send one request that streams (``inputs`` as a chat responder reads them); its stream chunks and its
+    result (or error), in order."""
+    request = StagePayload(rid, OmniRequest(inputs, params={"stream": True}), {"raw_inputs": inputs})
+    scheduler.inbox.put(IncomingMessage(rid, "new_request", request))
+    chunks = []
+    while (out := scheduler.outbox.get(timeout=300)).type == "stream":
+        chunks.append(out)
+    return chunks, out

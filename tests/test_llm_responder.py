@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, StagePayload
 from schedulers.speech.packages import package_dir
 from schedulers.speech.stages import SMOLLM2_PACKAGE, create_responder_stage
+from tests.scheduler_harness import ask_streamed as ask
 from tests.scheduler_harness import running
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the speech extra)")
@@ -27,16 +28,6 @@ def responder() -> Iterator[Any]:
     stage = create_responder_stage(context_length=512, kv_tokens=2048, max_running_requests=4, kept_sessions=4)
     with running(stage):
         yield stage
-
-
-def ask(responder: Any, rid: str, inputs: Any) -> tuple[list[OutgoingMessage], OutgoingMessage]:
-    """Send one request; its stream chunks and its result (or error), in order."""
-    payload = StagePayload(rid, OmniRequest(inputs, params={"stream": True}), {"raw_inputs": inputs})
-    responder.inbox.put(IncomingMessage(rid, "new_request", payload))
-    chunks = []
-    while (out := responder.outbox.get(timeout=300)).type == "stream":
-        chunks.append(out)
-    return chunks, out
 
 
 def test_text_streams_as_deltas_that_add_up_to_the_answer(responder: Any) -> None:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import trio
 
-from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from omnitrio.contract import InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.speech.packages import package_dir
 from schedulers.speech.stages import SMOLLM2_PACKAGE, create_responder_stage, smollm2_path
-from tests.scheduler_harness import running
+from tests.scheduler_harness import ask_streamed, running
 from tests.tool_model import hermes_smollm2
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the speech extra)")
@@ -60,12 +60,7 @@ def responder(hermes_file: Path) -> Iterator[Any]:
 def ask(responder: Any, rid: str, **inputs: Any) -> tuple[list[OutgoingMessage], OutgoingMessage]:
     """One streamed chat request; its stream chunks and its result (or error), in order."""
     chat = {"task": "chat", "messages": QUESTION, "tools": [WEATHER, TIME], "max_tokens": 64, **inputs}
-    payload = StagePayload(rid, OmniRequest(chat, params={"stream": True}), {"raw_inputs": chat})
-    responder.inbox.put(IncomingMessage(rid, "new_request", payload))
-    chunks = []
-    while (out := responder.outbox.get(timeout=300)).type == "stream":
-        chunks.append(out)
-    return chunks, out
+    return ask_streamed(responder, rid, chat)
 
 
 def calls_of(out: OutgoingMessage) -> list[tuple[str, dict[str, Any]]]:
