@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -149,9 +150,9 @@ def test_a_template_whose_call_format_is_unknown_refuses_tools_naming_tools(resp
     assert caught.value.param == "tools"
 
 
-@pytest.mark.slow
-async def test_chat_completions_with_a_required_tool_answer_with_the_models_call(hermes_file: Path) -> None:
-    openai = pytest.importorskip("openai")
+@asynccontextmanager
+async def served(hermes_file: Path) -> AsyncIterator[int]:
+    """The default pipeline answering with the Hermes-style SmolLM2, behind a server; its port."""
     pytest.importorskip("piper", reason="the speech extra is not installed")
     from omnitrio import open_pipeline
     from omnitrio.cli import DEFAULT_CONFIG
@@ -160,13 +161,42 @@ async def test_chat_completions_with_a_required_tool_answer_with_the_models_call
 
     config = load(DEFAULT_CONFIG, [f"responder.factory.model_path={hermes_file}"])
     async with open_pipeline(config, inline=True) as pipeline, trio.open_nursery() as nursery:
-        port = await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
+        yield await nursery.start(partial(serve, pipeline, port=0, handle_signals=False, graceful_timeout=0.5))
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_chat_completions_with_a_required_tool_answer_with_the_models_call(hermes_file: Path) -> None:
+    openai = pytest.importorskip("openai")
+    async with served(hermes_file) as port:
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as api:
             answer = await api.chat.completions.create(
                 model="omnitrio-speech", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", max_tokens=64
             )
-        nursery.cancel_scope.cancel()
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     [call] = choice.message.tool_calls
     assert call.function.name in {"get_weather", "get_time"} and isinstance(json.loads(call.function.arguments), dict)
+
+
+@pytest.mark.slow
+async def test_a_realtime_spoken_turn_with_a_required_tool_is_a_function_call_item(hermes_file: Path) -> None:
+    from omnitrio.client import open_realtime
+
+    flat = {"type": "function", **WEATHER["function"]}
+    async with served(hermes_file) as port, open_realtime(f"ws://127.0.0.1:{port}/v1/realtime") as rt:
+        await rt.receive()
+        session = {"turn_detection": None, "tools": [flat], "tool_choice": "required"}
+        await rt.send({"type": "session.update", "session": session})
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION[0]["content"]}]}
+        await rt.send({"type": "conversation.item.create", "item": item})
+        await rt.send({"type": "response.create"})
+        events = []
+        with trio.fail_after(300):
+            while (event := await rt.receive())["type"] != "response.done":
+                assert event["type"] != "error", event
+                events.append(event)
+    assert not [e for e in events if e["type"] == "response.output_audio.delta"]  # the call is never spoken
+    [call] = event["response"]["output"]
+    assert (call["type"], call["name"], event["response"]["status"]) == ("function_call", "get_weather", "completed")
+    assert isinstance(json.loads(call["arguments"])["city"], str)
