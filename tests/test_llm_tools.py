@@ -150,6 +150,38 @@ def test_a_template_whose_call_format_is_unknown_refuses_tools_naming_tools(resp
     assert caught.value.param == "tools"
 
 
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral"])
+def test_the_forced_grammar_makes_the_model_write_a_call_its_format_reads(hermes_file: Path, name: str) -> None:
+    from schedulers.llamacpp import tool_calls
+    from schedulers.llamacpp.chat import LlamaChat
+    from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest
+    from schedulers.llamacpp.model import load_model
+    from schedulers.llamacpp.sampling import Sampling
+    from schedulers.llamacpp.tool_grammar import forced_call_grammar
+
+    fmt = {"hermes": tool_calls.HERMES, "llama3": tool_calls.LLAMA3, "mistral": tool_calls.MISTRAL}[name]
+    model = load_model(hermes_file, kv_tokens=1024, n_seq_max=4, n_threads=1)
+    engine = LlamaBatchEngine(model, max_running_requests=1, max_sessions=1, max_prefixes=1)
+    try:
+        chat = LlamaChat(model)
+        prompt = chat.encode_chat(QUESTION, tools=[WEATHER, TIME])
+        grammar = forced_call_grammar(fmt, [WEATHER, TIME], "get_weather")
+        engine.add(LlamaRequest("forced", prompt, 64, Sampling(grammar=grammar)))
+        tokens = []
+        while engine.has_work:
+            tokens += [event.token_id for event in engine.step()[0] if not event.ends_turn]
+        text = b"".join(chat.piece(token, fmt.markers) for token in tokens).decode()
+    finally:
+        engine.close()
+        model.close()
+    at = fmt.call_start(text)
+    assert at == 0, text
+    [call] = fmt.parse(text) or []
+    assert call["function"]["name"] == "get_weather" and isinstance(
+        json.loads(call["function"]["arguments"])["city"], str
+    )
+
+
 @asynccontextmanager
 async def served(hermes_file: Path) -> AsyncIterator[int]:
     """The default pipeline answering with the Hermes-style SmolLM2, behind a server; its port."""
