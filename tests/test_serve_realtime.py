@@ -1,8 +1,7 @@
 """``WS /v1/realtime`` against the toy pipeline: the GA and beta protocols event by event.
 
-The toy pipeline answers a chat with ``echo:`` and the last message's words (0.1 s of tone per
-word, with its transcript), and a transcription with ``heard N.NN seconds``; it records every
-request, so the tests can check what the responder was given.
+The toy pipeline answers a chat with ``echo:`` and the last message's words (0.1 s of tone per word,
+with its transcript), and a transcription with ``heard N.NN seconds``; it records every request.
 """
 
 from __future__ import annotations
