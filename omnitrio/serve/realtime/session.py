@@ -1,34 +1,34 @@
-"""One OpenAI Realtime session, over any transport (:mod:`.realtime_transport`; ``WS /v1/realtime``
-is :mod:`.realtime_websocket`).
+"""One OpenAI Realtime session, over any transport (:mod:`.transport`; ``WS /v1/realtime``
+is :mod:`.websocket`).
 
 A session is one nursery: a reader that applies client events in order, a writer that is the
 only task sending to the transport (every server event goes through its bounded channel), the turn
-listener when server VAD is on, transcriptions of committed audio (:mod:`.realtime_transcribe`),
+listener when server VAD is on, transcriptions of committed audio (:mod:`.transcribe`),
 and at most one released response at a time (plus, with server VAD, one speculative one;
-:mod:`.realtime_response`). The client leaving cancels the whole nursery: responses,
+:mod:`.response`). The client leaving cancels the whole nursery: responses,
 transcriptions and the ASR session. What happens at each VAD event is decided by the turn core,
-:mod:`.realtime_turn`; this module carries its decisions out.
+:mod:`.turn`; this module carries its decisions out.
 
 Server events follow the order of the client's events. Audio is appended as base64 PCM16 24 kHz,
-or G.711 8 kHz when the session's format says so (:mod:`.realtime_formats`).
+or G.711 8 kHz when the session's format says so (:mod:`.formats`).
 ``input_audio_buffer.commit`` (or, with server VAD, the end of a turn) makes the audio a user item
-of the conversation (:mod:`.realtime_conversation`): ``input_audio_buffer.committed``, then
+of the conversation (:mod:`.conversation`): ``input_audio_buffer.committed``, then
 ``conversation.item.added`` / ``.done``. Audio once committed or cleared never starts a turn later:
 VAD events about it are ignored, so a client that appends a recorded sentence in a burst and
 commits it by hand is not interrupted by its own sentence.
 
 With server VAD (the default) the audio also streams to the pipeline's ASR session
-(:mod:`.realtime_listen`); its typed events go to the turn core (:mod:`.realtime_turn`), which says
+(:mod:`.listen`); its typed events go to the turn core (:mod:`.turn`), which says
 when a turn begins (``input_audio_buffer.speech_started``; the answer playing is cancelled or, opted
 in, paused), when to prepare an answer ahead (held back until released) or drop it, and when the
 turn ends (``input_audio_buffer.speech_stopped``, the commit, then the prepared answer released or
 a response started; ``create_response`` false: the turn waits for ``response.create``).
-``conversation.item.truncate`` of the answer playing ends it (:meth:`~.realtime_response.Response.truncate`).
+``conversation.item.truncate`` of the answer playing ends it (:meth:`~.response.Response.truncate`).
 
 A session opens with ``session.created`` then ``conversation.created`` (its one conversation).
 
 With ``idle_timeout_ms``, a user silent that long after an answer has played gets
-``input_audio_buffer.timeout_triggered``, the silence committed, and a response (:mod:`.realtime_idle`).
+``input_audio_buffer.timeout_triggered``, the silence committed, and a response (:mod:`.idle`).
 """
 
 from __future__ import annotations
@@ -38,20 +38,19 @@ from typing import Any
 
 import attrs
 import trio
-from starlette.websockets import WebSocket
 
 from omnitrio.serve.api_errors import as_api_error
 from omnitrio.serve.context import ServeContext, new_id
-from omnitrio.serve.realtime_conversation import Conversation, Item, client_item, user_audio_item
-from omnitrio.serve.realtime_formats import EdgeAudio
-from omnitrio.serve.realtime_idle import IdleTimeout
-from omnitrio.serve.realtime_input import InputBuffer
-from omnitrio.serve.realtime_listen import TurnListener
-from omnitrio.serve.realtime_metrics import realtime_metrics
-from omnitrio.serve.realtime_protocol import wanted
-from omnitrio.serve.realtime_response import Response, respond
-from omnitrio.serve.realtime_response_create import requested_response
-from omnitrio.serve.realtime_session import (
+from omnitrio.serve.realtime.conversation import Conversation, Item, client_item, user_audio_item
+from omnitrio.serve.realtime.formats import EdgeAudio
+from omnitrio.serve.realtime.idle import IdleTimeout
+from omnitrio.serve.realtime.input_buffer import InputBuffer
+from omnitrio.serve.realtime.listen import TurnListener
+from omnitrio.serve.realtime.metrics import realtime_metrics
+from omnitrio.serve.realtime.protocol import wanted
+from omnitrio.serve.realtime.response import Response, respond
+from omnitrio.serve.realtime.response_create import requested_response
+from omnitrio.serve.realtime.settings import (
     EventError,
     TurnDetection,
     asked_voice,
@@ -61,9 +60,9 @@ from omnitrio.serve.realtime_session import (
     turn_detection,
     updated_session,
 )
-from omnitrio.serve.realtime_transcribe import transcribe, transcript_of
-from omnitrio.serve.realtime_transport import ClientAudio, ClientEvent, RealtimeTransport, Unreadable
-from omnitrio.serve.realtime_turn import (
+from omnitrio.serve.realtime.transcribe import transcribe, transcript_of
+from omnitrio.serve.realtime.transport import ClientAudio, ClientEvent, RealtimeTransport, Unreadable
+from omnitrio.serve.realtime.turn import (
     MS,
     Began,
     Ended,
@@ -76,7 +75,6 @@ from omnitrio.serve.realtime_turn import (
     Unprepare,
     VadEvent,
 )
-from omnitrio.serve.realtime_websocket import WebSocketTransport
 
 OUTBOX_SIZE = 64
 RELEASE_TIMEOUT = 10.0  # how long an interrupted response's release is watched, for the metric
@@ -94,15 +92,10 @@ class _Listening:
     listener: TurnListener = attrs.field(init=False)
 
 
-async def realtime_endpoint(ctx: ServeContext, websocket: WebSocket) -> None:
-    await websocket.accept()
-    await RealtimeSession(ctx, WebSocketTransport(websocket, max_event_bytes=ctx.limits.max_event_bytes)).run()
-
-
 class RealtimeSession:
     """One session: its configuration, conversation, turns, and in-flight and prepared responses.
 
-    It runs over any :class:`~.realtime_transport.RealtimeTransport` (the WebSocket, WebRTC).
+    It runs over any :class:`~.transport.RealtimeTransport` (the WebSocket, WebRTC).
     """
 
     def __init__(self, ctx: ServeContext, transport: RealtimeTransport) -> None:
@@ -311,7 +304,7 @@ class RealtimeSession:
                     await self.emit({"type": "error", "error": {**failure, "event_id": None}})
 
     async def _on_turn(self, out: TurnOutput) -> None:
-        """Carry out what the turn core decided (see :mod:`.realtime_turn`)."""
+        """Carry out what the turn core decided (see :mod:`.turn`)."""
         match out:
             case Began(audio_start_ms=ms):
                 self.idle.disarm()

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from omnitrio.serve.context import new_id
-from omnitrio.serve.realtime_conversation import Conversation, Item, client_item
-from omnitrio.serve.realtime_response import Response
-from omnitrio.serve.realtime_session import EventError, updated_session
+from omnitrio.serve.realtime.conversation import Conversation, Item, client_item
+from omnitrio.serve.realtime.response import Response
+from omnitrio.serve.realtime.settings import EventError, updated_session
 
 SESSION_FIELDS = frozenset(
     {"instructions", "output_modalities", "max_output_tokens", "audio"}

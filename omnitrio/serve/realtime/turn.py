@@ -1,6 +1,6 @@
 """A turn's life in one place: what the session does with each VAD event, free of sockets and models.
 
-:class:`Turns` holds a session's input buffer (:class:`~.realtime_input.InputBuffer`), the response
+:class:`Turns` holds a session's input buffer (:class:`~.input_buffer.InputBuffer`), the response
 the client is hearing (the session tells it with :meth:`Turns.released` / :meth:`Turns.finished`)
 and the state of the turn in progress (:class:`TurnState`). With server VAD on, :meth:`Turns.listen`
 takes typed VAD events (:data:`VadEvent`, offsets in ms of the listener's stream) from a channel, in
@@ -8,7 +8,7 @@ order, and says what the session must do through its one ``emit`` callable (:dat
 
 * :class:`SpeechStarted` (not in committed audio): the turn opens; the response in progress, if any
   (and ``interrupt_response``), is cancelled at once, or with ``false_interruptions`` paused while the
-  speech is judged (:mod:`.realtime_interruption`), *before* :class:`Began` is emitted, so no audio
+  speech is judged (:mod:`.interruption`), *before* :class:`Began` is emitted, so no audio
   of it follows ``speech_started``;
 * :class:`SpeechPaused`: :class:`Prepare` an answer to the turn so far, when nothing is playing,
   ``create_response`` is on and the words do not say the turn is unfinished; with a response paused
@@ -35,10 +35,10 @@ import attrs
 import trio
 
 from omnitrio.serve.audio import REALTIME_RATE
-from omnitrio.serve.realtime_input import InputBuffer
-from omnitrio.serve.realtime_interruption import Interruptions
-from omnitrio.serve.realtime_response import Response
-from omnitrio.serve.realtime_session import TurnDetection
+from omnitrio.serve.realtime.input_buffer import InputBuffer
+from omnitrio.serve.realtime.interruption import Interruptions
+from omnitrio.serve.realtime.response import Response
+from omnitrio.serve.realtime.settings import TurnDetection
 
 MS = REALTIME_RATE // 1000  # samples per millisecond at the API rate
 IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than this is dropped between turns

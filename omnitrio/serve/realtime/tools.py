@@ -16,7 +16,7 @@ and the items are in ``response.done``'s ``output`` after the message item, if t
 client runs the function, adds a ``function_call_output`` item with the same ``call_id``
 (``conversation.item.create``) and sends ``response.create``: the responder then sees the call (an
 assistant message with ``tool_calls``) and its output (a ``tool`` message with ``tool_call_id``);
-see :func:`~.realtime_conversation.messages_of`. An out-of-band response's calls are in its
+see :func:`~.conversation.messages_of`. An out-of-band response's calls are in its
 ``response.done`` only, never in the conversation.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from omnitrio.serve.context import new_id
-from omnitrio.serve.realtime_conversation import Conversation, Item
+from omnitrio.serve.realtime.conversation import Conversation, Item
 
 
 class _Host(Protocol):

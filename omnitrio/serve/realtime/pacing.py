@@ -20,8 +20,8 @@ import attrs
 import trio
 
 from omnitrio.serve.audio import REALTIME_RATE
+from omnitrio.serve.context import DEFAULT_LEAD
 
-DEFAULT_LEAD = 1.0  # seconds of audio a client may hold ahead of playback
 PIECE_SECONDS = 0.2  # audio is sent in pieces of at most this length, so the lead holds
 
 

@@ -1,7 +1,7 @@
 """The boundary between a realtime session and the connection that carries it.
 
-One session core (:class:`~omnitrio.serve.realtime.RealtimeSession`) serves every transport: the
-WebSocket of ``/v1/realtime`` (:mod:`.realtime_websocket`) and any other shell that implements
+One session core (:class:`~omnitrio.serve.realtime.session.RealtimeSession`) serves every transport: the
+WebSocket of ``/v1/realtime`` (:mod:`.websocket`) and any other shell that implements
 :class:`RealtimeTransport`, e.g. WebRTC, whose events travel on a data channel and whose audio
 travels on media tracks. A transport only moves events; it never looks into the session.
 

@@ -15,14 +15,14 @@ values), ``{"type": "semantic_vad", "eagerness": "low" | "medium" | "high" | "au
 ``null`` (the client commits turns and asks for responses itself); :func:`turn_detection` reads it
 with every field filled in. Either VAD object may carry the omnitrio extension
 ``false_interruptions``: ``{"decide_ms", "backchannels", "max_words"}`` (each optional; see
-:class:`~omnitrio.serve.backchannel.FalseInterruptions`): speech over a response pauses it and a
-backchannel resumes it (:mod:`~omnitrio.serve.realtime_interruption`); without it, or ``null`` (the
+:class:`~omnitrio.serve.realtime.backchannel.FalseInterruptions`): speech over a response pauses it and a
+backchannel resumes it (:mod:`~omnitrio.serve.realtime.interruption`); without it, or ``null`` (the
 default), user speech cancels a response at once, as OpenAI's does.
 
 ``idle_timeout_ms`` is null (the default) or 5000–30000, as OpenAI allows it.
 
 ``omnitrio_events`` (an extension, absent by default): true sends omnitrio's own ``omnitrio.*``
-events too (:mod:`.realtime_protocol`).
+events too (:mod:`.protocol`).
 
 A field sent as ``null`` in an update is not given (the session keeps its value), as clients that
 serialise every optional field send it, except where null is a value of its own: ``turn_detection``
@@ -50,8 +50,8 @@ from typing import Any
 import attrs
 
 from omnitrio.serve.audio import REALTIME_RATE
-from omnitrio.serve.backchannel import FalseInterruptions
 from omnitrio.serve.openai_types import VOICES
+from omnitrio.serve.realtime.backchannel import FalseInterruptions
 
 _PCM = {"type": "audio/pcm", "rate": REALTIME_RATE}
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}

@@ -2,14 +2,14 @@
 
 By default speech over a response cancels it at once, as OpenAI's server does. A session that opts
 in with ``turn_detection.false_interruptions`` (an object; see
-:class:`~omnitrio.serve.backchannel.FalseInterruptions`) gets this instead: when the user starts
+:class:`~omnitrio.serve.realtime.backchannel.FalseInterruptions`) gets this instead: when the user starts
 speaking while a released audio response plays (and ``interrupt_response`` is true), the response
 is *paused*: no more of its audio is sent (its pacer holds), and the client is told with
 ``omnitrio.output_audio_buffer.paused``. The response keeps being produced meanwhile. Then:
 
 * when the user pauses (the VAD's ``speech_paused``), what they said since they started is
   transcribed (``semantic_vad`` brings the transcript with the pause) and judged by the session's
-  :class:`~omnitrio.serve.backchannel.InterruptionPolicy`: no words, or only backchannels ("uh-huh",
+  :class:`~omnitrio.serve.realtime.backchannel.InterruptionPolicy`: no words, or only backchannels ("uh-huh",
   "okay"), **resume**: the audio goes on from where it stopped, ``omnitrio.output_audio_buffer.resumed``
   says so with what was heard, and that speech never becomes a turn (it is dropped from the input
   buffer: no commit, no answer); anything else **cancels** the response as a barge-in does
@@ -20,7 +20,7 @@ is *paused*: no more of its audio is sent (its pacer holds), and the client is t
 ``omnitrio.output_audio_buffer.paused`` and ``.resumed`` are omnitrio extensions, named after the GA
 protocol's ``output_audio_buffer.*`` family (``started`` / ``stopped`` / ``cleared``, which OpenAI
 sends to WebRTC clients), and sent only to a session with ``"omnitrio_events": true``
-(:mod:`.realtime_protocol`). A response whose item the client truncated is never resumed.
+(:mod:`.protocol`). A response whose item the client truncated is never resumed.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from omnitrio.serve.backchannel import FalseInterruptions, words_of
-from omnitrio.serve.realtime_response import Response, ResponseState
+from omnitrio.serve.realtime.backchannel import FalseInterruptions, words_of
+from omnitrio.serve.realtime.response import Response, ResponseState
 
 Outcome = Literal["resume", "cancel"]
 

@@ -2,15 +2,15 @@
 
 Who owns what:
 
-* :class:`Peer` lives on the asyncio thread (:mod:`.webrtc_loop`) and is touched only there: the
-  ``RTCPeerConnection``, the ``oai-events`` data channel, the answer's :class:`~.webrtc_media.
+* :class:`Peer` lives on the asyncio thread (:mod:`.loop`) and is touched only there: the
+  ``RTCPeerConnection``, the ``oai-events`` data channel, the answer's :class:`~.media.
   AnswerTrack` and the microphone reader. Everything the peer sends goes, in order, into one
-  channel to trio: each data-channel message as a :class:`~.realtime_transport.ClientEvent`, the
-  microphone as :class:`~.realtime_transport.ClientAudio`, a cut-short answer as
-  :class:`~.webrtc_media.Cleared`. The channel closes when the call ends (the peer hangs up, the
+  channel to trio: each data-channel message as a :class:`~.realtime.transport.ClientEvent`, the
+  microphone as :class:`~.realtime.transport.ClientAudio`, a cut-short answer as
+  :class:`~.media.Cleared`. The channel closes when the call ends (the peer hangs up, the
   connection fails, or the data channel does not open within ``CONNECT_TIMEOUT``).
-* :class:`WebRTCTransport` is the trio side, a :class:`~.realtime_transport.RealtimeTransport`
-  for one :class:`~.realtime.RealtimeSession`: the same events and session as the WebSocket,
+* :class:`WebRTCTransport` is the trio side, a :class:`~.realtime.transport.RealtimeTransport`
+  for one :class:`~.realtime.session.RealtimeSession`: the same events and session as the WebSocket,
   except that ``response.output_audio.delta`` plays on the audio track instead of going on the
   data channel, and the input audio comes from the microphone's track.
 
@@ -33,9 +33,9 @@ import trio
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
-from omnitrio.serve.realtime_transport import ClientAudio, ClientEvent, Incoming
-from omnitrio.serve.webrtc_loop import AsyncioThread, ToTrio
-from omnitrio.serve.webrtc_media import AnswerTrack, Cleared, read_microphone
+from omnitrio.serve.realtime.transport import ClientAudio, ClientEvent, Incoming
+from omnitrio.serve.webrtc.loop import AsyncioThread, ToTrio
+from omnitrio.serve.webrtc.media import AnswerTrack, Cleared, read_microphone
 
 EVENTS_CHANNEL = "oai-events"
 CONNECT_TIMEOUT = 20.0  # seconds from the answer until the data channel must be open

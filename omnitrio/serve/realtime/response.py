@@ -11,18 +11,18 @@ is never released leaves no trace). Once released, the client gets, in this orde
 
 (``response.output_text.*`` instead of the audio pair for a text-only session). The message item
 is added with the answer's first delta, or at the end; an answer that is only tool calls has none.
-Each tool call of a completed answer is a ``function_call`` item (:mod:`.realtime_tools`). The
+Each tool call of a completed answer is a ``function_call`` item (:mod:`.tools`). The
 ``.done`` events come for a cancelled or failed response too; ``response.done`` then says
 ``cancelled`` (with the reason: ``turn_detected`` or ``client_cancelled``) or ``failed`` (with the
 error). An out-of-band response (``in_conversation`` false) sends no ``conversation.item.*`` event:
 its items are never added.
 
 The work: when the response answers a user audio turn, it waits for that turn's transcript (see
-:mod:`.realtime_transcribe`); then one pipeline request, task ``chat``, with the conversation (or
+:mod:`.transcribe`); then one pipeline request, task ``chat``, with the conversation (or
 the response's own ``context``) as messages (:func:`messages_of`), ``max_tokens``, and the
 ``session_id`` when it answers the session's own conversation, and the session's ``tools`` and
 ``tool_choice`` in the chat shape. Its audio is paced
-(:mod:`.realtime_pacing`); the assistant item keeps the audio actually sent, with the text of each
+(:mod:`.pacing`); the assistant item keeps the audio actually sent, with the text of each
 sentence against its samples, so a later ``conversation.item.truncate`` can cut both.
 Everything runs in the response's cancel scope: :meth:`Response.interrupt` (or ``drop``) aborts the
 request at every stage.
@@ -42,7 +42,7 @@ from omnitrio.serve.api_metrics import api_metrics, response_outcome
 from omnitrio.serve.audio import REALTIME_RATE, b64
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.output import Delta, Output
-from omnitrio.serve.realtime_conversation import (
+from omnitrio.serve.realtime.conversation import (
     Conversation,
     Item,
     Spoken,
@@ -50,10 +50,10 @@ from omnitrio.serve.realtime_conversation import (
     heard_text,
     messages_of,
 )
-from omnitrio.serve.realtime_metrics import RealtimeMetrics
-from omnitrio.serve.realtime_pacing import Pacer, pieces
-from omnitrio.serve.realtime_session import max_tokens, wants_audio
-from omnitrio.serve.realtime_tools import chat_tools, send_function_calls
+from omnitrio.serve.realtime.metrics import RealtimeMetrics
+from omnitrio.serve.realtime.pacing import Pacer, pieces
+from omnitrio.serve.realtime.settings import max_tokens, wants_audio
+from omnitrio.serve.realtime.tools import chat_tools, send_function_calls
 
 
 class ResponseState(enum.Enum):

@@ -1,10 +1,10 @@
 """``WS /v1/realtime``: the WebSocket transport of a realtime session.
 
-Each text frame is one client event; binary frames are :class:`~.realtime_transport.Unreadable`. A
+Each text frame is one client event; binary frames are :class:`~.realtime.transport.Unreadable`. A
 frame past ``max_event_bytes`` ends the connection: an ``error`` event (``event_too_large``) naming
 the limit, then a 1009 close whose reason says the same; ``receive`` then returns None.
 Server events are rendered for the protocol the client asked for at connect (GA, or beta with
-``OpenAI-Beta: realtime=v1``; :mod:`.realtime_protocol`) and sent one per text frame, compact JSON.
+``OpenAI-Beta: realtime=v1``; :mod:`.realtime.protocol`) and sent one per text frame, compact JSON.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omnitrio.serve.realtime_protocol import render, wants_beta
-from omnitrio.serve.realtime_transport import ClientEvent, Incoming, Unreadable
+from omnitrio.serve.context import ServeContext
+from omnitrio.serve.realtime.protocol import render, wants_beta
+from omnitrio.serve.realtime.session import RealtimeSession
+from omnitrio.serve.realtime.transport import ClientEvent, Incoming, Unreadable
 
 
 class WebSocketTransport:
-    """A :class:`~.realtime_transport.RealtimeTransport` over an accepted Starlette WebSocket."""
+    """A :class:`~.realtime.transport.RealtimeTransport` over an accepted Starlette WebSocket."""
 
     def __init__(self, websocket: WebSocket, *, max_event_bytes: int | None = None) -> None:
         self.websocket = websocket
@@ -66,3 +68,9 @@ class WebSocketTransport:
             return
         self._gone = True
         await self.websocket.close(code, reason)
+
+
+async def realtime_endpoint(ctx: ServeContext, websocket: WebSocket) -> None:
+    """Accept ``websocket``, then run one :class:`~.realtime.session.RealtimeSession` over it until it ends."""
+    await websocket.accept()
+    await RealtimeSession(ctx, WebSocketTransport(websocket, max_event_bytes=ctx.limits.max_event_bytes)).run()

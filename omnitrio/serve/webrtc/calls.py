@@ -5,14 +5,14 @@ fields ``sdp`` and ``session`` (a JSON session, applied as the session's first `
 the answer is ``201`` with the SDP answer (``application/sdp``) and a ``Location:
 /v1/realtime/calls/{call_id}``. Audio goes both ways as Opus over RTP; events go over the data
 channel ``oai-events``: the same events and session as ``/v1/realtime`` (one
-:class:`~.realtime.RealtimeSession`, a :class:`~.webrtc_call.WebRTCTransport`).
+:class:`~.realtime.session.RealtimeSession`, a :class:`~.transport.WebRTCTransport`).
 ``POST /v1/realtime/calls/{call_id}/hangup`` ends a call; so does the peer closing its connection.
 A bad offer is a 400 naming ``sdp``; a server without aiortc answers 501. Calls count against
 ``max_realtime_sessions`` on their own (WebSockets have their count in :mod:`.admission`): one call
 past it is a 429 ``session_limit_reached``.
 
 :class:`WebRTCCalls` owns every call: the app's lifespan opens it (:meth:`WebRTCCalls.lifespan`),
-which starts the asyncio thread aiortc runs on (:mod:`.webrtc_loop`) and the trio nursery the
+which starts the asyncio thread aiortc runs on (:mod:`.loop`) and the trio nursery the
 calls' sessions run in; leaving it ends every call, then stops the thread. A call's session is a
 task of that nursery, not of the HTTP request that answered the offer.
 
@@ -43,8 +43,8 @@ from omnitrio.serve.auth import SECRET_SESSION
 from omnitrio.serve.context import ServeContext, new_id
 
 if TYPE_CHECKING:
-    from omnitrio.serve.webrtc_call import WebRTCTransport
-    from omnitrio.serve.webrtc_loop import AsyncioThread
+    from omnitrio.serve.webrtc.loop import AsyncioThread
+    from omnitrio.serve.webrtc.transport import WebRTCTransport
 
 log = logging.getLogger("omnitrio.serve.webrtc")
 CLOSE_TIMEOUT = 5.0  # seconds a call gets to close its peer connection when it ends
@@ -105,7 +105,7 @@ class WebRTCCalls:
         if not available():
             yield
             return
-        from omnitrio.serve.webrtc_loop import open_asyncio_thread
+        from omnitrio.serve.webrtc.loop import open_asyncio_thread
 
         gather_on(self.hosts)
         logging.getLogger("aioice").setLevel(logging.WARNING)  # it logs every ICE check at INFO
@@ -145,7 +145,7 @@ class WebRTCCalls:
         return Response(transport.peer.pc.localDescription.sdp, 201, headers, media_type="application/sdp")
 
     async def _answer(self, thread: AsyncioThread, offer: str, first: list[dict[str, Any]]) -> WebRTCTransport:
-        from omnitrio.serve.webrtc_call import Peer, WebRTCTransport
+        from omnitrio.serve.webrtc.transport import Peer, WebRTCTransport
 
         send, receive = thread.to_trio()
 
@@ -161,7 +161,7 @@ class WebRTCCalls:
         return WebRTCTransport(thread, peer, receive, first)
 
     async def _run(self, call_id: str, transport: WebRTCTransport) -> None:
-        from omnitrio.serve.realtime import RealtimeSession
+        from omnitrio.serve.realtime.session import RealtimeSession
 
         log.info("WebRTC call %s started", call_id)
         try:

@@ -22,7 +22,7 @@ from omnitrio.serve.api_errors import as_api_error
 from omnitrio.serve.audio import REALTIME_RATE, TRANSCRIBE_RATE, pcm16_to_float, resample
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.output import Output
-from omnitrio.serve.realtime_conversation import Item
+from omnitrio.serve.realtime.conversation import Item
 
 
 class Host(Protocol):

@@ -1,6 +1,6 @@
 """A WebRTC call's audio, on the aiortc loop: the answer's outgoing track and the microphone's reader.
 
-Both run on the asyncio thread of :mod:`.webrtc_loop` and are touched only there.
+Both run on the asyncio thread of :mod:`.loop` and are touched only there.
 
 :class:`AnswerTrack` is the server's audio track. It plays what :meth:`~AnswerTrack.push` queues
 (PCM16 mono 24 kHz, tagged with its response and item) in real time, 20 ms a frame, silence when

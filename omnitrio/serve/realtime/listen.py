@@ -4,7 +4,7 @@ A :class:`TurnListener` owns one ASR session of the pipeline (a ``SessionSchedul
 driven with ordinary pipeline requests whose inputs are ``{"task": "asr_session", "command": {"op":
 "open" | "append" | "abort", "session_id", ...}}``: ``open`` asks for server VAD with the client's
 settings, each ``append`` carries the PCM16 24 kHz bytes the client sent since the last one, and
-the VAD events the stage streams back (``modality == "vad"``) go, typed (:data:`~.realtime_turn.VadEvent`,
+the VAD events the stage streams back (``modality == "vad"``) go, typed (:data:`~.turn.VadEvent`,
 :func:`vad_event`), to the listener's channel in stream order; the channel is closed when ``run`` ends.
 
 Why through the pipeline and not a VAD in the server: the server never imports model code, and a
@@ -16,7 +16,7 @@ Besides OpenAI's ``speech_started`` / ``speech_stopped`` the listener asks for `
 or, with ``semantic_vad``, once the turn was transcribed, at 100 ms of silence, before the stage
 judges it at its pause: ``turn_judged`` follows) and ``speech_resumed`` (it did not): the
 connection uses them to prepare its answer speculatively.
-Each judged pause is logged (``omnitrio.serve.realtime_listen``, DEBUG): what was heard, the
+Each judged pause is logged (``omnitrio.serve.realtime.listen``, DEBUG): what was heard, the
 model's probability, the words' objection and the decision.
 
 What a caller may rely on: :meth:`TurnListener.run` raises if the session cannot be opened (the
@@ -38,8 +38,8 @@ import trio
 from omnitrio.messages import StreamMessage
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServedPipeline
-from omnitrio.serve.realtime_session import TurnDetection
-from omnitrio.serve.realtime_turn import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnJudged, VadEvent
+from omnitrio.serve.realtime.settings import TurnDetection
+from omnitrio.serve.realtime.turn import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnJudged, VadEvent
 
 PAUSE_LEAD_MS = 400  # start preparing the answer when this much silence is still needed to end the turn
 CLOSE_TIMEOUT = 2.0
