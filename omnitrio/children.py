@@ -17,9 +17,9 @@ socket address, so nothing queued for the dead one reaches the new one; later re
 succeed.
 
 Leaving the block — also on SIGINT/SIGTERM of the parent — stops every child within
-:data:`STOP_GRACE` seconds (then kills it) and removes the endpoint directory and every
-shared-memory segment of the pipeline.  With no ``process`` names there are no children,
-no sockets and no shared memory.
+:data:`STOP_GRACE` seconds plus the longest ``scheduler_stop_timeout`` of its stages (then
+kills it) and removes the endpoint directory and every shared-memory segment of the pipeline.
+With no ``process`` names there are no children, no sockets and no shared memory.
 
 With ``placement = "ray"`` each process group is a Ray actor instead
 (:mod:`omnitrio.placement`), placed with the resources ``config.processes`` names and
@@ -381,7 +381,8 @@ class Children:
             process = child.process
             if process is None:
                 continue
-            with trio.move_on_after(STOP_GRACE):
+            stop_timeout = max(self._config.stage(name).scheduler_stop_timeout for name in child.stages)
+            with trio.move_on_after(STOP_GRACE + stop_timeout):
                 await child.exited.wait()
             if process.returncode is None:
                 process.kill()
