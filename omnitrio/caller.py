@@ -39,7 +39,7 @@ from omnitrio.events import REQUEST_ABORTED, REQUEST_FAILED, TERMINAL_RESPONSE
 from omnitrio.flow import CREDIT_BATCH, Consumed
 from omnitrio.mailbox import Mailbox
 from omnitrio.messages import CompleteMessage, StreamMessage
-from omnitrio.reach import Reach
+from omnitrio.reach import Reach, Skips
 
 Event = StreamMessage | CompleteMessage | RequestError
 
@@ -124,7 +124,7 @@ class CallerRequest:
         self.unacked: set[str] = set()
         self.gone = trio.Event()
         self._consumed: Consumed | None = None
-        self._skips: dict[str, tuple[str, ...]] | None = None
+        self._skips: Skips = ()
 
     # -- 1. answered (by the stages, through the coordinator) -------------------------
     # A terminal stage's stream chunk goes straight into ``events`` while the request runs.
@@ -147,11 +147,10 @@ class CallerRequest:
         """
         if self.phase is not Phase.RUNNING:
             return
-        skips = self._skips
-        if skips is None:
-            skips = self._skips = {}
-        skips[stage] = left_out
+        self._skips = skips = (*self._skips, (stage, left_out))
         cut_off = reach.cut_off(skips)
+        if self.awaited.isdisjoint(cut_off):
+            return
         lost = {t for t in self.awaited if t in cut_off and t not in self.results}
         if not lost:
             return

@@ -27,6 +27,11 @@ import attrs
 
 from omnitrio.config import PipelineConfig
 
+Skips = tuple[tuple[str, tuple[str, ...]], ...]
+"""What routes left out so far for one request: ``(stage, targets)`` pairs, in arrival order."""
+CACHED = 4096
+"""Most ``Skips`` whose cut-off stages :meth:`Reach.cut_off` keeps (a graph has few)."""
+
 
 @attrs.frozen
 class Reach:
@@ -41,6 +46,7 @@ class Reach:
     """Per stage, the terminal stages some path from it leads to (itself, if terminal)."""
     sure: dict[str, frozenset[str]]
     """Per stage, the terminal stages a request that runs it reaches whatever any route decides."""
+    _cut_off: dict[Skips, frozenset[str]] = attrs.field(factory=dict, init=False, repr=False, eq=False)
 
     @classmethod
     def of(cls, config: PipelineConfig) -> Reach:
@@ -85,8 +91,17 @@ class Reach:
     def route_skips(self, next_stages: tuple[str, ...]) -> RouteSkips:
         return RouteSkips(self, next_stages)
 
-    def cut_off(self, skips: Mapping[str, Collection[str]]) -> set[str]:
-        """The stages a request can no longer reach, given what each routing stage left out (``skips``)."""
+    def cut_off(self, skips: Skips) -> frozenset[str]:
+        """The stages a request can no longer reach, given what routing stages left out: ``skips``
+        holds ``(stage, left_out)`` in arrival order.  Worked out once per ``skips`` seen."""
+        found = self._cut_off.get(skips)
+        if found is None:
+            found = self._work_out(dict(skips))
+            if len(self._cut_off) < CACHED:
+                self._cut_off[skips] = found
+        return found
+
+    def _work_out(self, skips: Mapping[str, Collection[str]]) -> frozenset[str]:
         dead: set[str] = set()
         changed = True
         while changed:
@@ -99,7 +114,7 @@ class Reach:
                 ):
                     dead.add(name)
                     changed = True
-        return dead
+        return frozenset(dead)
 
 
 class RouteSkips:
