@@ -10,7 +10,7 @@ stage sends to (one a scheduler admits by itself) is never cut off.
 
 A stage with a ``route_fn`` reports what its route left out (:meth:`RouteSkips.reported`)
 only when that can matter: when a terminal the left-out targets reach is not one the
-chosen targets reach for sure (whatever later routes pick; a fan-in stage is never sure).  A
+chosen targets reach for sure (whatever later routes pick; past a fan-in stage nothing is sure).  A
 route that keeps every terminal reachable therefore sends nothing, and every report is
 found by a lookup; an unreported skip never keeps a cut-off terminal waited for, since
 every terminal it leads to is reached anyway.
