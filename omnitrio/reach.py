@@ -10,10 +10,11 @@ stage sends to (one a scheduler admits by itself) is never cut off.
 
 A stage with a ``route_fn`` reports what its route left out (:meth:`RouteSkips.reported`)
 only when that can matter: when a terminal the left-out targets reach is not one the
-chosen targets reach for sure (whatever later routes pick; past a fan-in stage nothing is sure).  A
-route that keeps every terminal reachable therefore sends nothing, and every report is
-found by a lookup; an unreported skip never keeps a cut-off terminal waited for, since
-every terminal it leads to is reached anyway.
+chosen targets reach for sure (whatever later routes pick; past a fan-in stage nothing
+is sure).  A route that keeps every terminal reachable therefore sends nothing, and
+whether to report is a lookup; an unreported skip never keeps a cut-off terminal waited
+for, since every terminal it leads to is reached anyway.  The coordinator works out the
+cut-off stages once per distinct set of reports (:meth:`Reach.cut_off`).
 
 What this does not see: a fan-in stage (``wait_for``) one of whose sources was routed
 elsewhere still counts as reachable while another source sends to it.
