@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from omnitrio import PipelineConfig, StageConfig, open_pipeline
+from omnitrio import ConfigError, PipelineConfig, StageConfig, open_pipeline
+from omnitrio.config import validate
 from tests import route_stages
 from tests.route_stages import R
 
@@ -84,3 +85,11 @@ async def test_a_stage_process_with_a_stuck_scheduler_exits_and_cleans_up(
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert shm_segments() == before
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), True, "3"])
+def test_scheduler_stop_timeout_is_validated(value: object) -> None:
+    config = stuck_config(False)
+    config.stages[0].scheduler_stop_timeout = value  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match=r"stages\[0\] \('stuck'\): scheduler_stop_timeout: must be"):
+        validate(config)
