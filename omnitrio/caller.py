@@ -6,9 +6,9 @@ until every stage has let go of it, and only then may its id be used again.  Its
 :class:`Phase` says where it is:
 
 * ``RUNNING``: sent to the entry stage; results (and stream chunks) are arriving.
-* ``COMPLETED``: every expected terminal stage answered, or could no longer be reached
-  once routes had left it out (:mod:`omnitrio.reach`) and some other one answered; the id stays taken until the
-  caller lets go (its stream closes), since nothing is left to release.
+* ``COMPLETED``: every expected terminal stage answered, or was cut off by routes that
+  left it out (:mod:`omnitrio.reach`) while another answered; the id stays taken until
+  the caller lets go (its stream closes), since nothing is left to release.
 * ``RELEASING``: it failed, was aborted, or its deadline passed; the caller has its error,
   and every stage that may hold it was asked to let go (``Abort``); it waits for their
   ``Released``.
