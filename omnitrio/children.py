@@ -31,6 +31,7 @@ groups to each other.  Tensors use shared memory between processes of one node o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import secrets
@@ -55,6 +56,8 @@ from omnitrio.switchboard import UNIX, Switchboard
 from omnitrio.topology import MAIN
 from omnitrio.transport import wire
 from omnitrio.transport.relay import remove_segments
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE = 5.0
 HEALTH_TIMEOUT = 2.0
@@ -381,10 +384,16 @@ class Children:
             process = child.process
             if process is None:
                 continue
-            stop_timeout = max(self._config.stage(name).scheduler_stop_timeout for name in child.stages)
-            with trio.move_on_after(STOP_GRACE + stop_timeout):
+            grace = STOP_GRACE + max(self._config.stage(name).scheduler_stop_timeout for name in child.stages)
+            with trio.move_on_after(grace):
                 await child.exited.wait()
             if process.returncode is None:
+                log.warning(
+                    "process %r (stages %s) did not exit within %g s of shutdown; killed it",
+                    child.name,
+                    child.stages,
+                    grace,
+                )
                 process.kill()
                 with trio.move_on_after(2.0):
                     await child.exited.wait()
