@@ -137,3 +137,23 @@ def test_a_route_that_keeps_every_terminal_reachable_tells_the_coordinator_nothi
     assert plan.left_out(["q"]) == ()
     plan_two = Topology.compile(two_terminals(False)).plans["router"]
     assert plan_two.left_out(["a"]) == ("b",)
+
+
+def test_a_terminal_a_stage_streams_to_is_not_cut_off_by_that_stages_route() -> None:
+    config = PipelineConfig(
+        stages=[
+            StageConfig(
+                name="thinker",
+                factory_path=f"{T}.create_echo",
+                next=["detok", "talker"],
+                stream_to=["detok"],
+                route_fn=f"{R}.route_router",
+            ),
+            StageConfig(name="detok", factory_path=f"{T}.create_echo", terminal=True),
+            StageConfig(name="talker", factory_path=f"{T}.create_echo", terminal=True),
+        ]
+    )
+    validate(config)
+    topology = Topology.compile(config)
+    assert topology.reach.cut_off((("thinker", ("detok",)),)) == frozenset()
+    assert topology.reach.cut_off((("thinker", ("talker",)),)) == {"talker"}
