@@ -93,6 +93,10 @@ class StageConfig:
     scheduler_restart_backoff: float = 0.05
     """Seconds before rebuilding a crashed scheduler; doubled after each rebuild in a row
     that crashed before delivering an output (see :mod:`omnitrio.supervision`)."""
+    scheduler_stop_timeout: float = 3.0
+    """Seconds the scheduler's ``start()`` has to return after ``stop()`` when the pipeline
+    shuts down; past it shutdown goes on without it, with a warning naming the stage (see
+    :mod:`omnitrio.bridge`)."""
 
     @property
     def next_stages(self) -> list[str]:
@@ -404,6 +408,9 @@ def _validate_stage(i: int, stage: StageConfig, config: PipelineConfig, names: M
     backoff = stage.scheduler_restart_backoff
     if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff < math.inf:
         raise fail("scheduler_restart_backoff", f"must be a number of seconds >= 0, got {backoff!r}")
+    stop_timeout = stage.scheduler_stop_timeout
+    if isinstance(stop_timeout, bool) or not isinstance(stop_timeout, int | float) or not 0 < stop_timeout < math.inf:
+        raise fail("scheduler_stop_timeout", f"must be a number of seconds > 0, got {stop_timeout!r}")
     _check_factory(label, stage)
 
 
