@@ -38,10 +38,15 @@ class _GrowingLayer(DynamicLayer):
         self.keys = self._k[..., : self._width, :]
         self.values = self._v[..., : self._width, :]
 
+    def valid(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached keys and values, ``[B, h, width, d]`` each (views)."""
+        return self._k[..., : self._width, :], self._v[..., : self._width, :]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         new = self._width + key_states.shape[-2]
         if new > self._k.shape[-2]:
-            self._k, self._v = _with_room(self.keys, new), _with_room(self.values, new)
+            keys, values = self.valid()
+            self._k, self._v = _with_room(keys, new), _with_room(values, new)
         self._k[..., self._width : new, :] = key_states
         self._v[..., self._width : new, :] = value_states
         self._width = new
@@ -103,15 +108,19 @@ class BatchKV:
             raise ValueError(f"BatchKV: request {request_id!r} already has a row")
         if len(cache.layers) != self.num_layers:
             raise ValueError(f"BatchKV: cache has {len(cache.layers)} layers, the model {self.num_layers}")
-        length = cache.layers[0].keys.shape[-2]
+        length = cache.get_seq_length()
         width = max(self.width, length)
         layers = []
         for i, new in enumerate(cache.layers):
-            keys = [_left_pad(new.keys, width)]
-            values = [_left_pad(new.values, width)]
+            new_keys, new_values = getattr(new, "keys", None), getattr(new, "values", None)
+            if new_keys is None or new_values is None:
+                raise ValueError(f"BatchKV: layer {i} of the prefilled cache holds no keys/values")
+            keys = [_left_pad(new_keys, width)]
+            values = [_left_pad(new_values, width)]
             if self._layers:
-                keys.insert(0, _left_pad(self._layers[i].keys, width))
-                values.insert(0, _left_pad(self._layers[i].values, width))
+                old_keys, old_values = self._layers[i].valid()
+                keys.insert(0, _left_pad(old_keys, width))
+                values.insert(0, _left_pad(old_values, width))
             layers.append(_GrowingLayer(torch.cat(keys), torch.cat(values)))
         self._layers = layers
         self.rows.append(request_id)
@@ -128,9 +137,11 @@ class BatchKV:
             return True
         keep = torch.tensor([i for i in range(len(self.rows) + 1) if i != row])
         start = self.width - max(self.lengths)
-        self._layers = [
-            _GrowingLayer(layer.keys[keep, :, start:], layer.values[keep, :, start:]) for layer in self._layers
-        ]
+        trimmed = []
+        for layer in self._layers:
+            keys, values = layer.valid()
+            trimmed.append(_GrowingLayer(keys[keep, :, start:], values[keep, :, start:]))
+        self._layers = trimmed
         return True
 
 

@@ -169,7 +169,8 @@ class ThinkerLM:
     ) -> tuple[torch.Tensor, int]:
         mask = torch.ones_like(ids)
         text = (mask.cumsum(-1) - 1)[None]
-        rope, deltas = self._rope.get_rope_index(
+        rope_index: Any = self._rope  # duck-typed self for transformers' method
+        rope, deltas = rope_index.get_rope_index(
             ids,
             image_grid_thw=image_grid_thw,
             video_grid_thw=None,

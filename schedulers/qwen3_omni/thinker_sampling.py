@@ -10,7 +10,7 @@ prompt and the tokens so far, as transformers' ``RepetitionPenaltyLogitsProcesso
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -80,7 +80,7 @@ class Sampler:
         """The next token from ``logits`` ``[V]`` after the ids ``seen`` (prompt and output so far)."""
         scores = logits.float()[None]
         if self.processors:
-            scores = self.processors(torch.tensor([seen], dtype=torch.long), scores)
+            scores = self.processors(cast(torch.LongTensor, torch.tensor([seen], dtype=torch.long)), scores)
         if self.greedy:
             return int(scores[0].argmax())
         probs = torch.softmax(scores[0], dim=-1)
