@@ -39,6 +39,11 @@ def thinker_payload(reference: Any, inputs: Any, **knobs: Any) -> dict[str, Any]
     return data
 
 
+def thinker_lm(model_dir: str | Path) -> ThinkerLM:
+    """The thinker language model of the checkpoint in ``model_dir`` (loaded once per directory)."""
+    return _thinker_lm(str(model_dir))
+
+
 @functools.cache
 def _thinker_lm(model_dir: str) -> ThinkerLM:
     from toys.qwen3_omni_reference import load_reference_model
