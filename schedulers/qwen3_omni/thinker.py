@@ -152,11 +152,12 @@ class ThinkerScheduler(StepLoop):
         )
         limit = min(int(asked), self.max_new_tokens) if asked is not None else self.max_new_tokens
         sampler = Sampler.build(self.sampling, None if temperature is None else float(temperature), self._seed(rid))
-        request = ThinkerRequest(rid, prompt, limit, sampler, self.eos_token_id)
+        want_audio = bool(data.get("want_audio", False))
+        request = ThinkerRequest(rid, prompt, limit, sampler, self.eos_token_id, want_hidden=want_audio)
         talker = data.get("talker")
         live = _Live(
             payload,
-            bool(data.get("want_audio", False)),
+            want_audio,
             data.get("speaker"),
             dict(talker) if isinstance(talker, dict) else None,
             grid,

@@ -42,15 +42,17 @@ class ThinkerRequest:
     max_new_tokens: int
     sampler: Sampler
     eos_token_id: int | None
+    want_hidden: bool = True  # the Prompt event carries the accept-layer states (the talker needs them)
 
 
 @attrs.frozen
 class Prompt:
-    """A request was prefilled: its input embeddings are ``prompt.embeds``, ``hidden`` its accept-layer state."""
+    """A request was prefilled: its input embeddings are ``prompt.embeds``, ``hidden`` its accept-layer states
+    (None unless the request asked for them)."""
 
     request_id: str
     prompt: PromptInputs
-    hidden: torch.Tensor
+    hidden: torch.Tensor | None
 
 
 @attrs.frozen
@@ -140,7 +142,7 @@ class ThinkerEngine:
 
     def _prefill(self, request: ThinkerRequest, events: list[Event]) -> None:
         rid = request.request_id
-        done = self.lm.prefill(request.prompt)
+        done = self.lm.prefill(request.prompt, hidden=request.want_hidden)
         state = _Running(request)
         self.running[rid] = state
         self.kv.add(rid, done.cache)
@@ -162,7 +164,10 @@ class ThinkerEngine:
         self._advance(states, logits, events)
 
     def _advance(self, states: list[_Running], logits: torch.Tensor, events: list[Event]) -> None:
-        tokens = [s.request.sampler.choose(logits[row], s.seen()) for row, s in enumerate(states)]
+        tokens = [
+            s.request.sampler.choose(logits[row], s.seen() if s.request.sampler.processors else [])
+            for row, s in enumerate(states)
+        ]
         embeds = self.lm.embed(torch.tensor(tokens, dtype=torch.long)).unsqueeze(1)
         for state, token, embed in zip(states, tokens, embeds, strict=True):
             request = state.request

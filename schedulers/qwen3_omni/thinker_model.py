@@ -66,7 +66,7 @@ class Prefill:
 
     logits: torch.Tensor  # Float[V]
     cache: DynamicCache  # batch 1, P positions
-    hidden: torch.Tensor  # Float[P, H] at accept_hidden_layer
+    hidden: torch.Tensor | None  # Float[P, H] at accept_hidden_layer, when asked for
 
 
 class ThinkerLM:
@@ -181,8 +181,8 @@ class ThinkerLM:
         )
         return torch.cat([text, rope], dim=0), int(deltas.reshape(-1)[0])
 
-    def prefill(self, prompt: PromptInputs) -> Prefill:
-        """One request's prompt in one forward (batch 1)."""
+    def prefill(self, prompt: PromptInputs, *, hidden: bool = True) -> Prefill:
+        """One request's prompt in one forward (batch 1); ``hidden``: also the accept-layer states."""
         cache = DynamicCache(config=self.text_config)
         with torch.inference_mode():
             out = self.model(
@@ -193,10 +193,11 @@ class ThinkerLM:
                 use_cache=True,
                 visual_pos_masks=prompt.visual_pos_masks,
                 deepstack_visual_embeds=prompt.deepstack,
-                output_hidden_states=True,
+                output_hidden_states=hidden,
             )
             logits = self.lm_head(out.last_hidden_state[0, -1])
-        return Prefill(logits, cache, out.hidden_states[self.accept_hidden_layer][0])
+        states = out.hidden_states[self.accept_hidden_layer][0] if hidden else None
+        return Prefill(logits, cache, states)
 
     def decode(
         self,
