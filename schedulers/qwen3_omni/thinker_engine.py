@@ -14,6 +14,12 @@ The events of a step come in that order: per request, a :class:`Prompt` event be
 takes effect at once (the request's row leaves the batch; no event follows).  A prefill that raises
 fails that request alone (:class:`Failed`); a decode forward that raises fails every running request.
 
+transformers' own continuous batching (``generate_batch`` / ``ContinuousBatchingManager``) takes token ids
+and 1-D packed positions only: no ``inputs_embeds`` with audio/image features scattered in, no deepstack,
+no 3-D rope positions with a per-request delta, so it cannot run this model; the project's AR engine is
+built around its own Llama and slot cache.  The step loop (:class:`~schedulers.ar.step_loop.StepLoop`)
+is shared; the batching here drives transformers' model through its ``Cache`` interface.
+
 Not thread-safe: the scheduler's thread owns it.
 """
 
