@@ -171,3 +171,17 @@ def test_check_names_inconsistent_part_sizes(tiny: Path, tmp_path: Path) -> None
     (broken / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"code2wav_config\.num_quantizers"):
         load_config(broken)
+
+
+def test_load_weights_fuses_moe_experts_into_a_module_built_on_meta(tiny: Path, loaded: tuple[Any, Any]) -> None:
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerTextModel
+
+    model, _ = loaded
+    with torch.device("meta"):
+        text = Qwen3OmniMoeThinkerTextModel._from_config(load_config(tiny).thinker_config.text_config)
+    load_weights(tiny, "thinker.model.", text)
+    expected = model.thinker.model.language_model.state_dict()  # checkpoint "thinker.model." (release names)
+    got = text.state_dict()
+    assert any(".experts.gate_up_proj" in k for k in expected)
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)

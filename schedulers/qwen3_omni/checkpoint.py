@@ -17,6 +17,7 @@ wrong with it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -79,11 +80,12 @@ def check_checkpoint(model_dir: str | Path) -> None:
 def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) -> None:
     """Load every tensor named ``prefix...`` into ``module`` (``prefix`` stripped), strictly.
 
-    Only the shards the index lists for ``prefix`` are opened.  A tensor missing from the checkpoint or
-    one ``module`` has no place for raises :class:`CheckpointError`.  Each tensor takes the dtype of the
-    module's own and is assigned (``load_state_dict(assign=True)``), so ``module`` may be built on CPU or
-    on the ``meta`` device; buffers outside the state dict (rotary frequencies and the like) are the
-    module's own, so build on ``meta`` only a module that has none.
+    Only the shards the index lists for ``prefix`` are opened.  MoE experts stored one by one, as
+    released, are fused into the module's ``experts.gate_up_proj`` / ``experts.down_proj``.  A tensor
+    missing from the checkpoint or one ``module`` has no place for raises :class:`CheckpointError`.
+    Each tensor takes the dtype of the module's own and is assigned (``load_state_dict(assign=True)``),
+    so ``module`` may be built on CPU or on the ``meta`` device; buffers outside the state dict (rotary
+    frequencies and the like) stay as the module built them: on ``meta`` they stay on ``meta``.
     """
     from safetensors import safe_open
 
@@ -93,14 +95,14 @@ def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) ->
     if not wanted:
         raise CheckpointError(f"{_index_name(directory)}: no tensors under {prefix!r}")
     expected = module.state_dict()
-    missing = sorted(set(expected) - {key[len(prefix) :] for key in wanted})
-    unexpected = sorted(key for key in wanted if key[len(prefix) :] not in expected)
+    names = _module_names([key[len(prefix) :] for key in wanted], f"{_index_name(directory)}")
+    missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise CheckpointError(
             f"{_index_name(directory)}: tensors under {prefix!r} do not match {type(module).__name__} ({what})"
         )
-    state: dict[str, torch.Tensor] = {}
+    raw: dict[str, torch.Tensor] = {}
     for shard, keys in _keys_by_shard(wanted).items():
         path = directory / shard
         try:
@@ -109,11 +111,61 @@ def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) ->
                 for key in keys:
                     if key not in held:
                         raise CheckpointError(f"{path}: the index lists {key!r} here but the shard does not hold it")
-                    name = key[len(prefix) :]
-                    state[name] = handle.get_tensor(key).to(expected[name].dtype)
+                    raw[key[len(prefix) :]] = handle.get_tensor(key)
         except (OSError, RuntimeError) as exc:
             raise CheckpointError(f"{path}: cannot read this shard ({exc})") from None
+    state = {name: tensor.to(expected[name].dtype) for name, tensor in _fuse_experts(raw).items()}
     module.load_state_dict(state, strict=True, assign=True)
+
+
+# A released checkpoint stores each MoE expert's projections apart (``...experts.3.gate_proj.weight``);
+# transformers' modules hold them fused per layer: ``experts.gate_up_proj`` [E, 2I, H] (every expert's
+# gate rows, then its up rows) and ``experts.down_proj`` [E, H, I] (its ``qwen2_moe`` conversion).
+_EXPERT = re.compile(r"^(?P<base>.*\.experts)\.(?P<index>\d+)\.(?P<kind>gate|up|down)_proj\.weight$")
+
+
+def _module_names(names: Iterable[str], where: str) -> set[str]:
+    """The module's state-dict names for checkpoint tensor names (experts fused); checks expert numbering."""
+    result: set[str] = set()
+    experts: dict[tuple[str, str], set[int]] = {}
+    for name in names:
+        match = _EXPERT.match(name)
+        if match is None:
+            result.add(name)
+            continue
+        kind = "down_proj" if match["kind"] == "down" else "gate_up_proj"
+        result.add(f"{match['base']}.{kind}")
+        experts.setdefault((match["base"], match["kind"]), set()).add(int(match["index"]))
+    counts = {base: indices for (base, _), indices in experts.items()}
+    for base in counts:
+        if any((base, kind) not in experts for kind in ("gate", "up", "down")):
+            raise CheckpointError(f"{where}: the experts of {base!r} lack one of gate_proj, up_proj, down_proj")
+    for (base, kind), indices in experts.items():
+        if indices != set(range(len(indices))) or indices != counts[base]:
+            raise CheckpointError(f"{where}: the experts of {base!r} ({kind}_proj) are not numbered 0..N-1 alike")
+    return result
+
+
+def _fuse_experts(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``raw`` with per-expert projections replaced by the fused tensors (see :data:`_EXPERT`)."""
+    state: dict[str, torch.Tensor] = {}
+    parts: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    for name, tensor in raw.items():
+        match = _EXPERT.match(name)
+        if match is None:
+            state[name] = tensor
+        else:
+            parts.setdefault(match["base"], {}).setdefault(match["kind"], {})[int(match["index"])] = tensor
+    for base, kinds in parts.items():
+
+        def stacked(kind: str, kinds: dict[str, dict[int, torch.Tensor]] = kinds) -> torch.Tensor:
+            return torch.stack([kinds[kind][i] for i in range(len(kinds[kind]))])
+
+        if "gate" in kinds or "up" in kinds:
+            state[f"{base}.gate_up_proj"] = torch.cat([stacked("gate"), stacked("up")], dim=1)
+        if "down" in kinds:
+            state[f"{base}.down_proj"] = stacked("down")
+    return state
 
 
 def _directory(model_dir: str | Path) -> Path:
