@@ -33,7 +33,7 @@ from schedulers.qwen3_omni.thinker_model import ThinkerLM  # noqa: E402
 from schedulers.qwen3_omni.thinker_sampling import Sampler, SamplingDefaults  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model  # noqa: E402
-from toys.qwen3_omni_thinker import thinker_lm  # noqa: E402
+from toys.qwen3_omni_thinker import thinker_scheduler  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen3_omni_thinker.json"
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             model_dir = write_checkpoint(Path(tmp) / size, size=size)
-            lm = thinker_lm(model_dir)
+            lm = thinker_scheduler(model_dir).engine.lm
             model = load_reference_model(model_dir)
             for batch in args.batch:
                 prompts = _prompts(lm, batch, args.prompt, seed=batch)

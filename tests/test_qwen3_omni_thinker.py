@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
-from schedulers.qwen3_omni.thinker import ThinkerScheduler
+from schedulers.qwen3_omni import checkpoint as checkpoint_module
+from schedulers.qwen3_omni.thinker import ThinkerScheduler, create_thinker_stage
 from tests.scheduler_harness import running
 from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor
@@ -105,6 +106,20 @@ def _ask(scheduler: ThinkerScheduler, data: dict[str, Any], rid: str = "r") -> l
     with running(scheduler):
         _send(scheduler, rid, data)
         return _collect(scheduler, {rid})[rid]
+
+
+def test_stage_reads_only_the_thinkers_text_model_and_head(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[str] = []
+    load = checkpoint_module.load_weights
+
+    def spy(model_dir: Any, prefix: str, module: torch.nn.Module) -> None:
+        read.append(prefix)
+        load(model_dir, prefix, module)
+
+    monkeypatch.setattr(checkpoint_module, "load_weights", spy)
+    scheduler = create_thinker_stage(model_dir=str(checkpoint))
+    assert sorted(read) == ["thinker.lm_head.", "thinker.model."]
+    assert not any(t.is_meta for t in scheduler.engine.lm.model.state_dict().values())
 
 
 def test_greedy_text_answer_is_generates(reference: Any, processor: Any, make_scheduler: Any) -> None:

@@ -230,13 +230,3 @@ def _check_rows(field: str, tensor: torch.Tensor | None, placeholders: int, hidd
         raise ValueError(f"{field}: {rows} rows sent, input_ids has {placeholders} placeholder tokens for them")
     if tensor is not None and rows and (tensor.ndim != 2 or tensor.shape[1] != hidden):
         raise ValueError(f"{field}: shape {tuple(tensor.shape)} must be [{rows}, {hidden}] (the thinker's hidden size)")
-
-
-def state_dict_loader(state: dict[str, torch.Tensor]) -> LoadFn:
-    """A :data:`LoadFn` over tensors already in memory (named as the modules name them, after the prefix)."""
-
-    def load(prefix: str, module: nn.Module) -> None:
-        own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-        module.load_state_dict(own, strict=True, assign=True)
-
-    return load
