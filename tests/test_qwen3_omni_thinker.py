@@ -19,6 +19,7 @@ import torch
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.qwen3_omni import checkpoint as checkpoint_module
 from schedulers.qwen3_omni.thinker import ThinkerScheduler, create_thinker_stage
+from schedulers.qwen3_omni.thinker_sampling import Sampler, SamplingDefaults
 from tests.scheduler_harness import running
 from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor
@@ -135,8 +136,25 @@ def test_greedy_multimodal_answer_is_generates(reference: Any, processor: Any, m
     image = _image(1) if "image" in media else None
     inputs = processor_inputs(processor, _messages("what is this?", audio=audio, image=image))
     expected = _generate(reference, inputs, 10)[0, inputs["input_ids"].shape[1] :].tolist()
-    outputs = _ask(make_scheduler(), thinker_payload(reference, inputs, max_new_tokens=10, temperature=0.0))
+    outputs = _ask(make_scheduler(), thinker_payload(reference, inputs, max_new_tokens=10))  # no temperature
     assert _answer(outputs) == expected
+
+
+def test_checkpoint_sampling_applies_only_when_a_request_samples() -> None:
+    from transformers import GenerationConfig
+
+    released = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
+    defaults = SamplingDefaults.of(released)
+    asked_greedy, unsaid = Sampler.build(defaults, 0.0), Sampler.build(defaults, None)
+    assert asked_greedy.greedy and not asked_greedy.processors
+    assert not unsaid.greedy
+    assert [type(p).__name__ for p in unsaid.processors] == [
+        "RepetitionPenaltyLogitsProcessor",
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+    ]
+    assert Sampler.build(SamplingDefaults.of(None), None).greedy  # generate's own thinker default
 
 
 def test_answer_depends_on_the_audio(reference: Any, processor: Any, make_scheduler: Any) -> None:

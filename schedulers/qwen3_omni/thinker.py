@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -246,8 +247,8 @@ def create_thinker_stage(
     """Stage factory: the checkpoint's thinker text model and head (nothing else is read) on one torch thread.
 
     ``eos_token_id`` defaults to the checkpoint's ``im_end_token_id`` (what ``generate``'s
-    ``thinker_eos_token_id`` is for the released model); sampling defaults are the thinker's generation
-    config as ``generate`` builds it (:mod:`.thinker_sampling`)."""
+    ``thinker_eos_token_id`` is for the released model); a request without a temperature samples as the
+    checkpoint's ``generation_config.json`` says, greedy when it says nothing (:mod:`.thinker_sampling`)."""
     from transformers import GenerationConfig
 
     from schedulers.qwen3_omni.checkpoint import load_config, load_weights
@@ -258,7 +259,8 @@ def create_thinker_stage(
     lm = ThinkerLM.build(config, lambda prefix, module: load_weights(model_dir, prefix, module))
     engine = ThinkerEngine(lm, max_running=max_running_requests, max_waiting=max_waiting_requests)
     eos = eos_token_id if eos_token_id is not None else int(config.im_end_token_id)
-    sampling = SamplingDefaults.of(GenerationConfig.from_model_config(config.thinker_config))
+    generation = Path(model_dir) / "generation_config.json"
+    sampling = SamplingDefaults.of(GenerationConfig.from_pretrained(model_dir) if generation.is_file() else None)
     return ThinkerScheduler(
         engine,
         eos_token_id=eos,

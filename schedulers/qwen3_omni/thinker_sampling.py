@@ -1,11 +1,14 @@
-"""How the thinker picks its next token: what ``generate`` does with the thinker's generation config.
+"""How the thinker picks its next token.
 
 ``Qwen3OmniMoeForConditionalGeneration.generate`` runs ``thinker.generate`` with the thinker's own
-generation config (built from its model config: greedy unless told otherwise) and the ``thinker_*``
-keyword arguments.  :class:`SamplingDefaults` holds those knobs; a request's ``temperature`` overrides
-them: ``0`` is greedy, above ``0`` samples at that temperature with the defaults' ``top_k`` / ``top_p``.
-A repetition penalty, when the defaults have one, applies to greedy and sampled choices alike, over the
-prompt and the tokens so far, as transformers' ``RepetitionPenaltyLogitsProcessor`` does.
+generation config, built from its model config (greedy), not with the checkpoint's
+``generation_config.json``.  So greedy is what ``generate`` does: a request with ``temperature: 0`` is
+plain argmax, as ``generate(..., thinker_do_sample=False)`` is.  A request that names no temperature
+follows :class:`SamplingDefaults`: the checkpoint's ``generation_config.json`` when it asks for sampling
+(its ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``), else greedy.  A request with a
+temperature above 0 samples at that temperature with the defaults' ``top_k`` / ``top_p`` /
+``repetition_penalty``, applied by transformers' own logits processors in ``generate``'s order; the
+penalty covers the prompt and the tokens so far, as in ``generate``.
 """
 
 from __future__ import annotations
@@ -30,28 +33,24 @@ class SamplingDefaults:
 
     do_sample: bool = False
     temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = 50
+    top_p: float | None = 1.0
+    repetition_penalty: float | None = 1.0
 
     @classmethod
     def of(cls, generation_config: GenerationConfig | None, **overrides: Any) -> SamplingDefaults:
-        """The knobs ``generate`` would use from ``generation_config`` (None: a default one), then ``overrides``."""
-        gc = generation_config or GenerationConfig()
-        knobs = {
-            "do_sample": bool(gc.do_sample),
-            "temperature": 1.0 if gc.temperature is None else float(gc.temperature),
-            "top_k": gc.top_k,
-            "top_p": gc.top_p,
-            "repetition_penalty": gc.repetition_penalty,
-        }
-        knobs.update({k: v for k, v in overrides.items() if v is not None})
+        """The knobs of ``generation_config`` (None: none set), unset ones filled as ``generate`` fills them."""
+        fallback = GenerationConfig._get_default_generation_params()
+        knobs: dict[str, Any] = {}
+        for name in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty"):
+            value = overrides.get(name, getattr(generation_config, name, None))
+            knobs[name] = fallback[name] if value is None else value
         return cls(**knobs)
 
 
 @attrs.frozen
 class Sampler:
-    """One request's choice rule; ``temperature == 0`` (or defaults without sampling) is greedy."""
+    """One request's choice rule; ``temperature == 0`` (or defaults without sampling) is plain argmax."""
 
     greedy: bool
     processors: LogitsProcessorList
@@ -63,9 +62,9 @@ class Sampler:
             raise ValueError(f"temperature={temperature} must be >= 0")
         greedy = temperature == 0 or (temperature is None and not defaults.do_sample)
         processors = LogitsProcessorList()
-        if defaults.repetition_penalty not in (None, 1.0):
-            processors.append(RepetitionPenaltyLogitsProcessor(float(defaults.repetition_penalty)))  # type: ignore[arg-type]
         if not greedy:
+            if defaults.repetition_penalty not in (None, 1.0):
+                processors.append(RepetitionPenaltyLogitsProcessor(float(defaults.repetition_penalty)))  # type: ignore[arg-type]
             temp = defaults.temperature if temperature is None else temperature
             if temp != 1.0:
                 processors.append(TemperatureLogitsWarper(temp))
