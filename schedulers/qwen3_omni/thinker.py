@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 import torch
 
-from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StageOverloaded, StagePayload
+from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload
 from schedulers.ar.step_loop import StepLoop
 from schedulers.qwen3_omni.thinker_engine import Event, Failed, Prompt, ThinkerEngine, ThinkerRequest, Token
 from schedulers.qwen3_omni.thinker_sampling import Sampler, SamplingDefaults
@@ -115,7 +115,7 @@ class ThinkerScheduler(StepLoop):
                 try:
                     request, live = self._parse(rid, message.data)
                     self.engine.add(request)
-                except (ValueError, TypeError, StageOverloaded) as exc:
+                except Exception as exc:  # a payload this stage cannot serve fails that request alone
                     self._outbox.put(OutgoingMessage(rid, "error", exc))
                     return
                 self._live[rid] = live
@@ -171,7 +171,14 @@ class ThinkerScheduler(StepLoop):
         return None if self.seed is None else zlib.crc32(f"{self.seed}:{rid}".encode())
 
     def _step(self) -> list[OutgoingMessage]:
-        events = self.engine.step()
+        try:
+            events = self.engine.step()
+        except Exception as exc:  # the engine failed outside a forward: every request here fails, the stage lives
+            failed = [*self.engine.running, *self.engine.waiting]
+            for rid in failed:
+                self.engine.abort(rid)
+                self._live.pop(rid, None)
+            return [OutgoingMessage(rid, "error", exc) for rid in failed]
         self.steps += 1
         if self.on_step is not None:
             self.on_step(self.steps)

@@ -119,7 +119,8 @@ class ThinkerEngine:
             raise ValueError(f"thinker: request {rid!r} is already generating")
         if request.max_new_tokens < 1:
             raise ValueError(f"thinker: request {rid!r}: max_new_tokens={request.max_new_tokens} must be >= 1")
-        if len(self.waiting) >= self.max_waiting and len(self.running) >= self.max_running:
+        free = self.max_running - len(self.running)
+        if len(self.waiting) >= self.max_waiting + max(free, 0):
             raise StageOverloaded(f"thinker: {len(self.waiting)} requests waiting (max_waiting={self.max_waiting})")
         self.waiting[rid] = request
 
