@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
+from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.qwen3_omni import checkpoint as checkpoint_module
 from schedulers.qwen3_omni.thinker import ThinkerScheduler, create_thinker_stage
 from schedulers.qwen3_omni.thinker_sampling import Sampler, SamplingDefaults
@@ -269,6 +269,13 @@ def test_placeholder_mismatch_fails_only_that_request(reference: Any, processor:
         outputs = _collect(scheduler, {"bad", "good"})
     assert outputs["bad"][-1].type == "error" and "audio_embeds" in str(outputs["bad"][-1].data)
     assert len(_answer(outputs["good"])) == 4
+
+
+def test_prompt_longer_than_the_context_is_a_client_error(reference: Any, make_scheduler: Any) -> None:
+    context = reference.config.thinker_config.text_config.max_position_embeddings
+    outputs = _ask(make_scheduler(), {"input_ids": torch.full((context,), 5), "max_new_tokens": 4})
+    assert outputs[-1].type == "error"
+    assert isinstance(outputs[-1].data, InvalidRequest) and outputs[-1].data.code == "context_length_exceeded"
 
 
 def test_sampling_at_a_temperature_is_seeded_and_stays_in_vocab(

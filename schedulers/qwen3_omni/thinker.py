@@ -19,9 +19,10 @@ What the scheduler sends, per request, in this order:
   "finish_reason": "stop" | "length", "usage": {"prompt_tokens", "completion_tokens"}, "speaker",
   "want_audio", "talker"}``.
 
-A request's ``max_new_tokens`` is capped at the stage's ``max_new_tokens`` (and defaults to it).  Bad
-inputs fail only that request (an ``error`` naming the field); ``abort`` drops the request and its
-keys/values before the next step.  :attr:`ThinkerScheduler.live_requests` and
+A request's ``max_new_tokens`` is capped at the stage's ``max_new_tokens`` (and defaults to it) and at
+what the context (``max_position_embeddings``) leaves after the prompt; a prompt that fills it fails
+with ``InvalidRequest`` (``context_length_exceeded``).  Bad inputs fail only that request (an ``error``
+naming the field); ``abort`` drops the request and its keys/values before the next step.  :attr:`ThinkerScheduler.live_requests` and
 :attr:`ThinkerScheduler.kv_bytes` say what the stage holds now.
 """
 
@@ -151,7 +152,15 @@ class ThinkerScheduler(StepLoop):
             image_grid_thw=grid,
             audio_feature_lengths=lengths,
         )
-        limit = min(int(asked), self.max_new_tokens) if asked is not None else self.max_new_tokens
+        context = int(self.engine.lm.text_config.max_position_embeddings)
+        room = context - int(prompt.input_ids.numel())
+        if room < 1:
+            raise InvalidRequest(
+                f"the prompt has {prompt.input_ids.numel()} tokens; the thinker's context is {context}",
+                code="context_length_exceeded",
+                param="messages",
+            )
+        limit = min(int(asked) if asked is not None else self.max_new_tokens, self.max_new_tokens, room)
         sampler = Sampler.build(self.sampling, None if temperature is None else float(temperature), self._seed(rid))
         want_audio = bool(data.get("want_audio", False))
         request = ThinkerRequest(rid, prompt, limit, sampler, self.eos_token_id, want_hidden=want_audio)
