@@ -140,7 +140,8 @@ class BatchKV:
         trimmed = []
         for layer in self._layers:
             keys, values = layer.valid()
-            trimmed.append(_GrowingLayer(keys[keep, :, start:], values[keep, :, start:]))
+            rows = keep.to(keys.device)
+            trimmed.append(_GrowingLayer(keys[rows, :, start:], values[rows, :, start:]))
         self._layers = trimmed
         return True
 

@@ -22,12 +22,13 @@ What the scheduler sends, per request, in this order:
 A request's ``max_new_tokens`` is capped at the stage's ``max_new_tokens`` (and defaults to it) and at
 what the context (``max_position_embeddings``) leaves after the prompt; a prompt that fills it fails
 with ``InvalidRequest`` (``context_length_exceeded``).  Bad inputs fail only that request (an ``error``
-naming the field); ``abort`` drops the request and its keys/values before the next step.  :attr:`ThinkerScheduler.live_requests` and
-:attr:`ThinkerScheduler.kv_bytes` say what the stage holds now.
+naming the field); ``abort`` drops the request and its keys/values before the next step.
+:attr:`ThinkerScheduler.live_requests` and :attr:`ThinkerScheduler.kv_bytes` say what the stage holds now.
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -65,8 +66,11 @@ def _tensor(data: dict[str, Any], key: str, dtype: torch.dtype) -> torch.Tensor 
 
 
 def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """A copy a consumer may keep and use anywhere (not an inference-mode tensor, not a view)."""
-    return None if tensor is None else tensor.detach().clone()
+    """A CPU copy a consumer may keep and use anywhere (not an inference-mode tensor, not a view)."""
+    if tensor is None:
+        return None
+    dtype = torch.float32 if tensor.is_floating_point() else tensor.dtype
+    return tensor.detach().to("cpu", dtype, copy=True)
 
 
 class ThinkerScheduler(StepLoop):
@@ -259,8 +263,11 @@ def create_thinker_stage(
     decode_target: str = "decode",
     talker_target: str = "talker",
     seed: int | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> ThinkerScheduler:
-    """Stage factory: the checkpoint's thinker text model and head (nothing else is read) on one torch thread.
+    """Stage factory: the checkpoint's thinker text model and head (nothing else is read) in ``dtype`` on
+    ``device``, one torch CPU thread; the stage's outputs are CPU float32 tensors wherever the model runs.
 
     ``eos_token_id`` defaults to the checkpoint's ``im_end_token_id`` (what ``generate``'s
     ``thinker_eos_token_id`` is for the released model); a request without a temperature samples as the
@@ -272,7 +279,10 @@ def create_thinker_stage(
 
     torch.set_num_threads(1)
     config = load_config(model_dir)
-    lm = ThinkerLM.build(config, lambda prefix, module: load_weights(model_dir, prefix, module))
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"thinker stage: dtype={dtype!r} must be float32, bfloat16 or float16")
+    load = functools.partial(load_weights, model_dir)
+    lm = ThinkerLM.build(config, load, dtype=getattr(torch, dtype)).to(device)
     engine = ThinkerEngine(lm, max_running=max_running_requests, max_waiting=max_waiting_requests)
     eos = eos_token_id if eos_token_id is not None else int(config.im_end_token_id)
     generation = Path(model_dir) / "generation_config.json"

@@ -11,7 +11,8 @@ A prompt's positions are ``[4, 1, P]`` as ``generate`` builds them (text positio
 height, width); a token decoded later at cache length ``n`` has text position ``n`` and rope position
 ``n + rope_delta`` on all three axes, which is what ``generate`` feeds.
 
-Not thread-safe; every call runs under ``torch.inference_mode`` on the caller's thread.
+The model may sit on any device (``ThinkerLM.to``); inputs are moved to it, and what it returns stays
+there.  Not thread-safe; every call runs under ``torch.inference_mode`` on the caller's thread.
 """
 
 from __future__ import annotations
@@ -86,15 +87,25 @@ class ThinkerLM:
             )
         self._rope = _RopeIndex(self.thinker_config)
 
-    @classmethod
-    def build(cls, config: Any, load: LoadFn) -> ThinkerLM:
-        """Build on the meta device and let ``load`` fill it (prefixes :data:`TEXT_PREFIX`, :data:`HEAD_PREFIX`).
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
 
-        The rotary embedding's frequencies are not weights: they are computed again on the CPU."""
+    def to(self, device: str | torch.device) -> ThinkerLM:
+        """Move the model to ``device`` (in place); returns ``self``."""
+        self.model.to(device)
+        self.lm_head.to(device)
+        return self
+
+    @classmethod
+    def build(cls, config: Any, load: LoadFn, *, dtype: torch.dtype = torch.float32) -> ThinkerLM:
+        """Build on the meta device in ``dtype`` and let ``load`` fill it (prefixes :data:`TEXT_PREFIX`,
+        :data:`HEAD_PREFIX`).  The rotary embedding's frequencies are not weights: they are computed again
+        on the CPU."""
         text_config = config.thinker_config.text_config
         with torch.device("meta"):
-            text_model = Qwen3OmniMoeThinkerTextModel._from_config(text_config)
-            lm_head = nn.Linear(text_config.hidden_size, text_config.vocab_size, bias=False)
+            text_model = Qwen3OmniMoeThinkerTextModel._from_config(text_config, dtype=dtype)
+            lm_head = nn.Linear(text_config.hidden_size, text_config.vocab_size, bias=False, dtype=dtype)
         text_model.rotary_emb = Qwen3OmniMoeThinkerTextRotaryEmbedding(text_model.config)
         load(TEXT_PREFIX, text_model)
         load(HEAD_PREFIX, lm_head)
@@ -114,7 +125,7 @@ class ThinkerLM:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings ``[..., H]`` of ``ids``."""
         with torch.inference_mode():
-            return self.model.embed_tokens(ids)
+            return self.model.embed_tokens(ids.to(self.device))
 
     def prompt_inputs(
         self,
@@ -132,7 +143,7 @@ class ThinkerLM:
         ``generate`` hands them to ``get_rope_index``.  A placeholder count that does not match the rows of
         the embeddings sent raises ``ValueError`` naming the field."""
         cfg = self.thinker_config
-        ids = input_ids.reshape(1, -1).long()
+        ids = input_ids.reshape(1, -1).long().to(self.device)
         if int((ids == cfg.video_token_id).sum()):
             raise ValueError("input_ids: video placeholders are not supported by this thinker stage")
         with torch.inference_mode():
@@ -140,7 +151,7 @@ class ThinkerLM:
             audio_mask = ids == cfg.audio_token_id
             _check_rows("audio_embeds", audio_embeds, int(audio_mask.sum()), self.hidden_size)
             if audio_embeds is not None and audio_embeds.shape[0]:
-                embeds = embeds.masked_scatter(audio_mask.unsqueeze(-1), audio_embeds.to(embeds.dtype))
+                embeds = embeds.masked_scatter(audio_mask.unsqueeze(-1), audio_embeds.to(embeds.device, embeds.dtype))
             image_mask = ids == cfg.image_token_id
             n_image = int(image_mask.sum())
             _check_rows("image_embeds", image_embeds, n_image, self.hidden_size)
@@ -156,12 +167,14 @@ class ThinkerLM:
                         f"image_grid_thw {image_grid_thw.tolist()} gives {expected} image tokens, "
                         f"input_ids has {n_image} placeholders"
                     )
-                embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), image_embeds.to(embeds.dtype))
+                embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), image_embeds.to(embeds.device, embeds.dtype))
                 visual_pos_masks = image_mask
-                deepstack = [d.to(embeds.dtype) for d in deepstack_image_embeds or []]
+                deepstack = [d.to(embeds.device, embeds.dtype) for d in deepstack_image_embeds or []]
                 for i, d in enumerate(deepstack):
                     _check_rows(f"deepstack_image_embeds[{i}]", d, n_image, self.hidden_size)
-            position_ids, rope_delta = self._positions(ids, image_grid_thw if n_image else None, audio_feature_lengths)
+            grid = image_grid_thw.to(self.device) if n_image and image_grid_thw is not None else None
+            lengths = audio_feature_lengths.to(self.device) if audio_feature_lengths is not None else None
+            position_ids, rope_delta = self._positions(ids, grid, lengths)
         return PromptInputs(ids[0], embeds[0], position_ids, rope_delta, visual_pos_masks, deepstack)
 
     def _positions(
@@ -187,7 +200,7 @@ class ThinkerLM:
         with torch.inference_mode():
             out = self.model(
                 inputs_embeds=prompt.embeds[None],
-                attention_mask=torch.ones(1, prompt.embeds.shape[0], dtype=torch.long),
+                attention_mask=torch.ones(1, prompt.embeds.shape[0], dtype=torch.long, device=self.device),
                 position_ids=prompt.position_ids,
                 past_key_values=cache,
                 use_cache=True,
@@ -210,13 +223,13 @@ class ThinkerLM:
         """One token for each row: ``embeds`` ``[B, H]``, ``lengths[b]`` tokens already in row b's cache.
 
         ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token); returns ``[B, V]``."""
-        text = torch.tensor(lengths, dtype=torch.long).view(1, -1, 1)
-        rope = text + torch.tensor(rope_deltas, dtype=torch.long).view(1, -1, 1)
+        text = torch.tensor(lengths, dtype=torch.long, device=self.device).view(1, -1, 1)
+        rope = text + torch.tensor(rope_deltas, dtype=torch.long, device=self.device).view(1, -1, 1)
         position_ids = torch.cat([text, rope.expand(3, -1, -1)], dim=0)
         with torch.inference_mode():
             out = self.model(
                 inputs_embeds=embeds[:, None],
-                attention_mask=attention_mask,
+                attention_mask=attention_mask.to(self.device),
                 position_ids=position_ids,
                 past_key_values=cache,
                 use_cache=True,

@@ -79,8 +79,9 @@ class Sampler:
         """The next token from ``logits`` ``[V]`` after the ids ``seen`` (prompt and output so far)."""
         scores = logits.float()[None]
         if self.processors:
-            scores = self.processors(cast(torch.LongTensor, torch.tensor([seen], dtype=torch.long)), scores)
+            history = torch.tensor([seen], dtype=torch.long, device=scores.device)
+            scores = self.processors(cast(torch.LongTensor, history), scores)
         if self.greedy:
             return int(scores[0].argmax())
-        probs = torch.softmax(scores[0], dim=-1)
+        probs = torch.softmax(scores[0], dim=-1).cpu()
         return int(torch.multinomial(probs, 1, generator=self.generator))
