@@ -63,7 +63,7 @@ class _GrowingLayer(DynamicLayer):
 def _with_room(tensor: torch.Tensor, width: int | None = None) -> torch.Tensor:
     """A copy of ``tensor`` (``[B, h, n, d]``) in a buffer with spare columns after ``width`` (default ``n``)."""
     n = tensor.shape[-2]
-    capacity = max(width or n, n) * 2 + _MIN_SPARE
+    capacity = max(width or n, n) * 3 // 2 + _MIN_SPARE
     buffer = tensor.new_zeros((*tensor.shape[:-2], capacity, tensor.shape[-1]))
     buffer[..., :n, :] = tensor
     return buffer
