@@ -19,6 +19,8 @@ What the scheduler sends, per request, in this order:
   "finish_reason": "stop" | "length", "usage": {"prompt_tokens", "completion_tokens"}, "speaker",
   "want_audio", "talker"}``.
 
+At the pipeline's entry the same dict arrives as ``{"raw_inputs": ...}`` and is read from there.
+
 A request's ``max_new_tokens`` is capped at the stage's ``max_new_tokens`` (and defaults to it) and at
 what the context (``max_position_embeddings``) leaves after the prompt; a prompt that fills it fails
 with ``InvalidRequest`` (``context_length_exceeded``).  Bad inputs fail only that request (an ``error``
@@ -136,6 +138,8 @@ class ThinkerScheduler(StepLoop):
         if not isinstance(payload, StagePayload) or not isinstance(payload.data, dict):
             raise ValueError(f"thinker: request {rid!r} needs a StagePayload whose data is a dict")
         data = payload.data
+        if "input_ids" not in data and isinstance(data.get("raw_inputs"), dict):  # the pipeline's entry stage
+            data = data["raw_inputs"]
         ids = _tensor(data, "input_ids", torch.long)
         if ids is None or ids.numel() == 0:
             raise ValueError(f"thinker: request {rid!r} has no input_ids")
