@@ -7,9 +7,6 @@ thinker would get and compares it with the thinker's own encoders in transformer
 
 from __future__ import annotations
 
-import base64
-import io
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,14 @@ from omnitrio import CompleteMessage, open_pipeline  # noqa: E402
 from omnitrio.cli import main  # noqa: E402
 from omnitrio.config import load  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import load_reference_model, reference_processor, sample_clip, sample_image  # noqa: E402
+from toys.qwen3_omni_reference import (  # noqa: E402
+    load_reference_model,
+    png_data_url,
+    reference_processor,
+    sample_clip,
+    sample_image,
+    wav_base64,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -76,24 +80,6 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
-def _wav(samples: np.ndarray) -> str:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(16_000)
-        wav.writeframes((samples * 32768).astype("<i2").tobytes())
-    return base64.b64encode(out.getvalue()).decode()
-
-
-def _png(image: np.ndarray) -> str:
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(image).save(out, "PNG")
-    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
-
-
 async def _result(pipeline: Any, rid: str, inputs: Any) -> dict[str, Any]:
     async with pipeline.stream(rid, inputs) as messages:
         async for message in messages:
@@ -106,8 +92,8 @@ async def test_the_thinker_gets_what_its_own_encoders_give(tiny: Path, config_fi
     clip = np.round(sample_clip("tone", 1.2) * 32768) / 32768
     image = sample_image(48, 40)
     parts = [
-        {"type": "input_audio", "input_audio": {"data": _wav(clip), "format": "wav"}},
-        {"type": "image_url", "image_url": {"url": _png(image)}},
+        {"type": "input_audio", "input_audio": {"data": wav_base64(clip), "format": "wav"}},
+        {"type": "image_url", "image_url": {"url": png_data_url(image)}},
         {"type": "text", "text": "What is this?"},
     ]
     inputs = {"task": "chat", "messages": [{"role": "user", "content": parts}], "modalities": ["text", "audio"]}

@@ -196,3 +196,33 @@ def sample_messages() -> dict[str, list[dict[str, Any]]]:
             }
         ],
     }
+
+
+def wav_base64(samples: np.ndarray, rate: int = 16_000) -> str:
+    """Float samples in [-1, 1) as a base64 16-bit mono WAV (an OpenAI ``input_audio`` part's data).
+
+    Samples already on the 16-bit grid (``np.round(x * 32768) / 32768``) decode back exactly.
+    """
+    import base64
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2").tobytes())
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def png_data_url(image: np.ndarray) -> str:
+    """An RGB uint8 image as a PNG ``data:`` URL (an OpenAI ``image_url`` part's url); lossless."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
