@@ -149,6 +149,33 @@ def thinker_margins(
     return [float(top[0] - top[1]) for top in (s[0].topk(2).values for s in out.scores)]
 
 
+def talker_margins(
+    model: Any, processor: Any, messages: list[dict[str, Any]], *, speaker: str = "ethan", frames: int = 16
+) -> dict[str, list[float]]:
+    """Top-1 minus top-2 score per greedy step of the talker and of the code predictor during a
+    :func:`reference_generate` (scores as ``generate`` ranks them: after its repetition penalty and
+    suppressed ids): ``{"talker": [...], "code_predictor": [...]}``."""
+    margins: dict[str, list[float]] = {"talker": [], "code_predictor": []}
+
+    def scored(owner: Any, key: str) -> Any:
+        generate = owner.generate
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = generate(*args, **{**kwargs, "output_scores": True})
+            margins[key].extend(float(top[0] - top[1]) for top in (s[0].topk(2).values for s in result.scores))
+            return result
+
+        return run
+
+    model.talker.generate = scored(model.talker, "talker")
+    model.talker.code_predictor.generate = scored(model.talker.code_predictor, "code_predictor")
+    try:
+        reference_generate(model, processor, messages, speaker=speaker, max_new_tokens=8, talker_max_new_tokens=frames)
+    finally:
+        del model.talker.generate, model.talker.code_predictor.generate
+    return margins
+
+
 def sample_clip(kind: str, seconds: float = 1.0) -> np.ndarray:
     """A 16 kHz float32 clip: ``"silence"``, or ``"tone"`` (a gliding tone with a syllable-like envelope)."""
     t = np.arange(int(16_000 * seconds)) / 16_000
