@@ -10,18 +10,20 @@ import itertools
 import queue
 from collections.abc import Iterator
 
+import attrs
 import numpy as np
 import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StreamItem
 from schedulers.qwen3_omni.code2wav import Qwen3OmniCode2WavScheduler
-from schedulers.qwen3_omni.code2wav_model import geometry, to_pcm16
+from schedulers.qwen3_omni.code2wav_model import Code2WavRunner, decode_whole, geometry, to_pcm16
 from schedulers.qwen3_omni.code2wav_plan import Chunking
 from tests.scheduler_harness import TIMEOUT, done, new, put_atomically, running
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes
 
 FIRST, CHUNK = 5, 25
+MIN_FLOAT_SNR_DB = 95.0  # the stream's float samples against the reference: float rounding only
 MIN_SNR_DB = 80.0  # against the reference in pcm16: float rounding flips a rare sample by 1 LSB
 
 
@@ -192,3 +194,17 @@ def test_geometry_is_what_the_model_decodes(model: torch.nn.Module) -> None:
 def test_pcm16_is_clipped_scaled_and_rounded() -> None:
     samples = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.4 / 32767, 0.6 / 32767, 1.0, 3.0])
     assert to_pcm16(samples).tolist() == [-32767, -32767, -16384, 0, 0, 1, 32767, 32767]
+
+
+@pytest.mark.parametrize("frames", [87, 320])
+def test_the_stream_in_float_is_the_whole_decode_up_to_rounding(model: torch.nn.Module, frames: int) -> None:
+    codes = random_codes(model, frames, seed=7)
+    streamed = decode_whole(Code2WavRunner(model), Chunking(FIRST, CHUNK), codes).numpy()
+    assert snr_db(reference(model, codes), streamed) >= MIN_FLOAT_SNR_DB
+
+
+def test_too_little_convolution_context_is_audibly_wrong(model: torch.nn.Module) -> None:
+    codes = random_codes(model, 87, seed=8)
+    runner = Code2WavRunner(model)
+    runner.geometry = attrs.evolve(runner.geometry, conv_context_frames=runner.geometry.conv_context_frames // 2)
+    assert snr_db(reference(model, codes), decode_whole(runner, Chunking(FIRST, CHUNK), codes).numpy()) < 70

@@ -31,7 +31,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
 from schedulers._idsets import Life
-from schedulers.qwen3_omni.code2wav_model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, to_pcm16
+from schedulers.qwen3_omni.code2wav_model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
 from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Window
 from schedulers.vocoder import StreamingVocoderBase
 
@@ -119,7 +119,7 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
             if not taken and not state.complete:
                 continue
             try:
-                inputs.extend(self._transform(state, taken))
+                inputs.extend(self.runner.transform(state, taken))
             except Exception as exc:
                 self._fail_request(request_id, exc)
                 continue
@@ -136,35 +136,16 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
         self._emit_audio(windows, waves)
         return budget == 0
 
-    def _transform(self, state: CodeStream, windows: list[Window]) -> list[torch.Tensor]:
-        """Run the transformer over each window's new frames; the convolutions' input per window."""
-        runner, keep = self.runner, self.runner.geometry.conv_context_frames
-        inputs = []
-        for window in windows:
-            segment = window.segment
-            if segment.cache is None:
-                segment.cache = runner.new_cache()
-            hidden = runner.hidden(segment.cache, state.codes(window.start, window.end), window.start - segment.start)
-            segment.hidden = hidden if segment.hidden is None else torch.cat([segment.hidden, hidden])
-            inputs.append(segment.hidden[window.conv_start - segment.hidden_start :])
-            drop = max(0, segment.hidden.shape[0] - keep)
-            segment.hidden = segment.hidden[drop:]
-            segment.hidden_start += drop
-            if window.end == segment.end:  # its last window: the segment is spent
-                segment.cache = segment.hidden = None
-        return inputs
-
     def _emit_audio(self, windows: dict[str, list[Window]], waves: list[torch.Tensor]) -> None:
         streamed: list[OutgoingMessage] = []
         position = 0
         for request_id, taken in windows.items():
-            mine = waves[position : position + len(taken)]
+            samples = final_samples(taken, waves[position : position + len(taken)])
             position += len(taken)
-            parts = [wave[window.emit_from : window.emit_to] for window, wave in zip(taken, mine, strict=True)]
             state = self._stream_states.get(request_id)
             if state is None:
                 continue
-            pcm = to_pcm16(torch.cat(parts)) if parts else np.zeros(0, np.int16)
+            pcm = to_pcm16(samples)
             state.samples_emitted += len(pcm)
             messages = [self._audio_message(request_id, pcm)] if len(pcm) else []
             if state.complete:

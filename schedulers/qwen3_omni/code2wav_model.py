@@ -31,7 +31,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeCode2Wav,
 )
 
-from schedulers.qwen3_omni.code2wav_plan import Geometry
+from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Geometry, Window
 
 DEFAULT_CALL_COST_FRAMES = 8
 
@@ -162,6 +162,27 @@ class Code2WavRunner:
                 outputs[row] = wav[slot, 0, : _output_length(self._layers, lengths[row])]
         return outputs
 
+    def transform(self, stream: CodeStream, windows: Sequence[Window]) -> list[torch.Tensor]:
+        """Run the transformer over each window's new frames, in order; the convolutions' input per window.
+
+        Keeps, per segment, the cache and the last ``conv_context_frames`` of output; drops both after
+        the segment's last window."""
+        keep = self.geometry.conv_context_frames
+        inputs = []
+        for window in windows:
+            segment = window.segment
+            if segment.cache is None:
+                segment.cache = self.new_cache()
+            hidden = self.hidden(segment.cache, stream.codes(window.start, window.end), window.start - segment.start)
+            segment.hidden = hidden if segment.hidden is None else torch.cat([segment.hidden, hidden])
+            inputs.append(segment.hidden[window.conv_start - segment.hidden_start :])
+            drop = max(0, segment.hidden.shape[0] - keep)
+            segment.hidden = segment.hidden[drop:]
+            segment.hidden_start += drop
+            if window.end == segment.end:  # its last window: the segment is spent
+                segment.cache = segment.hidden = None
+        return inputs
+
     def _convolve(self, hidden: torch.Tensor) -> torch.Tensor:
         for blocks in self.model.upsample:
             for block in blocks:
@@ -171,9 +192,25 @@ class Code2WavRunner:
         return hidden.clamp(min=-1, max=1)
 
 
+def final_samples(windows: Sequence[Window], waves: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The samples ``windows`` make final, joined in order (``waves``: their convolutions' output)."""
+    parts = [wave[window.emit_from : window.emit_to] for window, wave in zip(windows, waves, strict=True)]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def decode_whole(runner: Code2WavRunner, chunking: Chunking, codes: torch.Tensor) -> torch.Tensor:
+    """``codes`` ``Long[Q, T]`` through the streaming path at once: the float samples the stream emits."""
+    stream = CodeStream(chunking, runner.geometry, runner.num_quantizers)
+    if codes.shape[-1]:
+        stream.add(codes)
+    stream.finish(int(codes.shape[-1]))
+    windows = stream.take_windows(int(codes.shape[-1]) + 1)
+    return final_samples(windows, runner.waveforms(runner.transform(stream, windows)) if windows else [])
+
+
 def to_pcm16(samples: torch.Tensor) -> np.ndarray:
     """Float samples → int16 as a player expects: clipped to [-1, 1], × 32767, rounded to nearest."""
     return np.rint(samples.clamp(-1, 1).numpy().astype(np.float64) * 32767.0).astype(np.int16)
 
 
-__all__ = ["Code2WavRunner", "geometry", "plan_groups", "to_pcm16"]
+__all__ = ["Code2WavRunner", "decode_whole", "final_samples", "geometry", "plan_groups", "to_pcm16"]
