@@ -1,1 +1,4 @@
-"""Qwen3-Omni served for real: transformers' model classes, one stage per part, the scheduling around them."""
+"""Qwen3-Omni (transformers' ``qwen3_omni_moe``) as stages: preprocessing, encoders, thinker, talker, code2wav.
+
+:mod:`.checkpoint` reads a checkpoint directory; each stage loads only the weights of the part it runs.
+"""
