@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import queue
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -16,11 +17,13 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StreamItem
-from schedulers.qwen3_omni.code2wav import Qwen3OmniCode2WavScheduler
+from schedulers.qwen3_omni.code2wav import Qwen3OmniCode2WavScheduler, create_code2wav_stage
 from schedulers.qwen3_omni.code2wav_model import Code2WavRunner, decode_whole, geometry, to_pcm16
 from schedulers.qwen3_omni.code2wav_plan import Chunking
 from tests.scheduler_harness import TIMEOUT, done, new, put_atomically, running
+from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes
+from toys.qwen3_omni_reference import load_reference_model
 
 FIRST, CHUNK = 5, 25
 MIN_FLOAT_SNR_DB = 95.0  # the stream's float samples against the reference: float rounding only
@@ -208,3 +211,13 @@ def test_too_little_convolution_context_is_audibly_wrong(model: torch.nn.Module)
     runner = Code2WavRunner(model)
     runner.geometry = attrs.evolve(runner.geometry, conv_context_frames=runner.geometry.conv_context_frames // 2)
     assert snr_db(reference(model, codes), decode_whole(runner, Chunking(FIRST, CHUNK), codes).numpy()) < 70
+
+
+def test_the_stage_speaks_as_transformers_on_a_checkpoint(tmp_path: Path) -> None:
+    model_dir = write_checkpoint(tmp_path / "checkpoint", size="tiny")
+    whole = load_reference_model(model_dir).code2wav  # transformers' from_pretrained of the whole model
+    codes = random_codes(whole, 40, seed=9)
+    ref_pcm = to_pcm16(torch.from_numpy(reference(whole, codes)))
+    with running(create_code2wav_stage(model_dir=str(model_dir))) as stage:
+        pcm = speak(stage, "r", codes, step=3)
+    assert len(pcm) == len(ref_pcm) and np.abs(pcm.astype(np.int32) - ref_pcm).max() <= 1
