@@ -19,7 +19,7 @@ import torch
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StreamItem
 from schedulers.qwen3_omni.code2wav import Qwen3OmniCode2WavScheduler, create_code2wav_stage
 from schedulers.qwen3_omni.code2wav_model import Code2WavRunner, decode_whole, geometry, to_pcm16
-from schedulers.qwen3_omni.code2wav_plan import Chunking
+from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Geometry
 from tests.scheduler_harness import TIMEOUT, done, new, put_atomically, running
 from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes
@@ -87,8 +87,8 @@ def snr_db(ref: np.ndarray, pcm: np.ndarray) -> float:
 
 @pytest.mark.parametrize(
     "frames",
-    [1, 3, FIRST, FIRST + CHUNK, 87, 320],
-    ids=["one-frame", "under-first-chunk", "first-chunk", "first-and-one-chunk", "many-chunks", "past-300"],
+    [1, 3, FIRST, FIRST + 2 * FIRST + 4 * FIRST, 87, 320],
+    ids=["one-frame", "under-first-chunk", "first-chunk", "ends-on-a-window", "many-chunks", "past-300"],
 )
 def test_streamed_speech_is_transformers_whole_decode(
     model: torch.nn.Module, scheduler: Qwen3OmniCode2WavScheduler, frames: int
@@ -109,6 +109,13 @@ def test_speech_does_not_depend_on_how_the_talker_chunks_its_codes(
     one_by_one = speak(scheduler, "a", codes, step=1)
     all_at_once = speak(scheduler, "b", codes, step=61)
     assert np.array_equal(one_by_one, all_at_once)
+
+
+def test_no_frames_is_no_audio(scheduler: Qwen3OmniCode2WavScheduler) -> None:
+    put_atomically(scheduler.inbox, [new("r", {"num_frames": 0}), done("r")])
+    ((chunks, result),) = collect(scheduler.outbox, {"r"}).values()
+    assert chunks == [] and result.data["num_samples"] == 0
+    assert scheduler.active_streams == 0
 
 
 def test_first_audio_leaves_once_the_first_chunk_of_frames_arrived(
@@ -221,3 +228,16 @@ def test_the_stage_speaks_as_transformers_on_a_checkpoint(tmp_path: Path) -> Non
     with running(create_code2wav_stage(model_dir=str(model_dir))) as stage:
         pcm = speak(stage, "r", codes, step=3)
     assert len(pcm) == len(ref_pcm) and np.abs(pcm.astype(np.int32) - ref_pcm).max() <= 1
+
+
+def test_windows_ramp_from_the_first_chunk_to_the_steady_size_and_restart_at_each_reference_segment() -> None:
+    stream = CodeStream(Chunking(FIRST, CHUNK), Geometry(1920, 555, 10), num_quantizers=1)
+    stream.add(torch.zeros(1, 340, dtype=torch.long))
+    stream.finish(340)
+    windows = [(w.segment.index, w.start, w.end) for w in stream.take_windows(100)]
+    first_segment = [5, 15, 35, 60, 85, 110, 135, 160, 185, 210, 235, 260, 285, 300]
+    assert windows == [
+        *((0, start, end) for start, end in zip([0, *first_segment], first_segment, strict=False)),
+        (1, 275, 325),  # transformers' 25 frames of context, then one steady window
+        (1, 325, 340),
+    ]

@@ -8,7 +8,7 @@ payload ``{"num_frames": N}``, which ends the request.  What a consumer of this 
   transformers' whole-utterance decode (``Qwen3OmniMoeCode2Wav.chunked_decode``, what ``generate``
   returns) of the same codes: exactly as long, and equal to it up to float rounding, converted as
   clip to [-1, 1], × 32767, round to nearest (:mod:`schedulers.qwen3_omni.code2wav_plan` says why).
-* The first audio leaves once ``first_chunk_frames`` frames have arrived, later audio every
+* The first audio leaves once ``first_chunk_frames`` frames have arrived; later windows double up to
   ``chunk_frames``; the samples do not depend on how the talker split its chunks.
 * Decoding runs whenever the inbox is empty: every window that is ready, of every request, goes through
   the convolutions in as few forwards as padding allows; the transformer runs per request on its KV

@@ -9,9 +9,11 @@ segment's decode of n frames lacks the causal tail (n·1920 − 555 samples).  S
 A :class:`CodeStream` reproduces exactly that signal, chunk by chunk, as codes arrive:
 
 * each reference segment is streamed on its own, from its own first frame, as transformers decodes it;
-* inside a segment, frames are decoded in *windows* at fixed frame boundaries (``first_chunk_frames``,
-  then every ``chunk_frames``; the segment's end closes the last one), so the samples never depend on
-  how the codes were split into chunks on the way here;
+* inside a segment, frames are decoded in *windows* at fixed frame boundaries, so the samples never
+  depend on how the codes were split into chunks on the way here: the first segment's windows start at
+  ``first_chunk_frames`` and double up to ``chunk_frames`` (a small first chunk, then a ramp: each window
+  takes about as long to arrive as the audio already out lasts, so a talker a little faster than real
+  time leaves no gap), later segments' are ``chunk_frames``; the segment's end closes the last one;
 * a window of new frames [a, b) emits the samples [a·1920 − 555, b·1920 − 555) of its segment: those
   before b·1920 − 555 need no later frame (the model is causal and its transposed convolutions trim what
   a later frame would change), and the 555 samples a window cannot finish are emitted by the next window,
@@ -85,6 +87,7 @@ class Segment:
     start: int
     skip: int
     end: int | None = None
+    next_size: int = 0
     planned_to: int = attrs.field(default=-1)
     cache: Any = None
     hidden: torch.Tensor | None = None
@@ -181,7 +184,9 @@ class CodeStream:
         ):
             index = self._next_segment
             start = chunking.segment_start(index)
-            self.segments.append(Segment(index, start, index * chunking.reference_chunk_frames - start))
+            first = chunking.first_chunk_frames if index == 0 else chunking.chunk_frames
+            skip = index * chunking.reference_chunk_frames - start
+            self.segments.append(Segment(index, start, skip, next_size=first))
             self._next_segment += 1
         size = chunking.reference_chunk_frames
         for segment in self.segments:
@@ -197,11 +202,7 @@ class CodeStream:
         start = segment.planned_to
         if segment.done:
             return None
-        if start == segment.start:
-            first = self.chunking.first_chunk_frames if segment.index == 0 else self.chunking.chunk_frames
-            end = start + segment.skip + first
-        else:
-            end = start + self.chunking.chunk_frames
+        end = start + segment.next_size + (segment.skip if start == segment.start else 0)
         if segment.end is not None:
             end = min(end, segment.end)
         if end > self.received:
@@ -212,6 +213,8 @@ class CodeStream:
         conv_start = max(segment.start, first_emitted - geometry.conv_context_frames)
         emit_from = (first_emitted - conv_start) * per_frame - (tail if start > segment.start else 0)
         segment.planned_to = end
+        steady = self.chunking.chunk_frames
+        segment.next_size = min(steady, 2 * segment.next_size) if segment.next_size < steady else steady
         return Window(segment, start, end, conv_start, emit_from, (end - conv_start) * per_frame - tail)
 
 
