@@ -1,0 +1,118 @@
+"""Choosing codes from logits the way transformers' ``generate`` does for the talker and code predictor.
+
+The talker's first code per frame (:func:`first_codes`): repetition penalty over the request's earlier
+first codes, ``codec_eos`` forbidden before ``min_new_tokens``, the ids ``[vocab - 1024, vocab)`` other
+than ``codec_eos`` suppressed, then greedy (argmax) or temperature → top-k → top-p sampling — the
+logits processors ``generate`` builds from ``Qwen3OmniMoeForConditionalGeneration.generate``'s talker
+arguments, in its order.  The code predictor's codes (:func:`sample_rows`): greedy, or top-k 50 /
+top-p 0.8 at temperature 1, what the talker's ``prepare_inputs_for_generation`` asks of it.
+
+Greedy rows are bit-for-bit ``generate``'s choice for the same logits; sampled rows draw from
+``generator`` (one per scheduler, so a run is reproducible for a seed, not equal to ``generate``'s draws).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+SUPPRESSED_TOP = 1024
+"""``generate`` suppresses the talker's top 1024 ids (codec specials, speakers) except ``codec_eos``."""
+
+
+@attrs.frozen
+class TalkerSampling:
+    """One request's talker sampling knobs (``generate``'s ``talker_*`` arguments and defaults)."""
+
+    do_sample: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    max_new_tokens: int = 4096
+    min_new_tokens: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"talker max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"talker temperature must be > 0 when sampling, got {self.temperature}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"talker repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+CODE_PREDICTOR_TOP_K = 50
+CODE_PREDICTOR_TOP_P = 0.8
+
+
+def suppressed_mask(vocab_size: int, codec_eos: int) -> torch.Tensor:
+    """Bool ``[vocab]``: True where ``generate`` forbids the talker's first code."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[max(vocab_size - SUPPRESSED_TOP, 0) :] = True
+    mask[codec_eos] = False
+    return mask
+
+
+def first_codes(
+    logits: torch.Tensor,
+    histories: Sequence[Sequence[int]],
+    knobs: Sequence[TalkerSampling],
+    suppressed: torch.Tensor,
+    codec_eos: int,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """The talker's first code for each row of ``logits [B, V]`` (float32); row ``b``'s earlier codes are
+    ``histories[b]`` and its knobs ``knobs[b]``."""
+    scores = logits.clone()
+    for row, (history, knob) in enumerate(zip(histories, knobs, strict=True)):
+        if history and knob.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(history)))
+            picked = scores[row, seen]
+            scores[row, seen] = torch.where(
+                picked < 0, picked * knob.repetition_penalty, picked / knob.repetition_penalty
+            )
+        if len(history) < knob.min_new_tokens:
+            scores[row, codec_eos] = -float("inf")
+    scores = scores.masked_fill(suppressed, -float("inf"))
+    return [
+        _choose(scores[row], knob.do_sample, knob.temperature, knob.top_k, knob.top_p, generator)
+        for row, knob in enumerate(knobs)
+    ]
+
+
+def sample_rows(logits: torch.Tensor, greedy: Sequence[bool], generator: torch.Generator | None) -> torch.Tensor:
+    """The code predictor's next code per row of ``logits [B, V]``: argmax, or its top-k/top-p draw."""
+    if all(greedy):
+        return logits.argmax(dim=-1)
+    return torch.tensor(
+        [
+            _choose(logits[row], not is_greedy, 1.0, CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P, generator)
+            for row, is_greedy in enumerate(greedy)
+        ]
+    )
+
+
+def _choose(
+    scores: torch.Tensor,
+    do_sample: bool,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> int:
+    if not do_sample:
+        return int(scores.argmax())
+    scores = scores / temperature if temperature != 1.0 else scores.clone()
+    if top_k > 0:
+        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[-1]
+        scores = scores.masked_fill(scores < kth, -float("inf"))
+    if top_p < 1.0:
+        ordered, order = torch.sort(scores, descending=False)
+        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= 1 - top_p
+        remove[-1] = False
+        scores = scores.masked_fill(remove.scatter(0, order, remove), -float("inf"))
+    probs = scores.softmax(dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
