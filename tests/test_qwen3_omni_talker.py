@@ -1,0 +1,204 @@
+"""The Qwen3-Omni talker stage: codes equal to transformers' ``generate``, streamed as the thinker speaks.
+
+The stage is driven through its inbox and outbox (tests/scheduler_harness.py) with the thinker's stream
+as ``generate`` itself produced it (toys/qwen3_omni_talker_feed.py), on a tiny random checkpoint the
+module writes; every comparison is against ``generate`` on the same weights.
+"""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage
+from schedulers.qwen3_omni.codec_sampling import TalkerSampling
+from schedulers.qwen3_omni.talker import TalkerScheduler
+from schedulers.qwen3_omni.talker_model import TalkerModel
+from tests.scheduler_harness import chunk, done, new, running
+from toys.qwen3_omni_checkpoint import write_checkpoint
+from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor
+from toys.qwen3_omni_talker_feed import Reference, reference_run
+
+TIMEOUT = 60.0
+THINKER_TOKENS = 16
+TALKER_TOKENS = 48
+GREEDY = TalkerSampling(do_sample=False, max_new_tokens=TALKER_TOKENS, min_new_tokens=2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni-tiny"), size="tiny")
+
+
+@pytest.fixture(scope="module")
+def full(checkpoint: Path) -> tuple[Any, Any]:
+    return load_reference_model(checkpoint), reference_processor(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def talker(checkpoint: Path) -> TalkerModel:
+    return TalkerModel.from_checkpoint(checkpoint)
+
+
+def text_messages(words: str) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": "You are a voice."},
+        {"role": "user", "content": words},
+    ]
+
+
+def audio_messages() -> list[dict[str, Any]]:
+    tone = np.sin(np.arange(16_000) * 2 * np.pi * 220 / 16_000).astype(np.float32) * 0.5
+    return [{"role": "user", "content": [{"type": "audio", "audio": tone}, {"type": "text", "text": "what is it?"}]}]
+
+
+def image_messages() -> list[dict[str, Any]]:
+    pixels = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    return [{"role": "user", "content": [{"type": "image", "image": pixels}, {"type": "text", "text": "describe"}]}]
+
+
+def reference(full: tuple[Any, Any], messages: list[dict[str, Any]], speaker: str = "ethan") -> Reference:
+    model, processor = full
+    return reference_run(
+        model,
+        dict(processor_inputs(processor, messages)),
+        speaker=speaker,
+        thinker_max_new_tokens=THINKER_TOKENS,
+        talker_max_new_tokens=TALKER_TOKENS,
+        eos_token_id=processor.tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
+
+
+def feed(scheduler: TalkerScheduler, rid: str, ref: Reference, *, first: int = 0, last: int | None = None) -> None:
+    """Chunks ``first..last`` of ``ref``'s thinker stream; with ``last`` None also the end and the payload."""
+    end = len(ref.chunks) if last is None else last
+    for index in range(first, end):
+        scheduler.inbox.put(chunk(rid, index, ref.chunks[index]))
+    if last is None:
+        scheduler.inbox.put(done(rid))
+        scheduler.inbox.put(new(rid, {"token_ids": ref.token_ids}))
+
+
+def collect(outbox: queue.Queue[OutgoingMessage], rids: set[str]) -> dict[str, tuple[torch.Tensor, OutgoingMessage]]:
+    """Every request's codes, joined in order, and its final message."""
+    codes: dict[str, list[torch.Tensor]] = {rid: [] for rid in rids}
+    final: dict[str, OutgoingMessage] = {}
+    while len(final) < len(rids):
+        out = outbox.get(timeout=TIMEOUT)
+        assert out.request_id in rids and out.request_id not in final, out
+        if out.type == "stream":
+            assert out.metadata == {"modality": "codes"}
+            codes[out.request_id].append(out.data["codes"])
+        else:
+            final[out.request_id] = out
+    return {rid: (torch.cat(codes[rid], dim=1) if codes[rid] else torch.empty(0), final[rid]) for rid in rids}
+
+
+def spoken(scheduler: TalkerScheduler, ref: Reference, rid: str = "r") -> torch.Tensor:
+    with running(scheduler):
+        feed(scheduler, rid, ref)
+        codes, final = collect(scheduler.outbox, {rid})[rid]
+    assert final.type == "result", final.data
+    assert final.data.data == {"num_frames": codes.shape[1]}
+    return codes
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [text_messages("hello there, how are you today?"), audio_messages(), image_messages()],
+    ids=["text", "audio", "image"],
+)
+def test_greedy_codes_equal_generate(full: tuple[Any, Any], talker: TalkerModel, messages: list[Any]) -> None:
+    ref = reference(full, messages)
+    assert ref.codes.shape[1] > 1
+    assert torch.equal(spoken(TalkerScheduler(talker, sampling=GREEDY), ref), ref.codes)
+
+
+def test_talker_speaks_before_the_thinker_ends(full: tuple[Any, Any], talker: TalkerModel) -> None:
+    ref = reference(full, text_messages("tell me a story"))
+    assert len(ref.token_ids) > 3
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):
+        feed(scheduler, "r", ref, last=3)  # the prompt and two answer tokens: the first one was forwarded
+        first = scheduler.outbox.get(timeout=TIMEOUT)
+        assert first.type == "stream"
+        feed(scheduler, "r", ref, first=3)
+        codes, final = collect(scheduler.outbox, {"r"})["r"]
+    assert final.type == "result"
+    assert torch.equal(torch.cat((first.data["codes"], codes), dim=1), ref.codes)
+
+
+def test_eight_concurrent_requests_each_equal_their_solo_codes(full: tuple[Any, Any], talker: TalkerModel) -> None:
+    prompts = ["one", "two words", "three little words", "four", "five and more", "six", "seven seas", "eight"]
+    refs = {
+        f"r{i}": reference(full, text_messages(words), ("ethan", "chelsie")[i % 2]) for i, words in enumerate(prompts)
+    }
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):
+        longest = max(len(ref.chunks) for ref in refs.values())
+        for index in range(longest):  # interleaved as the thinker streams them, one token per request at a time
+            for rid, ref in refs.items():
+                if index < len(ref.chunks):
+                    feed(scheduler, rid, ref, first=index, last=index + 1)
+        for rid, ref in refs.items():
+            feed(scheduler, rid, ref, first=len(ref.chunks))
+        outputs = collect(scheduler.outbox, set(refs))
+    for rid, ref in refs.items():
+        assert torch.equal(outputs[rid][0], ref.codes), rid
+    assert max(scheduler.batch_sizes) > 1
+
+
+def test_abort_frees_the_request_state(full: tuple[Any, Any], talker: TalkerModel) -> None:
+    ref = reference(full, text_messages("a long answer please"))
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):
+        feed(scheduler, "gone", ref, last=3)
+        assert scheduler.outbox.get(timeout=TIMEOUT).type == "stream"
+        scheduler.abort("gone")
+        feed(scheduler, "gone", ref, first=3, last=len(ref.chunks))  # on their way when it was aborted: dropped
+        scheduler.inbox.put(done("gone"))
+        scheduler.inbox.put(IncomingMessage("gone", "abort"))
+        feed(scheduler, "next", ref)
+        outputs = collect(scheduler.outbox, {"next"})
+        assert torch.equal(outputs["next"][0], ref.codes)
+        assert scheduler.active_requests == 0
+        assert len(scheduler.kv) == 0
+
+
+def test_two_speakers_give_different_codes(full: tuple[Any, Any], talker: TalkerModel) -> None:
+    messages = text_messages("say something")
+    ethan, chelsie = reference(full, messages, "ethan"), reference(full, messages, "chelsie")
+    assert torch.equal(spoken(TalkerScheduler(talker, sampling=GREEDY), ethan), ethan.codes)
+    assert torch.equal(spoken(TalkerScheduler(talker, sampling=GREEDY), chelsie), chelsie.codes)
+    assert not torch.equal(ethan.codes, chelsie.codes)
+
+
+def test_unknown_voice_is_a_client_error_naming_the_speakers(full: tuple[Any, Any], talker: TalkerModel) -> None:
+    ref = reference(full, text_messages("hi"))
+    ref.chunks[0]["speaker"] = "nobody"
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):
+        feed(scheduler, "r", ref)
+        out = scheduler.outbox.get(timeout=TIMEOUT)
+    assert out.type == "error" and isinstance(out.data, InvalidRequest)
+    assert "ethan" in str(out.data) and out.data.param == "audio.voice"
+
+
+def test_a_request_without_audio_gives_no_codes(full: tuple[Any, Any], talker: TalkerModel) -> None:
+    ref = reference(full, text_messages("text only"))
+    ref.chunks[0]["want_audio"] = False
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):
+        feed(scheduler, "r", ref)
+        out = scheduler.outbox.get(timeout=TIMEOUT)
+    assert out.type == "result" and out.data.data == {"num_frames": 0}
