@@ -99,10 +99,11 @@ class TalkerModel:
     def from_checkpoint(cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> TalkerModel:
         """Build the talker on CPU (rotary buffers are not in the checkpoint) and load ``talker.`` weights
         plus the three tts rows."""
-        from schedulers.qwen3_omni.checkpoint import load_config, load_weights
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             Qwen3OmniMoeTalkerForConditionalGeneration,
         )
+
+        from schedulers.qwen3_omni.checkpoint import load_config, load_weights
 
         config = load_config(model_dir)
         talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config, dtype=dtype)
