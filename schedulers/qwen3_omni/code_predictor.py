@@ -15,6 +15,7 @@ could batch only what one hop delivered; in-stage, one batched call serves every
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -28,7 +29,7 @@ class CodePredictor:
 
     def __init__(self, model: TalkerModel) -> None:
         self.model = model
-        self.predictor = model.talker.code_predictor
+        self.predictor: Any = model.talker.code_predictor
 
     def frames(
         self,

@@ -168,9 +168,9 @@ class TalkerScheduler:
                             OutgoingMessage(rid, "error", ValueError(f"talker: duplicate request {rid!r}"))
                         )
             case "stream_chunk" | "stream_done":
-                life = self._ledger.admit_stream(rid, is_done=message.type == "stream_done")
-                if life is not None:
-                    req = self._request(life)
+                streamed = self._ledger.admit_stream(rid, is_done=message.type == "stream_done")
+                if streamed is not None:
+                    req = self._request(streamed)
                     if message.type == "stream_done":
                         self._guarded(req, self._on_end_of_text)
                     else:

@@ -62,15 +62,15 @@ class TokenIds:
 class TalkerModel:
     """The talker module plus the projected tts specials; see the module docstring."""
 
-    def __init__(self, config: Any, talker: torch.nn.Module, tts_rows: torch.Tensor) -> None:
+    def __init__(self, config: Any, talker: Any, tts_rows: torch.Tensor) -> None:
         self.config = config
-        self.talker = talker.eval()
+        self.talker: Any = talker.eval()
         self.ids = TokenIds.of(config)
         # A prompt with audio and an image needs the audio config in the talker's (get_rope_index).
-        if getattr(talker.config, "audio_config", None) is None:
-            talker.config.audio_config = config.thinker_config.audio_config
+        if getattr(self.talker.config, "audio_config", None) is None:
+            self.talker.config.audio_config = config.thinker_config.audio_config
         with torch.inference_mode():
-            projected = talker.text_projection(tts_rows.to(self.dtype).unsqueeze(0))[0]
+            projected = self.talker.text_projection(tts_rows.to(self.dtype).unsqueeze(0))[0]
         self.tts_bos, self.tts_eos, self.tts_pad = projected[0], projected[1], projected[2]
 
     @property
