@@ -55,16 +55,15 @@ def suppressed_mask(vocab_size: int, codec_eos: int) -> torch.Tensor:
     return mask
 
 
-def first_codes(
+def processed_scores(
     logits: torch.Tensor,
     histories: Sequence[Sequence[int]],
     knobs: Sequence[TalkerSampling],
     suppressed: torch.Tensor,
     codec_eos: int,
-    generator: torch.Generator | None,
-) -> list[int]:
-    """The talker's first code for each row of ``logits [B, V]`` (float32); row ``b``'s earlier codes are
-    ``histories[b]`` and its knobs ``knobs[b]``."""
+) -> torch.Tensor:
+    """``logits [B, V]`` after repetition penalty, ``min_new_tokens`` and suppression (row ``b``'s earlier
+    first codes are ``histories[b]``): what greedy takes the argmax of."""
     scores = logits.clone()
     for row, (history, knob) in enumerate(zip(histories, knobs, strict=True)):
         if history and knob.repetition_penalty != 1.0:
@@ -75,7 +74,34 @@ def first_codes(
             )
         if len(history) < knob.min_new_tokens:
             scores[row, codec_eos] = -float("inf")
-    scores = scores.masked_fill(suppressed, -float("inf"))
+    return scores.masked_fill(suppressed, -float("inf"))
+
+
+def warped(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """One row's scores after temperature, top-k and top-p (what sampling draws from by softmax)."""
+    scores = scores / temperature if temperature != 1.0 else scores.clone()
+    if top_k > 0:
+        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[-1]
+        scores = scores.masked_fill(scores < kth, -float("inf"))
+    if top_p < 1.0:
+        ordered, order = torch.sort(scores, descending=False)
+        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= 1 - top_p
+        remove[-1] = False
+        scores = scores.masked_fill(remove.scatter(0, order, remove), -float("inf"))
+    return scores
+
+
+def first_codes(
+    logits: torch.Tensor,
+    histories: Sequence[Sequence[int]],
+    knobs: Sequence[TalkerSampling],
+    suppressed: torch.Tensor,
+    codec_eos: int,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """The talker's first code for each row of ``logits [B, V]`` (float32), per its knobs."""
+    scores = processed_scores(logits, histories, knobs, suppressed, codec_eos)
     return [
         _choose(scores[row], knob.do_sample, knob.temperature, knob.top_k, knob.top_p, generator)
         for row, knob in enumerate(knobs)
@@ -104,15 +130,5 @@ def _choose(
 ) -> int:
     if not do_sample:
         return int(scores.argmax())
-    scores = scores / temperature if temperature != 1.0 else scores.clone()
-    if top_k > 0:
-        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[-1]
-        scores = scores.masked_fill(scores < kth, -float("inf"))
-    if top_p < 1.0:
-        ordered, order = torch.sort(scores, descending=False)
-        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-        remove = cumulative <= 1 - top_p
-        remove[-1] = False
-        scores = scores.masked_fill(remove.scatter(0, order, remove), -float("inf"))
-    probs = scores.softmax(dim=-1)
+    probs = warped(scores, temperature, top_k, top_p).softmax(dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
