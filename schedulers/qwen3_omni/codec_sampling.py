@@ -64,16 +64,17 @@ def processed_scores(
 ) -> torch.Tensor:
     """``logits [B, V]`` after repetition penalty, ``min_new_tokens`` and suppression (row ``b``'s earlier
     first codes are ``histories[b]``): what greedy takes the argmax of."""
-    scores = logits.clone()
-    for row, (history, knob) in enumerate(zip(histories, knobs, strict=True)):
-        if history and knob.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(history)))
-            picked = scores[row, seen]
-            scores[row, seen] = torch.where(
-                picked < 0, picked * knob.repetition_penalty, picked / knob.repetition_penalty
-            )
-        if len(history) < knob.min_new_tokens:
-            scores[row, codec_eos] = -float("inf")
+    rows = [row for row, history in enumerate(histories) for _ in history]
+    seen = torch.zeros(logits.shape, dtype=torch.bool)
+    seen[rows, [code for history in histories for code in history]] = True
+    penalty = torch.tensor([[knob.repetition_penalty] for knob in knobs], dtype=logits.dtype)
+    scores = torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+    early = [
+        row
+        for row, (history, knob) in enumerate(zip(histories, knobs, strict=True))
+        if len(history) < knob.min_new_tokens
+    ]
+    scores[early, codec_eos] = -float("inf")
     return scores.masked_fill(suppressed, -float("inf"))
 
 

@@ -100,6 +100,7 @@ class TalkerScheduler:
         self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self._ledger = RequestLedger(self._new_request_queued, retire_on_abort=True)
         self._requests: dict[str, TalkerRequest] = {}
+        self._pending: list[OutgoingMessage] = []
 
     # -- the StageScheduler protocol ------------------------------------------------
 
@@ -123,6 +124,7 @@ class TalkerScheduler:
         """Serve until :meth:`stop`: block while no request can step, else take every message, then step."""
         while True:
             if not self._has_work():
+                self._flush()
                 first = self._inbox.get()
                 if isinstance(first, _Stop):
                     return
@@ -137,6 +139,7 @@ class TalkerScheduler:
                 self._handle(message)
             if self._has_work():
                 self._step()
+            self._flush()
 
     def stop(self) -> None:
         self._inbox.put(_Stop())
@@ -164,9 +167,8 @@ class TalkerScheduler:
                     case Life() as life:
                         self._guarded(self._request(life), self._on_payload, message.data)
                     case Admission.DUPLICATE:
-                        self._outbox.put(
-                            OutgoingMessage(rid, "error", ValueError(f"talker: duplicate request {rid!r}"))
-                        )
+                        error = ValueError(f"talker: duplicate request {rid!r}")
+                        self._pending.append(OutgoingMessage(rid, "error", error))
             case "stream_chunk" | "stream_done":
                 streamed = self._ledger.admit_stream(rid, is_done=message.type == "stream_done")
                 if streamed is not None:
@@ -235,7 +237,7 @@ class TalkerScheduler:
     # -- stepping (scheduler thread) ----------------------------------------------------
 
     def _has_work(self) -> bool:
-        return any(req.prefill_ready() or req.decode_input() is not None for req in self._requests.values())
+        return any(req.prefill_ready() or req.decode_ready() for req in self._requests.values())
 
     def _step(self) -> None:
         stepped: list[tuple[TalkerRequest, torch.Tensor, torch.Tensor]] = []
@@ -244,8 +246,8 @@ class TalkerScheduler:
                 stepped.append((req, *self._prefill(req)))
             except Exception as exc:
                 self._fail(req, exc)
-        decoding = [(r, x) for r in self._requests.values() if (x := r.decode_input()) is not None]
-        decoding = decoding[: self.max_batch_size]
+        ready = [req for req in self._requests.values() if req.decode_ready()][: self.max_batch_size]
+        decoding = [(req, x) for req in ready if (x := req.decode_input()) is not None]
         if decoding:
             try:
                 hidden, logits = self._decode(decoding)
@@ -346,11 +348,17 @@ class TalkerScheduler:
         messages.append(OutgoingMessage(req.request_id, "result", req.payload))
         self._drop_state(req.life)
         if self._ledger.end(req.life):
-            put_messages(self._outbox, messages)
+            self._pending.extend(messages)
 
     def _emit(self, req: TalkerRequest, messages: list[OutgoingMessage]) -> None:
         if not self._ledger.is_aborted(req.life):
-            put_messages(self._outbox, messages)
+            self._pending.extend(messages)
+
+    def _flush(self) -> None:
+        """Put this turn's outputs on the outbox together (one wake-up of the IO side)."""
+        if self._pending:
+            put_messages(self._outbox, self._pending)
+            self._pending = []
 
     def _guarded(self, req: TalkerRequest, handler: Any, *args: Any) -> None:
         try:
@@ -362,7 +370,7 @@ class TalkerScheduler:
         logger.debug("talker: request %r failed", req.request_id, exc_info=exc)
         self._drop_state(req.life)
         if self._ledger.end(req.life, failed_stream=True):
-            self._outbox.put(OutgoingMessage(req.request_id, "error", exc))
+            self._pending.append(OutgoingMessage(req.request_id, "error", exc))
 
     def _free(self, life: Life) -> None:
         self._drop_state(life)

@@ -131,6 +131,10 @@ class TextFeed:
         talker_ids = torch.cat((self.user_ids, torch.full((assistant.shape[0],), ids.tts_pad)))
         return torch.cat((self.user_embeds, assistant)), talker_ids
 
+    def has_trailing(self, step: int) -> bool:
+        """Whether :meth:`trailing` knows decode step ``step``'s text."""
+        return self.ended or ASSISTANT_PREFIX + 1 + step < self.known_rows
+
     def trailing(self, step: int) -> torch.Tensor | None:
         """The text added to decode step ``step``'s input ``[H]``, or None while it is not known yet."""
         row = ASSISTANT_PREFIX + 1 + step

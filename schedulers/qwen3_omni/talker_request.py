@@ -125,6 +125,14 @@ class TalkerRequest:
     def prefill_ready(self) -> bool:
         return self.phase is Phase.PREFILL and self.feed is not None and self.feed.prefill_ready()
 
+    def decode_ready(self) -> bool:
+        return (
+            self.phase is Phase.DECODING
+            and self.next_input is not None
+            and self.feed is not None
+            and self.feed.has_trailing(self.step)
+        )
+
     def decode_input(self) -> torch.Tensor | None:
         """The next decode step's input ``[H]`` (frame sum + text), or None while its text is unknown."""
         if self.phase is not Phase.DECODING or self.feed is None or self.next_input is None:
