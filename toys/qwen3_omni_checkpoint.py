@@ -1,0 +1,349 @@
+"""Random Qwen3-Omni checkpoints laid out as the released one is, for tests and benchmarks.
+
+:func:`write_checkpoint` writes, into a directory: ``config.json`` and ``generation_config.json``
+(``Qwen3OmniMoeForConditionalGeneration.save_pretrained``), the weights as at least two
+``model-0000X-of-0000N.safetensors`` shards with ``model.safetensors.index.json``, the tokenizer
+(:mod:`toys.qwen3_omni_tokenizer`), the feature extractor and image processor configuration
+(``preprocessor_config.json``) and the chat template (``chat_template.json``).  Two calls with the same
+``size`` and ``seed`` write identical weights.
+
+The weights are random but scaled so the model's answer depends on what it is given (the library's
+default initialisation shrinks the audio tower's output to ~1e-7, lets the speaker row vanish in the
+talker, and makes code2wav silent): every matrix is drawn from a seeded normal with a standard deviation
+of ``gain / sqrt(fan_in)``, the gain per part in :data:`_GAINS`, so activations keep their scale.  The
+talker's MoE experts and router, which the library leaves uninitialised, are drawn the same way.
+
+Sizes: ``tiny`` (~0.3 M parameters: thinker hidden 32, 4 code groups, codebook 32; ``generate`` with
+audio in well under a second on one core) and ``medium`` (thinker hidden 256, 8 code groups, codebook
+256, a few M parameters per part: compute dominates over per-call overhead on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from toys.qwen3_omni_tokenizer import CHAT_TEMPLATE, build_tokenizer, token_id
+
+Size = Literal["tiny", "medium"]
+SPEAKERS = ("chelsie", "ethan", "aiden")
+DEFAULT_SPEAKER = "ethan"  # generate's own default ("Ethan")
+SAMPLE_RATE = 16_000
+IMAGE_PIXELS = 32 * 32 * 4  # the image processor's max_pixels: images resize to at most 64x64
+
+# (parameter-name prefix, gain): the first prefix a name starts with gives the gain of its matrices.
+_GAINS: tuple[tuple[str, float], ...] = (
+    ("thinker.audio_tower.", 1.5),
+    ("thinker.visual.", 1.5),
+    ("thinker.model.embed_tokens.", 8.0),
+    ("thinker.lm_head.", 16.0),
+    ("thinker.", 1.0),
+    ("talker.model.codec_embedding.", 8.0),
+    ("talker.text_projection.", 2.0),
+    ("talker.hidden_projection.", 2.0),
+    ("talker.codec_head.", 4.0),
+    ("talker.code_predictor.model.codec_embedding.", 8.0),
+    ("talker.code_predictor.lm_head.", 4.0),
+    ("talker.", 1.0),
+    ("code2wav.", 0.75),
+)
+
+_SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "hidden": 32,
+        "layers": 2,
+        "heads": 2,
+        "kv_heads": 1,
+        "experts": 4,
+        "moe_intermediate": 32,
+        "mrope": [4, 2, 2],
+        "audio_layers": 1,
+        "audio_ffn": 64,
+        "audio_down": 8,
+        "vision_hidden": 32,
+        "vision_depth": 1,
+        "talker_hidden": 32,
+        "talker_layers": 1,
+        "talker_experts": 2,
+        "predictor_layers": 1,
+        "code_groups": 4,
+        "codebook": 32,
+        "c2w_hidden": 32,
+        "c2w_layers": 1,
+        "c2w_decoder": 32,
+    },
+    "medium": {
+        "hidden": 256,
+        "layers": 4,
+        "heads": 4,
+        "kv_heads": 2,
+        "experts": 8,
+        "moe_intermediate": 256,
+        "mrope": [12, 10, 10],
+        "audio_layers": 2,
+        "audio_ffn": 512,
+        "audio_down": 32,
+        "vision_hidden": 128,
+        "vision_depth": 2,
+        "talker_hidden": 256,
+        "talker_layers": 2,
+        "talker_experts": 4,
+        "predictor_layers": 2,
+        "code_groups": 8,
+        "codebook": 256,
+        "c2w_hidden": 128,
+        "c2w_layers": 2,
+        "c2w_decoder": 256,
+    },
+}
+
+
+def build_config(size: Size, tokenizer: Any) -> Any:
+    """The ``Qwen3OmniMoeConfig`` of a ``size`` checkpoint whose token ids are ``tokenizer``'s."""
+    from transformers import Qwen3OmniMoeConfig
+
+    s = _SIZES[size]
+    ids = {name: token_id(tokenizer, tok) for name, tok in _TOKEN_IDS.items()}
+    vocab = 64 * math.ceil(len(tokenizer) / 64)
+    hidden, head_dim = s["hidden"], s["hidden"] // s["heads"]
+    if sum(s["mrope"]) * 2 != head_dim:
+        raise ValueError(f"mrope sections {s['mrope']} must sum to head_dim/2 = {head_dim // 2}")
+    cb = s["codebook"]
+    codec = {"pad": cb, "bos": cb + 1, "eos": cb + 2, "nothink": cb + 3, "think_bos": cb + 4, "think_eos": cb + 5}
+    text = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": s["layers"],
+        "num_attention_heads": s["heads"],
+        "num_key_value_heads": s["kv_heads"],
+        "head_dim": head_dim,
+        "moe_intermediate_size": s["moe_intermediate"],
+        "num_experts": s["experts"],
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1e6,
+            "mrope_section": s["mrope"],
+            "interleaved": True,
+        },
+    }
+    thinker = {
+        "text_config": text,
+        "audio_config": {
+            "num_mel_bins": 128,
+            "d_model": hidden,
+            "encoder_layers": s["audio_layers"],
+            "encoder_attention_heads": s["heads"],
+            "encoder_ffn_dim": s["audio_ffn"],
+            "output_dim": hidden,
+            "downsample_hidden_size": s["audio_down"],
+            "max_source_positions": 1500,
+            "n_window": 50,
+            "n_window_infer": 400,
+        },
+        "vision_config": {
+            "depth": s["vision_depth"],
+            "hidden_size": s["vision_hidden"],
+            "intermediate_size": 2 * s["vision_hidden"],
+            "num_heads": 2,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": hidden,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": list(range(s["vision_depth"])),
+        },
+        "audio_token_id": ids["audio"],
+        "image_token_id": ids["image"],
+        "video_token_id": ids["video"],
+        "audio_start_token_id": ids["audio_start"],
+        "vision_start_token_id": ids["vision_start"],
+        "user_token_id": ids["user"],
+    }
+    t_hidden = s["talker_hidden"]
+    talker = {
+        "text_config": {
+            "vocab_size": cb + 1024,
+            "hidden_size": t_hidden,
+            "intermediate_size": 2 * t_hidden,
+            "num_hidden_layers": s["talker_layers"],
+            "num_attention_heads": s["heads"],
+            "num_key_value_heads": s["kv_heads"],
+            "head_dim": t_hidden // s["heads"],
+            "moe_intermediate_size": t_hidden,
+            "shared_expert_intermediate_size": t_hidden,
+            "num_experts": s["talker_experts"],
+            "num_experts_per_tok": 1,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e6,
+                "mrope_section": [x * t_hidden // hidden for x in s["mrope"]],
+                "interleaved": True,
+            },
+        },
+        "code_predictor_config": {
+            "vocab_size": cb,
+            "hidden_size": t_hidden,
+            "intermediate_size": 2 * t_hidden,
+            "num_hidden_layers": s["predictor_layers"],
+            "num_attention_heads": s["heads"],
+            "num_key_value_heads": s["kv_heads"],
+            "head_dim": t_hidden // s["heads"],
+            "num_code_groups": s["code_groups"],
+        },
+        "num_code_groups": s["code_groups"],
+        "thinker_hidden_size": hidden,
+        "accept_hidden_layer": s["layers"],
+        "codec_eos_token_id": codec["eos"],
+        "codec_pad_id": codec["pad"],
+        "codec_bos_id": codec["bos"],
+        "codec_nothink_id": codec["nothink"],
+        "codec_think_bos_id": codec["think_bos"],
+        "codec_think_eos_id": codec["think_eos"],
+        "speaker_id": {name: cb + 10 + i for i, name in enumerate(SPEAKERS)},
+        "audio_token_id": ids["audio"],
+        "image_token_id": ids["image"],
+        "video_token_id": ids["video"],
+        "vision_start_token_id": ids["vision_start"],
+        "audio_start_token_id": ids["audio_start"],
+        "spatial_merge_size": 2,
+    }
+    code2wav = {
+        "codebook_size": cb,
+        "hidden_size": s["c2w_hidden"],
+        "intermediate_size": 2 * s["c2w_hidden"],
+        "num_hidden_layers": s["c2w_layers"],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_quantizers": s["code_groups"],
+        "decoder_dim": s["c2w_decoder"],
+        "upsample_rates": [8, 5, 4, 3],
+        "upsampling_ratios": [2, 2],
+    }
+    return Qwen3OmniMoeConfig(
+        thinker_config=thinker,
+        talker_config=talker,
+        code2wav_config=code2wav,
+        im_start_token_id=ids["im_start"],
+        im_end_token_id=ids["im_end"],
+        tts_pad_token_id=ids["tts_pad"],
+        tts_bos_token_id=ids["tts_bos"],
+        tts_eos_token_id=ids["tts_eos"],
+        system_token_id=ids["system"],
+        user_token_id=ids["user"],
+        assistant_token_id=ids["assistant"],
+    )
+
+
+_TOKEN_IDS = {
+    "audio": "<|audio_pad|>",
+    "image": "<|image_pad|>",
+    "video": "<|video_pad|>",
+    "audio_start": "<|audio_start|>",
+    "vision_start": "<|vision_start|>",
+    "im_start": "<|im_start|>",
+    "im_end": "<|im_end|>",
+    "tts_pad": "<tts_pad>",
+    "tts_bos": "<tts_text_bos>",
+    "tts_eos": "<tts_text_eod>",
+    "system": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+
+
+def _gain(name: str) -> float:
+    return next(gain for prefix, gain in _GAINS if name.startswith(prefix))
+
+
+def seed_weights(model: torch.nn.Module, seed: int) -> None:
+    """Draw every matrix (ndim >= 2) of ``model`` from a seeded normal, ``gain / sqrt(fan_in)``."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            if param.ndim < 2:
+                continue
+            fan_in = param.shape[-1] if ".experts." in name else math.prod(param.shape[1:])
+            std = _gain(name) / math.sqrt(fan_in)
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+def build_model(size: Size = "tiny", seed: int = 0, tokenizer: Any = None) -> Any:
+    """A seeded ``Qwen3OmniMoeForConditionalGeneration`` of ``size``, in memory (float32, eval mode)."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    config = build_config(size, tokenizer if tokenizer is not None else build_tokenizer())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3OmniMoeForConditionalGeneration(config)
+    seed_weights(model, seed)
+    _check_deterministic(model)
+    patch_loaded_model(model)
+    return model.eval()
+
+
+def _check_deterministic(model: torch.nn.Module) -> None:
+    """Vectors the library leaves uninitialised would differ run to run: refuse any that hold NaN/inf."""
+    for name, param in model.named_parameters():
+        if param.ndim < 2 and not torch.isfinite(param).all():
+            raise RuntimeError(f"parameter {name} is not initialised")
+
+
+def patch_loaded_model(model: Any) -> None:
+    """transformers 5.23: the talker reads ``config.audio_config`` on prompts with audio and an image."""
+    model.talker.config.audio_config = model.thinker.config.audio_config
+
+
+def write_checkpoint(directory: Path, *, size: Size = "tiny", seed: int = 0) -> Path:
+    """Write a random checkpoint of ``size`` into ``directory`` (created) and return it (module docstring)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    model = build_model(size, seed, tokenizer)
+    total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    model.save_pretrained(directory, max_shard_size=total // 3 + 1)
+    tokenizer.save_pretrained(directory)
+    _write_processor_files(directory)
+    return directory
+
+
+def _write_processor_files(directory: Path) -> None:
+    """``preprocessor_config.json`` (feature extractor and image processor) and ``chat_template.json``."""
+    preprocessor = {
+        "processor_class": "Qwen3OmniMoeProcessor",
+        "feature_extractor_type": "WhisperFeatureExtractor",
+        "feature_size": 128,
+        "sampling_rate": SAMPLE_RATE,
+        "hop_length": 160,
+        "n_fft": 400,
+        "chunk_length": 300,
+        "n_samples": 300 * SAMPLE_RATE,
+        "nb_max_frames": 30000,
+        "padding_side": "right",
+        "padding_value": 0.0,
+        "return_attention_mask": True,
+        "dither": 0.0,
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_convert_rgb": True,
+        "min_pixels": 32 * 32,
+        "max_pixels": IMAGE_PIXELS,
+        "size": {"shortest_edge": 32 * 32, "longest_edge": IMAGE_PIXELS},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+    }
+    (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")

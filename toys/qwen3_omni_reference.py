@@ -1,0 +1,198 @@
+"""transformers' own Qwen3-Omni answer for a checkpoint directory: the reference equality tests compare to.
+
+:func:`reference_generate` runs ``Qwen3OmniMoeForConditionalGeneration.generate`` greedy (thinker and
+talker; ``talker_do_sample=False`` makes the code predictor greedy too) on chat messages and returns the
+thinker's generated ids, the talker's codes (what ``generate`` hands ``code2wav.chunked_decode``) and the
+waveform (float32 at 24 kHz, as ``generate`` returns it).
+
+Messages are transformers' chat format: ``{"role", "content": str | [parts]}`` with parts
+``{"type": "text", "text"}``, ``{"type": "audio", "audio": float32 samples at 16 kHz}`` and
+``{"type": "image", "image": HxWx3 uint8 array}``; the media are taken in message order.
+
+:func:`reference_processor` is ``Qwen3OmniMoeProcessor`` assembled from the directory's tokenizer, feature
+extractor, image processor (the PIL one) and chat template without a video processor: its constructor
+insists on the torchvision video processor class, which does not import with the pinned CPU torch, so
+the instance is built without calling it (the attributes its ``__call__`` reads are set the way its
+constructor sets them).  Video inputs are not supported.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from toys.qwen3_omni_tokenizer import NAMED_TOKENS
+
+
+@attrs.frozen
+class ReferenceOutput:
+    """What ``generate`` produced for one prompt."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]  # generated thinker ids (the eos included when it ended on it)
+    codes: torch.Tensor | None  # Long[Q, frames] handed to code2wav, or None without audio
+    waveform: np.ndarray | None  # float32 [samples] at 24 kHz, or None without audio
+
+
+def reference_processor(model_dir: Path) -> Any:
+    """``Qwen3OmniMoeProcessor`` of ``model_dir`` without its video processor (module docstring)."""
+    from transformers import AutoTokenizer, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    model_dir = Path(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    processor = Qwen3OmniMoeProcessor.__new__(Qwen3OmniMoeProcessor)
+    processor.tokenizer = tokenizer
+    processor.feature_extractor = WhisperFeatureExtractor.from_pretrained(model_dir)
+    processor.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+    merge = processor.image_processor.merge_size
+    processor.video_processor = types.SimpleNamespace(merge_size=merge, temporal_patch_size=2)
+    processor.chat_template = json.loads((model_dir / "chat_template.json").read_text())["chat_template"]
+    for name in NAMED_TOKENS:
+        setattr(processor, name, getattr(tokenizer, name))
+    return processor
+
+
+def load_reference_model(model_dir: Path) -> Any:
+    """``from_pretrained`` (float32, eval) with the transformers 5.23 talker patch applied."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from toys.qwen3_omni_checkpoint import patch_loaded_model
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
+    patch_loaded_model(model)
+    return model.eval()
+
+
+def processor_inputs(processor: Any, messages: list[dict[str, Any]]) -> Any:
+    """The processor's ``BatchFeature`` (tensors) for ``messages``: template, then text + media in order."""
+    audio: list[np.ndarray] = []
+    images: list[np.ndarray] = []
+    for message in messages:
+        content = message["content"]
+        for part in content if isinstance(content, list) else []:
+            if part["type"] == "audio":
+                audio.append(np.asarray(part["audio"], dtype=np.float32))
+            elif part["type"] == "image":
+                images.append(np.asarray(part["image"]))
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return processor(text=text, audio=audio or None, images=images or None, return_tensors="pt")
+
+
+def reference_generate(
+    model: Any,
+    processor: Any,
+    messages: list[dict[str, Any]],
+    *,
+    speaker: str = "ethan",
+    return_audio: bool = True,
+    max_new_tokens: int = 16,
+    talker_max_new_tokens: int = 64,
+) -> ReferenceOutput:
+    """Greedy ``generate`` on ``messages`` (see the module docstring); ``model`` from :func:`load_reference_model`."""
+    inputs = processor_inputs(processor, messages)
+    eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    captured: dict[str, torch.Tensor] = {}
+    decode = model.code2wav.chunked_decode
+
+    def capture(codes: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        captured["codes"] = codes.detach().clone()
+        return decode(codes, *args, **kwargs)
+
+    model.code2wav.chunked_decode = capture
+    try:
+        with torch.inference_mode():
+            result = model.generate(
+                **inputs,
+                speaker=speaker,
+                return_audio=return_audio,
+                thinker_max_new_tokens=max_new_tokens,
+                thinker_eos_token_id=eos,
+                thinker_do_sample=False,
+                talker_do_sample=False,
+                talker_max_new_tokens=talker_max_new_tokens,
+                talker_min_new_tokens=2,
+            )
+    finally:
+        del model.code2wav.chunked_decode
+    prompt = inputs["input_ids"][0].tolist()
+    if return_audio:
+        sequences, wav = result
+        codes = captured["codes"][0]
+        waveform = wav.reshape(-1).float().numpy()
+    else:
+        sequences, codes, waveform = result, None, None
+    return ReferenceOutput(prompt, sequences[0, len(prompt) :].tolist(), codes, waveform)
+
+
+def thinker_margins(
+    model: Any, processor: Any, messages: list[dict[str, Any]], max_new_tokens: int = 16
+) -> list[float]:
+    """Per greedy step of the thinker on ``messages``: the top-1 logit minus the top-2 logit."""
+    inputs = processor_inputs(processor, messages)
+    eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with torch.inference_mode():
+        out = model.thinker.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    return [float(top[0] - top[1]) for top in (s[0].topk(2).values for s in out.scores)]
+
+
+def sample_clip(kind: str, seconds: float = 1.0) -> np.ndarray:
+    """A 16 kHz float32 clip: ``"silence"``, or ``"tone"`` (a gliding tone with a syllable-like envelope)."""
+    t = np.arange(int(16_000 * seconds)) / 16_000
+    if kind == "silence":
+        return np.zeros(len(t), dtype=np.float32)
+    if kind != "tone":
+        raise ValueError(f"sample_clip: unknown kind {kind!r}")
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)
+    return (0.4 * envelope * np.sin(2 * np.pi * (300 + 200 * t) * t)).astype(np.float32)
+
+
+def sample_image(height: int = 40, width: int = 50) -> np.ndarray:
+    """A deterministic RGB uint8 image ``[height, width, 3]``: colour gradients."""
+    y, x = np.mgrid[0:height, 0:width]
+    image = np.stack([255 * x / max(1, width - 1), 255 * y / max(1, height - 1), 128 + 0 * x], axis=-1)
+    return image.astype(np.uint8)
+
+
+def sample_messages() -> dict[str, list[dict[str, Any]]]:
+    """The prompts the tests use: text only, silence, a tone, and an image (each with a question)."""
+    return {
+        "text": [{"role": "user", "content": [{"type": "text", "text": "Hello, how are you?"}]}],
+        "silence": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "audio", "audio": sample_clip("silence")},
+                    {"type": "text", "text": "What is said?"},
+                ],
+            }
+        ],
+        "tone": [
+            {
+                "role": "user",
+                "content": [{"type": "audio", "audio": sample_clip("tone")}, {"type": "text", "text": "What is said?"}],
+            }
+        ],
+        "image": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": sample_image()},
+                    {"type": "text", "text": "Describe the image."},
+                ],
+            }
+        ],
+    }
