@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 import pytest
 import torch
 
@@ -23,7 +22,7 @@ from schedulers.qwen3_omni.talker import TalkerScheduler
 from schedulers.qwen3_omni.talker_model import TalkerModel
 from tests.scheduler_harness import chunk, done, new, running
 from toys.qwen3_omni_checkpoint import write_checkpoint
-from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor
+from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor, sample_messages
 from toys.qwen3_omni_talker_feed import Reference, reference_run
 
 TIMEOUT = 60.0
@@ -56,20 +55,8 @@ def text_messages(words: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": "You are a voice."}, {"role": "user", "content": words}]
 
 
-def audio_messages() -> list[dict[str, Any]]:
-    tone = np.sin(np.arange(16_000) * 2 * np.pi * 220 / 16_000).astype(np.float32) * 0.5
-    return [{"role": "user", "content": [{"type": "audio", "audio": tone}, {"type": "text", "text": "what is it?"}]}]
-
-
-def image_messages() -> list[dict[str, Any]]:
-    pixels = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-    return [{"role": "user", "content": [{"type": "image", "image": pixels}, {"type": "text", "text": "describe"}]}]
-
-
 PROMPTS: dict[str, Any] = {
-    "text": lambda: text_messages("hello there, how are you today?"),
-    "audio": audio_messages,
-    "image": image_messages,
+    **{name: (lambda name=name: sample_messages()[name]) for name in ("text", "tone", "image")},
     **{f"words{n}": (lambda n=n: text_messages(" ".join(["word"] * n))) for n in range(1, 5)},
 }
 
@@ -131,7 +118,7 @@ def spoken(scheduler: TalkerScheduler, ref: Reference, rid: str = "r") -> torch.
     return codes
 
 
-@pytest.mark.parametrize("prompt", ["text", "audio", "image"])
+@pytest.mark.parametrize("prompt", ["text", "tone", "image"])
 def test_greedy_codes_equal_generate(reference: Callable[..., Reference], talker: TalkerModel, prompt: str) -> None:
     ref = reference(prompt)
     assert ref.codes.shape[1] > 1
