@@ -203,3 +203,45 @@ def test_a_request_without_audio_gives_no_codes(reference: Callable[..., Referen
         feed(scheduler, "r", ref)
         out = scheduler.outbox.get(timeout=TIMEOUT)
     assert out.type == "result" and out.data.data == {"num_frames": 0}
+
+
+def test_a_request_waiting_for_text_does_not_hold_back_others(
+    reference: Callable[..., Reference], talker: TalkerModel
+) -> None:
+    slow, fast = reference("text"), reference("image")
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):
+        feed(scheduler, "slow", slow, last=3)  # its thinker stalls after two answer tokens
+        feed(scheduler, "fast", fast)
+        fast_codes, slow_codes = [], []
+        while (out := scheduler.outbox.get(timeout=TIMEOUT)).type == "stream":
+            (fast_codes if out.request_id == "fast" else slow_codes).append(out.data["codes"])
+        assert out.request_id == "fast" and out.type == "result"  # done while slow still waits for its text
+        feed(scheduler, "slow", slow, first=3)
+        codes, final = collect(scheduler.outbox, {"slow"})["slow"]
+    assert torch.equal(torch.cat(fast_codes, dim=1), fast.codes)
+    assert final.type == "result"
+    assert torch.equal(torch.cat([*slow_codes, codes], dim=1), slow.codes)
+
+
+def test_frames_go_out_in_chunks_of_the_configured_size(
+    reference: Callable[..., Reference], talker: TalkerModel
+) -> None:
+    ref = reference("tone")
+    scheduler = TalkerScheduler(talker, sampling=GREEDY, frames_per_chunk=4)
+    with running(scheduler):
+        feed(scheduler, "r", ref)
+        messages = []
+        while (out := scheduler.outbox.get(timeout=TIMEOUT)).type == "stream":
+            messages.append(out.data["codes"])
+    sizes = [codes.shape[1] for codes in messages]
+    assert sizes[:-1] == [4] * (len(sizes) - 1) and 1 <= sizes[-1] <= 4
+    assert torch.equal(torch.cat(messages, dim=1), ref.codes)
+
+
+def test_sampled_codes_are_reproducible_for_a_seed(reference: Callable[..., Reference], talker: TalkerModel) -> None:
+    ref = reference("text")
+    sampling = TalkerSampling(max_new_tokens=TALKER_TOKENS, min_new_tokens=2)  # generate's sampling defaults
+    first, second = (spoken(TalkerScheduler(talker, sampling=sampling, seed=7), ref) for _ in range(2))
+    assert torch.equal(first, second)
+    assert int(first.max()) < talker.config.code2wav_config.codebook_size
