@@ -103,8 +103,11 @@ def first_codes(
 ) -> list[int]:
     """The talker's first code for each row of ``logits [B, V]`` (float32), per its knobs."""
     scores = processed_scores(logits, histories, knobs, suppressed, codec_eos)
+    greedy = scores.argmax(dim=-1).tolist()
     return [
-        _choose(scores[row], knob.do_sample, knob.temperature, knob.top_k, knob.top_p, generator)
+        _choose(scores[row], True, knob.temperature, knob.top_k, knob.top_p, generator)
+        if knob.do_sample
+        else greedy[row]
         for row, knob in enumerate(knobs)
     ]
 
