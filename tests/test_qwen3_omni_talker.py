@@ -245,3 +245,15 @@ def test_sampled_codes_are_reproducible_for_a_seed(reference: Callable[..., Refe
     first, second = (spoken(TalkerScheduler(talker, sampling=sampling, seed=7), ref) for _ in range(2))
     assert torch.equal(first, second)
     assert int(first.max()) < talker.config.code2wav_config.codebook_size
+
+
+def test_a_text_only_request_without_a_stream_gives_no_codes(talker: TalkerModel) -> None:
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):
+        scheduler.inbox.put(done("text-only"))
+        scheduler.inbox.put(new("text-only", {"token_ids": [5], "want_audio": False}))
+        scheduler.inbox.put(done("lost"))
+        scheduler.inbox.put(new("lost", {"token_ids": [5], "want_audio": True}))
+        outputs = {out.request_id: out for out in (scheduler.outbox.get(timeout=TIMEOUT) for _ in range(2))}
+    assert outputs["text-only"].type == "result" and outputs["text-only"].data.data == {"num_frames": 0}
+    assert outputs["lost"].type == "error" and "'prompt' chunk" in str(outputs["lost"].data)

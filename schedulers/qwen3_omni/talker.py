@@ -9,7 +9,8 @@ also ends the text).  Chunks may come before the payload, as the runtime deliver
 Output, per request, in order: ``stream`` messages ``{"codes": Long[Q, n]}`` (``metadata={"modality":
 "codes"}``, ``frames_per_chunk`` frames each, the last one shorter; the ``codec_eos`` frame is not
 sent), then one ``result`` whose payload ``data`` is ``{"num_frames": N}``; or one ``error``.  A
-request that does not want audio, or whose thinker forwarded no answer token, gives 0 frames.
+request that does not want audio (``want_audio`` false in the prompt chunk, or a payload with
+``want_audio`` false and no stream), or whose thinker forwarded no answer token, gives 0 frames.
 
 What a caller may rely on:
 
@@ -200,7 +201,12 @@ class TalkerScheduler:
     def _on_end_of_text(self, req: TalkerRequest) -> None:
         req.end_of_text()
         if req.phase is Phase.WAITING_PROMPT:
-            raise ValueError("talker: the thinker's stream ended without its 'prompt' chunk")
+            if req.payload is None:
+                return  # the payload says whether audio was wanted
+            data = req.payload.data
+            if not (isinstance(data, dict) and data.get("want_audio") is False):
+                raise ValueError("talker: the thinker's stream ended without its 'prompt' chunk")
+            req.phase = Phase.SPOKEN
         if req.phase is Phase.PREFILL and req.feed is not None and not req.feed.can_speak():
             req.phase = Phase.SPOKEN
         self._maybe_finish(req)
