@@ -257,3 +257,16 @@ def test_a_text_only_request_without_a_stream_gives_no_codes(talker: TalkerModel
         outputs = {out.request_id: out for out in (scheduler.outbox.get(timeout=TIMEOUT) for _ in range(2))}
     assert outputs["text-only"].type == "result" and outputs["text-only"].data.data == {"num_frames": 0}
     assert outputs["lost"].type == "error" and "'prompt' chunk" in str(outputs["lost"].data)
+
+
+@pytest.mark.parametrize("options", [{"top_p": 0.0}, {"temperature": "warm"}, {"beams": 2}])
+def test_bad_talker_options_are_a_client_error(
+    reference: Callable[..., Reference], talker: TalkerModel, options: dict[str, Any]
+) -> None:
+    ref = reference("text")
+    ref.chunks[0]["talker"] = options
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):
+        feed(scheduler, "r", ref)
+        out = scheduler.outbox.get(timeout=TIMEOUT)
+    assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "talker"

@@ -230,8 +230,10 @@ class TalkerScheduler:
             raise InvalidRequest(
                 f"voice {prompt.speaker!r} is not one of this model's speakers {sorted(speakers)}", param="audio.voice"
             )
-        knobs = {**attrs.asdict(self.sampling), **prompt.knobs}
-        req.sampling = TalkerSampling(**knobs)
+        try:
+            req.sampling = TalkerSampling(**{**attrs.asdict(self.sampling), **prompt.knobs})
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest(f"talker options: {exc}", param="talker") from exc
         req.speaker_id = speakers[speaker]
         req.prompt = prompt
         if not prompt.want_audio:
@@ -292,14 +294,19 @@ class TalkerScheduler:
 
     def _choose(self, stepped: list[tuple[TalkerRequest, torch.Tensor, torch.Tensor]]) -> None:
         reqs = [req for req, _, _ in stepped]
-        codes = first_codes(
-            torch.stack([logits for _, _, logits in stepped]),
-            [req.history for req in reqs],
-            [req.sampling for req in reqs],
-            self._suppressed,
-            self.model.ids.codec_eos,
-            self._generator,
-        )
+        try:
+            codes = first_codes(
+                torch.stack([logits for _, _, logits in stepped]),
+                [req.history for req in reqs],
+                [req.sampling for req in reqs],
+                self._suppressed,
+                self.model.ids.codec_eos,
+                self._generator,
+            )
+        except Exception as exc:
+            for req in reqs:
+                self._fail(req, exc)
+            return
         voiced: list[int] = []
         for index, (req, code) in enumerate(zip(reqs, codes, strict=True)):
             req.history.append(code)
