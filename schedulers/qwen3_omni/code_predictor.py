@@ -7,9 +7,12 @@ sum of the frame's ``Q`` codec embeddings (the first through the talker's own ta
 :meth:`CodePredictor.frames` does that for ``B`` rows in ``Q - 1`` batched forwards with a fresh cache:
 every row has the same length at every step, so nothing is padded.
 
-It runs inside the talker stage, not as a stage of its own: the talker's next step needs the frame's
-embedding sum, so a separate stage would put a stream hop each way on every frame's critical path and
-could batch only what one hop delivered; in-stage, one batched call serves every request of the step.
+It runs inside the talker stage, not as a stage of its own (SGLang-Omni's way, one frame of one
+request per call, the sum streamed back): the talker's next step needs the frame's embedding sum, so a
+separate stage adds a stream hop each way to every frame's critical path with nothing to overlap it,
+and batches only what one hop delivered.  In-stage, one call serves every request of the step; the
+per-step cost at 1, 4 and 8 requests is in ``bench/results/qwen3_omni_talker.json``
+(``code_predictor_ms_per_step``), next to the talker forward's share of the wall time.
 """
 
 from __future__ import annotations
