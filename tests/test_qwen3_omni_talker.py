@@ -18,7 +18,7 @@ import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage
 from schedulers.qwen3_omni.codec_sampling import TalkerSampling
-from schedulers.qwen3_omni.talker import TalkerScheduler
+from schedulers.qwen3_omni.talker import TalkerScheduler, create_talker_stage
 from schedulers.qwen3_omni.talker_model import TalkerModel
 from tests.scheduler_harness import chunk, done, new, running
 from toys.qwen3_omni_checkpoint import write_checkpoint
@@ -270,3 +270,11 @@ def test_bad_talker_options_are_a_client_error(
         feed(scheduler, "r", ref)
         out = scheduler.outbox.get(timeout=TIMEOUT)
     assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "talker"
+
+
+def test_the_factory_serves_the_checkpoint_dir_greedy(reference: Callable[..., Reference], checkpoint: Path) -> None:
+    ref = reference("image")
+    scheduler = create_talker_stage(
+        model_dir=str(checkpoint), do_sample=False, max_new_tokens=TALKER_TOKENS, min_new_tokens=2
+    )
+    assert torch.equal(spoken(scheduler, ref), ref.codes)
