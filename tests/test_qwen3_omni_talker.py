@@ -278,3 +278,12 @@ def test_the_factory_serves_the_checkpoint_dir_greedy(reference: Callable[..., R
         model_dir=str(checkpoint), do_sample=False, max_new_tokens=TALKER_TOKENS, min_new_tokens=2
     )
     assert torch.equal(spoken(scheduler, ref), ref.codes)
+
+
+def test_a_thinker_answer_of_one_token_gives_no_codes(reference: Callable[..., Reference], talker: TalkerModel) -> None:
+    ref = reference("text")
+    scheduler = TalkerScheduler(talker, sampling=GREEDY)
+    with running(scheduler):  # the one token (its eos) is never forwarded: there is no text to speak
+        feed(scheduler, "r", attrs.evolve(ref, chunks=ref.chunks[:2]))
+        out = scheduler.outbox.get(timeout=TIMEOUT)
+    assert out.type == "result" and out.data.data == {"num_frames": 0}
