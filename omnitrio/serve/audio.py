@@ -82,7 +82,6 @@ class PcmStream:
             raise AudioFormatError(
                 f"an audio chunk must be a dict with 'pcm' and 'sample_rate', got {chunk!r:.80}"
             ) from exc
-        samples = to_float32(pcm)
         if self.rate is None:
             self.rate = in_rate
         out = b""
@@ -90,6 +89,9 @@ class PcmStream:
             out = self.flush()
             self._in_rate = in_rate
             self._resampler = None if in_rate == self.rate else soxr.ResampleStream(in_rate, self.rate, 1)
+        if self._resampler is None and isinstance(pcm, np.ndarray) and pcm.dtype == np.int16:
+            return out + pcm.astype("<i2").tobytes()  # already PCM16 at the output rate: the samples as they are
+        samples = to_float32(pcm)
         if self._resampler is not None:
             samples = self._resampler.resample_chunk(samples)
         return out + float_to_pcm16(samples)

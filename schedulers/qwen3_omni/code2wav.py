@@ -31,6 +31,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
 from schedulers._idsets import Life
+from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.code2wav_model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
 from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Window
 from schedulers.vocoder import StreamingVocoderBase
@@ -214,7 +215,7 @@ def load_code2wav(model_dir: str) -> Qwen3OmniMoeCode2Wav:
 
 def create_code2wav_stage(
     *,
-    model_dir: str,
+    model_dir: str | None = None,
     first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
     chunk_frames: int = DEFAULT_CHUNK_FRAMES,
     reference_chunk_frames: int = 300,
@@ -232,12 +233,14 @@ def create_code2wav_stage(
     torch.set_num_threads(1)
     chunking = Chunking(first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames)
     return Qwen3OmniCode2WavScheduler(
-        load_code2wav(model_dir),
+        load_code2wav(require_model_dir(model_dir)),
         chunking,
         sample_rate=sample_rate,
         max_batch_windows=max_batch_windows,
         call_cost_frames=call_cost_frames,
     )
 
+
+create_code2wav_stage.preflight = preflight  # type: ignore[attr-defined]
 
 __all__ = ["Qwen3OmniCode2WavScheduler", "create_code2wav_stage", "load_code2wav"]

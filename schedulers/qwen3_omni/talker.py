@@ -43,6 +43,7 @@ import torch
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload, StreamItem, put_messages
 from schedulers._idsets import Admission, Life, RequestLedger
 from schedulers.qwen3_omni.batched_kv import BatchedKV
+from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.code_predictor import CodePredictor
 from schedulers.qwen3_omni.codec_sampling import TalkerSampling, first_codes, suppressed_mask
 from schedulers.qwen3_omni.talker_model import TalkerModel
@@ -398,7 +399,7 @@ class TalkerScheduler:
 
 def create_talker_stage(
     *,
-    model_dir: str,
+    model_dir: str | None = None,
     do_sample: bool = True,
     temperature: float = 0.9,
     top_k: int = 50,
@@ -426,7 +427,7 @@ def create_talker_stage(
         max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens,
     )
-    model = TalkerModel.from_checkpoint(Path(model_dir))
+    model = TalkerModel.from_checkpoint(Path(require_model_dir(model_dir)))
     return TalkerScheduler(
         model,
         sampling=sampling,
@@ -435,3 +436,6 @@ def create_talker_stage(
         default_speaker=default_speaker,
         seed=seed,
     )
+
+
+create_talker_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ from typing import Any
 
 from omnitrio.contract import OutgoingMessage, StagePayload, StreamItem
 from schedulers.detokenize import StreamingDetokenizeScheduler, token_ids_of
+from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 
 
 class SkipSpecial:
@@ -78,12 +79,16 @@ class TextDecodeScheduler(StreamingDetokenizeScheduler):
         return {key: text, "finish_reason": data.get("finish_reason"), "usage": data.get("usage"), "token_ids": ids}
 
 
-def create_decode_stage(*, model_dir: str | Path) -> TextDecodeScheduler:
+def create_decode_stage(*, model_dir: str | Path | None = None) -> TextDecodeScheduler:
     """Stage factory: the checkpoint's tokenizer (``model_dir``), special tokens skipped."""
     from transformers import AutoTokenizer
 
+    model_dir = require_model_dir(model_dir)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as exc:
         raise ValueError(f"decode stage: cannot load the tokenizer from {model_dir}: {exc}") from exc
     return TextDecodeScheduler(tokenizer)
+
+
+create_decode_stage.preflight = preflight  # type: ignore[attr-defined]
