@@ -166,13 +166,16 @@ class CodeStream:
         self._open_segments()
         return self._next_segment >= self.chunking.segment_count(self.total) and not self.segments
 
-    def take_windows(self, limit: int) -> list[Window]:
-        """Up to ``limit`` windows whose frames have all arrived, in emission order (marked as taken)."""
+    def take_windows(self, max_frames: int) -> list[Window]:
+        """Windows whose frames have all arrived, in emission order (marked as taken), while the frames
+        the convolutions read stay within ``max_frames`` (one window at least)."""
         self._open_segments()
         windows: list[Window] = []
+        frames = 0
         for segment in self.segments:
-            while len(windows) < limit and (window := self._next_window(segment)) is not None:
+            while (not windows or frames < max_frames) and (window := self._next_window(segment)) is not None:
                 windows.append(window)
+                frames += window.end - window.conv_start
         self.segments = [segment for segment in self.segments if not segment.done]
         return windows
 
@@ -199,6 +202,7 @@ class CodeStream:
                 segment.end = self.total
 
     def _next_window(self, segment: Segment) -> Window | None:
+        """The segment's next window if its frames have all arrived (taken), else None."""
         start = segment.planned_to
         if segment.done:
             return None
