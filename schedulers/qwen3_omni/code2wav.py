@@ -205,13 +205,14 @@ def _num_frames_of(payload: StagePayload, request_id: str) -> int:
     return value
 
 
-def load_code2wav(model_dir: str) -> Qwen3OmniMoeCode2Wav:
+def load_code2wav(model_dir: str, device: str = "cpu") -> Qwen3OmniMoeCode2Wav:
     """The checkpoint's code2wav, built on CPU (its rotary and code-offset buffers are not in the
-    checkpoint) and given the ``code2wav.`` tensors of the shards the index lists for them."""
+    checkpoint), given the ``code2wav.`` tensors of the shards the index lists for them, then moved."""
     from schedulers.qwen3_omni.checkpoint import load_config, load_weights
 
     model = Qwen3OmniMoeCode2Wav(load_config(model_dir).code2wav_config)
     load_weights(model_dir, "code2wav.", model)
+    torch.nn.Module.to(model, torch.device(device))
     return model.eval()
 
 
@@ -238,7 +239,7 @@ def create_code2wav_stage(
     torch.set_num_threads(1)
     chunking = Chunking(first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames)
     return Qwen3OmniCode2WavScheduler(
-        load_code2wav(model_dir).to(device),
+        load_code2wav(model_dir, device),
         chunking,
         sample_rate=sample_rate,
         max_step_frames=max_step_frames,

@@ -11,9 +11,9 @@ A :class:`CodeStream` reproduces exactly that signal, chunk by chunk, as codes a
 * each reference segment is streamed on its own, from its own first frame, as transformers decodes it;
 * inside a segment, frames are decoded in *windows* at fixed frame boundaries, so the samples never
   depend on how the codes were split into chunks on the way here: the first segment's windows start at
-  ``first_chunk_frames`` and double up to ``chunk_frames`` (a small first chunk, then a ramp: each window
-  takes about as long to arrive as the audio already out lasts, so a talker a little faster than real
-  time leaves no gap), later segments' are ``chunk_frames``; the segment's end closes the last one;
+  ``first_chunk_frames`` and double up to ``chunk_frames`` (a small first chunk, then a ramp: a talker
+  twice as fast as real time delivers each window before the audio already out has played, so the
+  listener hears no gap), later segments' are ``chunk_frames``; the segment's end closes the last one;
 * a window of new frames [a, b) emits the samples [a·1920 − 555, b·1920 − 555) of its segment: those
   before b·1920 − 555 need no later frame (the model is causal and its transposed convolutions trim what
   a later frame would change), and the 555 samples a window cannot finish are emitted by the next window,
