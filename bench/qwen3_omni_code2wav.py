@@ -48,6 +48,7 @@ from toys.qwen3_omni_code2wav import build_code2wav, random_codes  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen3_omni_code2wav.json"
 FRAME_S = 0.08
+RAMP = [1.5]  # the windows' growth after the first chunk (--ramp-factor)
 MESSAGE_FRAMES = 1  # the talker streams one frame per chunk
 
 
@@ -96,7 +97,7 @@ def first_audio_ms(model: torch.nn.Module, first: int, rounds: int) -> float:
     """Median time from ``first`` frames arriving on an idle stage to the first pcm chunk."""
     times = []
     codes = random_codes(model, first, seed=first)
-    with serving(model, Chunking(first, max(first, 25))) as scheduler:
+    with serving(model, Chunking(first, max(first, 25), ramp_factor=RAMP[0])) as scheduler:
         for round_ in range(rounds + 1):
             rid = f"r{round_}"
             start = time.perf_counter()
@@ -115,7 +116,7 @@ def real_time_factor(model: torch.nn.Module, chunk: int, concurrency: int, frame
     """Wall seconds per second of audio, ``concurrency`` requests of ``frames`` frames at once."""
     codes = [random_codes(model, frames, seed=i) for i in range(concurrency)]
     best = float("inf")
-    with serving(model, Chunking(min(5, chunk), chunk)) as scheduler:
+    with serving(model, Chunking(min(5, chunk), chunk, ramp_factor=RAMP[0])) as scheduler:
         for round_ in range(rounds + 1):
             messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{round_}-{i}", c)]
             start = time.perf_counter()
@@ -130,7 +131,7 @@ def paced(model: torch.nn.Module, first: int, concurrency: int, frames: int, spe
     """Median first-audio latency and gap (ms) when the talker sends a frame every 80 ms / ``speed``."""
     codes = [random_codes(model, frames, seed=i) for i in range(concurrency)]
     period = FRAME_S / speed
-    with serving(model, Chunking(first, 25)) as scheduler:
+    with serving(model, Chunking(first, 25, ramp_factor=RAMP[0])) as scheduler:
 
         def talker() -> None:
             start = time.perf_counter()
@@ -228,27 +229,32 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=50, help="frames per request for the RTF (50 = 4 s)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--talker-speed", type=float, default=2.0, help="paced talker, x real time")
+    parser.add_argument("--ramp-factor", type=float, default=RAMP[0], help="window growth after the first")
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=["tiny", "medium", "release"])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the figures go")
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.first, args.chunks, args.concurrency = [1, 2, 5, 10, 25], [5, 10, 25, 50], [1, 8]
-    sizes = ["tiny", "medium"] + (["release"] if args.release else [])
+    sizes = args.sizes + (["release"] if args.release and "release" not in args.sizes else [])
+    RAMP[0] = args.ramp_factor
     if args.quick:
         args.frames, args.rounds, args.first, args.chunks = 30, 1, [2, 5], [10, 25]
         sizes = ["tiny"]
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} on {os.cpu_count()} CPUs; one torch thread")
     results = {size: measure(size, args) for size in sizes}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     if not args.quick:
         report = {
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_average": load[0],
             "cpus": os.cpu_count(),
             "frames_per_request": args.frames,
+            "ramp_factor": args.ramp_factor,
             "sizes": results,
         }
-        RESULTS.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

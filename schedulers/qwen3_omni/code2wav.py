@@ -8,8 +8,8 @@ payload ``{"num_frames": N}``, which ends the request.  What a consumer of this 
   transformers' whole-utterance decode (``Qwen3OmniMoeCode2Wav.chunked_decode``, what ``generate``
   returns) of the same codes: exactly as long, and equal to it up to float rounding, converted as
   clip to [-1, 1], × 32767, round to nearest (:mod:`schedulers.qwen3_omni.code2wav_plan` says why).
-* The first audio leaves once ``first_chunk_frames`` frames have arrived; later windows double up to
-  ``chunk_frames``; the samples do not depend on how the talker split its chunks.
+* The first audio leaves once ``first_chunk_frames`` frames have arrived; later windows grow by
+  ``ramp_factor`` up to ``chunk_frames``; the samples do not depend on how the talker split its chunks.
 * Decoding runs whenever the inbox is empty, in steps: the windows that are ready, of every request,
   go through the convolutions in as few forwards as padding allows; the transformer runs per request on
   its KV cache.  A step reads about ``max_step_frames`` frames at most (a backlog waits for the next
@@ -223,6 +223,7 @@ def create_code2wav_stage(
     chunk_frames: int = DEFAULT_CHUNK_FRAMES,
     reference_chunk_frames: int = 300,
     reference_left_context_frames: int = 25,
+    ramp_factor: float = 1.5,
     sample_rate: int = 24_000,
     max_step_frames: int = DEFAULT_MAX_STEP_FRAMES,
     call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
@@ -237,7 +238,9 @@ def create_code2wav_stage(
     (default: 64 on CPU, 4096 on ``device`` "cuda").
     """
     torch.set_num_threads(1)
-    chunking = Chunking(first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames)
+    chunking = Chunking(
+        first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames, ramp_factor
+    )
     return Qwen3OmniCode2WavScheduler(
         load_code2wav(model_dir, device),
         chunking,
