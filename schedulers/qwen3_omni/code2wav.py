@@ -8,12 +8,12 @@ payload ``{"num_frames": N}``, which ends the request.  What a consumer of this 
   transformers' whole-utterance decode (``Qwen3OmniMoeCode2Wav.chunked_decode``, what ``generate``
   returns) of the same codes: exactly as long, and equal to it up to float rounding, converted as
   clip to [-1, 1], × 32767, round to nearest (:mod:`schedulers.qwen3_omni.code2wav_plan` says why).
-* The first audio leaves once ``first_chunk_frames`` frames have arrived; later windows double up to
-  ``chunk_frames``; the samples do not depend on how the talker split its chunks.
-* Decoding runs whenever the inbox is empty: every window that is ready, of every request, goes through
-  the convolutions in as few forwards as padding allows; the transformer runs per request on its KV
-  cache.  A request with a backlog decodes up to ``max_batch_windows`` windows per step, then the inbox
-  is read again.
+* The first audio leaves once ``first_chunk_frames`` frames have arrived; later windows grow by
+  ``ramp_factor`` up to ``chunk_frames``; the samples do not depend on how the talker split its chunks.
+* Decoding runs whenever the inbox is empty, in steps: the windows that are ready, of every request,
+  go through the convolutions in as few forwards as padding allows; the transformer runs per request on
+  its KV cache.  A step reads about ``max_step_frames`` frames at most (a backlog waits for the next
+  step, after the inbox is read again), requests that have not spoken yet first.
 * A bad chunk, a ``num_frames`` that disagrees with the stream, or a model error fails only the
   requests it concerns (``error``).  Abort, failure and completion drop the request's codes and cache
   at once; chunks that arrive after an abort are dropped and never recreate them
@@ -39,6 +39,7 @@ from schedulers.vocoder import StreamingVocoderBase
 STAGE = "code2wav"
 DEFAULT_FIRST_CHUNK_FRAMES = 5
 DEFAULT_CHUNK_FRAMES = 25
+DEFAULT_MAX_STEP_FRAMES = 320
 
 
 class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
@@ -54,15 +55,16 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
         chunking: Chunking,
         *,
         sample_rate: int = 24_000,
-        max_batch_windows: int = 32,
+        max_step_frames: int = DEFAULT_MAX_STEP_FRAMES,
         call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
+        max_forward_frames: int | None = None,
     ) -> None:
         super().__init__(sample_rate=sample_rate)
-        if isinstance(max_batch_windows, bool) or not isinstance(max_batch_windows, int) or max_batch_windows < 1:
-            raise ValueError(f"{STAGE}: max_batch_windows must be an integer >= 1, got {max_batch_windows!r}")
-        self.runner = Code2WavRunner(model, call_cost_frames=call_cost_frames)
+        if isinstance(max_step_frames, bool) or not isinstance(max_step_frames, int) or max_step_frames < 1:
+            raise ValueError(f"{STAGE}: max_step_frames must be an integer >= 1, got {max_step_frames!r}")
+        self.runner = Code2WavRunner(model, call_cost_frames=call_cost_frames, max_forward_frames=max_forward_frames)
         self.chunking = chunking
-        self.max_batch_windows = max_batch_windows
+        self.max_step_frames = max_step_frames
 
     def warm_up_serving_thread(self) -> None:
         torch.set_num_threads(1)
@@ -110,11 +112,12 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
 
     def _decode_ready(self) -> bool:
         """Decode what is ready; True when more windows may be ready right away."""
-        budget = self.max_batch_windows
+        budget = self.max_step_frames
         windows: dict[str, list[Window]] = {}
         inputs: list[torch.Tensor] = []
-        for request_id, state in list(self._stream_states.items()):
-            if budget == 0:
+        states = sorted(self._stream_states.items(), key=lambda item: item[1].samples_emitted > 0)
+        for request_id, state in states:
+            if budget <= 0:
                 break
             taken = state.take_windows(budget)
             if not taken and not state.complete:
@@ -125,7 +128,7 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
                 self._fail_request(request_id, exc)
                 continue
             windows[request_id] = taken
-            budget -= len(taken)
+            budget -= sum(window.end - window.conv_start for window in taken)
         if not windows:
             return False
         try:
@@ -133,9 +136,9 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
         except Exception as exc:
             for request_id in windows:
                 self._fail_request(request_id, exc)
-            return budget == 0
+            return budget <= 0
         self._emit_audio(windows, waves)
-        return budget == 0
+        return budget <= 0
 
     def _emit_audio(self, windows: dict[str, list[Window]], waves: list[torch.Tensor]) -> None:
         streamed: list[OutgoingMessage] = []
@@ -203,13 +206,14 @@ def _num_frames_of(payload: StagePayload, request_id: str) -> int:
     return value
 
 
-def load_code2wav(model_dir: str) -> Qwen3OmniMoeCode2Wav:
+def load_code2wav(model_dir: str, device: str = "cpu") -> Qwen3OmniMoeCode2Wav:
     """The checkpoint's code2wav, built on CPU (its rotary and code-offset buffers are not in the
-    checkpoint) and given the ``code2wav.`` tensors of the shards the index lists for them."""
+    checkpoint), given the ``code2wav.`` tensors of the shards the index lists for them, then moved."""
     from schedulers.qwen3_omni.checkpoint import load_config, load_weights
 
     model = Qwen3OmniMoeCode2Wav(load_config(model_dir).code2wav_config)
     load_weights(model_dir, "code2wav.", model)
+    torch.nn.Module.to(model, torch.device(device))
     return model.eval()
 
 
@@ -220,24 +224,31 @@ def create_code2wav_stage(
     chunk_frames: int = DEFAULT_CHUNK_FRAMES,
     reference_chunk_frames: int = 300,
     reference_left_context_frames: int = 25,
+    ramp_factor: float = 1.5,
     sample_rate: int = 24_000,
-    max_batch_windows: int = 32,
+    max_step_frames: int = DEFAULT_MAX_STEP_FRAMES,
     call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
+    max_forward_frames: int | None = None,
+    device: str = "cpu",
 ) -> Qwen3OmniCode2WavScheduler:
     """The code2wav stage of the checkpoint in ``model_dir``; only its ``code2wav.`` weights are read.
 
     ``reference_chunk_frames`` / ``reference_left_context_frames`` are the chunking of transformers'
     whole decode that the stream reproduces (300 / 25, what ``generate`` uses); 0 frames: one segment,
-    no sample lost at any join.
+    no sample lost at any join.  ``max_forward_frames`` caps the frames of one convolution forward
+    (default: 64 on CPU, 4096 on ``device`` "cuda").
     """
     torch.set_num_threads(1)
-    chunking = Chunking(first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames)
+    chunking = Chunking(
+        first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames, ramp_factor
+    )
     return Qwen3OmniCode2WavScheduler(
-        load_code2wav(require_model_dir(model_dir)),
+        load_code2wav(require_model_dir(model_dir), device),
         chunking,
         sample_rate=sample_rate,
-        max_batch_windows=max_batch_windows,
+        max_step_frames=max_step_frames,
         call_cost_frames=call_cost_frames,
+        max_forward_frames=max_forward_frames,
     )
 
 

@@ -11,7 +11,8 @@ runs the same modules in two halves:
 * :meth:`Code2WavRunner.waveforms`: the convolutions on windows of transformer output, several windows
   (of any requests) per forward.  Windows of unequal length are padded on the *right* with zeros: every
   layer is causal, so padding after a window never changes its samples (padding before it would).
-  Windows are grouped by length so that padding stays cheap (:func:`plan_groups`).
+  Windows are grouped by length so that padding stays cheap, up to ``max_forward_frames`` frames per
+  forward (:func:`plan_groups`).
 
 :func:`geometry` derives from the modules (not from constants) how many samples a frame makes, the
 causal tail a decode lacks, and how many frames of transformer output the convolutions reach back.
@@ -34,6 +35,10 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Geometry, Window
 
 DEFAULT_CALL_COST_FRAMES = 8
+# Frames per convolution forward: on CPU a batch whose activations outgrow the caches decodes slower than
+# its rows one by one (bench/results/qwen3_omni_code2wav.json); an accelerator wants the whole batch.
+CPU_MAX_FORWARD_FRAMES = 64
+ACCELERATOR_MAX_FORWARD_FRAMES = 4096
 
 
 @attrs.frozen
@@ -98,20 +103,23 @@ def geometry(model: Qwen3OmniMoeCode2Wav) -> Geometry:
     return Geometry(samples_per_frame=per_frame, tail_samples=tail, conv_context_frames=context)
 
 
-def plan_groups(lengths: Sequence[int], call_cost_frames: int) -> list[list[int]]:
+def plan_groups(lengths: Sequence[int], call_cost_frames: int, max_frames: int) -> list[list[int]]:
     """Rows (indices into ``lengths``) per forward: sorted by length, cut where padding to the group's
-    longest row would cost more frames than another call (``call_cost_frames``)."""
+    longest row would cost more frames than another call (``call_cost_frames``) or the group would hold
+    more than ``max_frames`` frames (a single row always fits)."""
     order = sorted(range(len(lengths)), key=lambda row: lengths[row])
     sizes = [lengths[row] for row in order]
-    best = [0] * (len(order) + 1)
+    inf = float("inf")
+    best = [0.0] + [inf] * len(order)
     cut = [0] * (len(order) + 1)
     for end in range(1, len(order) + 1):
-        best[end] = min(best[start] + call_cost_frames + (end - start) * sizes[end - 1] for start in range(end))
-        cut[end] = next(
-            start
-            for start in range(end)
-            if best[start] + call_cost_frames + (end - start) * sizes[end - 1] == best[end]
-        )
+        for start in range(end):
+            rows = end - start
+            if rows > 1 and rows * sizes[end - 1] > max_frames:
+                continue
+            cost = best[start] + call_cost_frames + rows * sizes[end - 1]
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
     groups: list[list[int]] = []
     end = len(order)
     while end > 0:
@@ -123,12 +131,22 @@ def plan_groups(lengths: Sequence[int], call_cost_frames: int) -> list[list[int]
 class Code2WavRunner:
     """The model's two halves (see the module docstring); one thread at a time."""
 
-    def __init__(self, model: Qwen3OmniMoeCode2Wav, *, call_cost_frames: int = DEFAULT_CALL_COST_FRAMES) -> None:
+    def __init__(
+        self,
+        model: Qwen3OmniMoeCode2Wav,
+        *,
+        call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
+        max_forward_frames: int | None = None,
+    ) -> None:
         self.model = model.eval()
         self.geometry = geometry(model)
         self.num_quantizers = int(model.config.num_quantizers)
         self.codebook_size = int(model.config.codebook_size)
         self.call_cost_frames = call_cost_frames
+        if max_forward_frames is None:
+            on_cpu = model.code_offset.device.type == "cpu"
+            max_forward_frames = CPU_MAX_FORWARD_FRAMES if on_cpu else ACCELERATOR_MAX_FORWARD_FRAMES
+        self.max_forward_frames = max_forward_frames
         self._layers = _conv_layers(model)
 
     def new_cache(self) -> DynamicCache:
@@ -139,8 +157,9 @@ class Code2WavRunner:
         """Transformer output ``[n, hidden]`` for ``codes`` ``Long[Q, n]`` at ``position`` (frames already
         in ``cache``, counted from the segment's first frame)."""
         model = self.model
+        codes = codes.to(model.code_offset.device)
         embeds = model.code_embedding(codes.unsqueeze(0) + model.code_offset).mean(1)
-        positions = torch.arange(position, position + codes.shape[-1]).unsqueeze(0)
+        positions = torch.arange(position, position + codes.shape[-1], device=codes.device).unsqueeze(0)
         out = model.pre_transformer(
             inputs_embeds=embeds, past_key_values=cache, use_cache=True, position_ids=positions
         ).last_hidden_state
@@ -152,7 +171,7 @@ class Code2WavRunner:
         ``n_i · samples_per_frame − tail`` samples each, in order."""
         outputs: list[torch.Tensor] = [torch.empty(0)] * len(inputs)
         lengths = [int(x.shape[0]) for x in inputs]
-        for group in plan_groups(lengths, self.call_cost_frames):
+        for group in plan_groups(lengths, self.call_cost_frames, self.max_forward_frames):
             longest = max(lengths[row] for row in group)
             batch = inputs[0].new_zeros(len(group), longest, inputs[0].shape[-1])
             for slot, row in enumerate(group):
@@ -204,13 +223,13 @@ def decode_whole(runner: Code2WavRunner, chunking: Chunking, codes: torch.Tensor
     if codes.shape[-1]:
         stream.add(codes)
     stream.finish(int(codes.shape[-1]))
-    windows = stream.take_windows(int(codes.shape[-1]) + 1)
+    windows = stream.take_windows(1 << 62)
     return final_samples(windows, runner.waveforms(runner.transform(stream, windows)) if windows else [])
 
 
 def to_pcm16(samples: torch.Tensor) -> np.ndarray:
     """Float samples → int16 as a player expects: clipped to [-1, 1], × 32767, rounded to nearest."""
-    return np.rint(samples.clamp(-1, 1).numpy().astype(np.float64) * 32767.0).astype(np.int16)
+    return np.rint(samples.detach().clamp(-1, 1).cpu().numpy().astype(np.float64) * 32767.0).astype(np.int16)
 
 
 __all__ = ["Code2WavRunner", "decode_whole", "final_samples", "geometry", "plan_groups", "to_pcm16"]

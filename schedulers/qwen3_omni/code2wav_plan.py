@@ -11,9 +11,10 @@ A :class:`CodeStream` reproduces exactly that signal, chunk by chunk, as codes a
 * each reference segment is streamed on its own, from its own first frame, as transformers decodes it;
 * inside a segment, frames are decoded in *windows* at fixed frame boundaries, so the samples never
   depend on how the codes were split into chunks on the way here: the first segment's windows start at
-  ``first_chunk_frames`` and double up to ``chunk_frames`` (a small first chunk, then a ramp: each window
-  takes about as long to arrive as the audio already out lasts, so a talker a little faster than real
-  time leaves no gap), later segments' are ``chunk_frames``; the segment's end closes the last one;
+  ``first_chunk_frames`` and grow by ``ramp_factor`` up to ``chunk_frames`` (a small first chunk, then a
+  ramp: a talker faster than real time by more than ``ramp_factor`` delivers each window before the
+  audio already out has played, so the listener hears no gap), later segments' are ``chunk_frames``;
+  the segment's end closes the last one;
 * a window of new frames [a, b) emits the samples [a·1920 − 555, b·1920 − 555) of its segment: those
   before b·1920 − 555 need no later frame (the model is causal and its transposed convolutions trim what
   a later frame would change), and the 555 samples a window cannot finish are emitted by the next window,
@@ -29,6 +30,7 @@ scheduler thread owns every stream.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -43,8 +45,11 @@ class Chunking:
     chunk_frames: int
     reference_chunk_frames: int = 300
     reference_left_context_frames: int = 25
+    ramp_factor: float = 1.5
 
     def __attrs_post_init__(self) -> None:
+        if isinstance(self.ramp_factor, bool) or not isinstance(self.ramp_factor, int | float) or self.ramp_factor < 1:
+            raise ValueError(f"code2wav: ramp_factor must be a number >= 1, got {self.ramp_factor!r}")
         for name in ("first_chunk_frames", "chunk_frames"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -166,13 +171,16 @@ class CodeStream:
         self._open_segments()
         return self._next_segment >= self.chunking.segment_count(self.total) and not self.segments
 
-    def take_windows(self, limit: int) -> list[Window]:
-        """Up to ``limit`` windows whose frames have all arrived, in emission order (marked as taken)."""
+    def take_windows(self, max_frames: int) -> list[Window]:
+        """Windows whose frames have all arrived, in emission order (marked as taken), while the frames
+        the convolutions read stay within ``max_frames`` (one window at least)."""
         self._open_segments()
         windows: list[Window] = []
+        frames = 0
         for segment in self.segments:
-            while len(windows) < limit and (window := self._next_window(segment)) is not None:
+            while (not windows or frames < max_frames) and (window := self._next_window(segment)) is not None:
                 windows.append(window)
+                frames += window.end - window.conv_start
         self.segments = [segment for segment in self.segments if not segment.done]
         return windows
 
@@ -199,6 +207,7 @@ class CodeStream:
                 segment.end = self.total
 
     def _next_window(self, segment: Segment) -> Window | None:
+        """The segment's next window if its frames have all arrived (taken), else None."""
         start = segment.planned_to
         if segment.done:
             return None
@@ -213,8 +222,8 @@ class CodeStream:
         conv_start = max(segment.start, first_emitted - geometry.conv_context_frames)
         emit_from = (first_emitted - conv_start) * per_frame - (tail if start > segment.start else 0)
         segment.planned_to = end
-        steady = self.chunking.chunk_frames
-        segment.next_size = min(steady, 2 * segment.next_size) if segment.next_size < steady else steady
+        steady, size = self.chunking.chunk_frames, segment.next_size
+        segment.next_size = min(steady, math.ceil(size * self.chunking.ramp_factor)) if size < steady else steady
         return Window(segment, start, end, conv_start, emit_from, (end - conv_start) * per_frame - tail)
 
 
