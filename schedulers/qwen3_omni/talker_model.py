@@ -103,21 +103,33 @@ class TalkerModel:
     def from_checkpoint(
         cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
     ) -> TalkerModel:
-        """Build the talker on CPU (rotary buffers are not in the checkpoint), load ``talker.`` weights
-        plus the three tts rows, then move it to ``device``."""
+        """Build the talker on the meta device, fill it with the ``talker.`` weights and the three tts rows,
+        recompute its rotary frequencies (not weights), then move it to ``device``.
+
+        Raises the checkpoint reader's error (naming the file) when a tensor is missing or left unfilled.
+        """
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeRotaryEmbedding,
             Qwen3OmniMoeTalkerForConditionalGeneration,
+            Qwen3OmniMoeTalkerRotaryEmbedding,
         )
 
-        from schedulers.qwen3_omni.checkpoint import load_config, load_weights
+        from schedulers.qwen3_omni.checkpoint import CheckpointError, load_config, load_weights
 
         config = load_config(model_dir)
-        talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config, dtype=dtype)
+        with torch.device("meta"):
+            talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config, dtype=dtype)
         load_weights(model_dir, "talker.", talker)
+        talker.model.rotary_emb = Qwen3OmniMoeTalkerRotaryEmbedding(talker.model.config)
+        predictor = talker.code_predictor.model
+        predictor.rotary_emb = Qwen3OmniMoeRotaryEmbedding(config=predictor.config)
+        unfilled = [name for name, tensor in [*talker.named_parameters(), *talker.named_buffers()] if tensor.is_meta]
+        if unfilled:
+            raise CheckpointError(f"{model_dir}: the talker's {unfilled[:5]} were not filled from the checkpoint")
         rows = read_rows(
             Path(model_dir), EMBED_KEY, [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
         )
-        return cls(config, talker.to(device=device, dtype=dtype), rows)
+        return cls(config, talker.to(device), rows)  # parameters are in dtype already; rotary stays float32
 
     # -- forwards ---------------------------------------------------------------------
 
