@@ -40,7 +40,7 @@ alone; and both side by side on two threads (``decision_ms``: what a concurrent 
 False interruptions: short backchannels ("uh-huh", "okay", …) and a cough-like noise burst should
 let the assistant resume; real interruptions ("wait, stop", …) should cancel it.  Each is spoken
 by every voice, transcribed (Whisper, ``quick``) and classified by
-:class:`omnitrio.serve.backchannel.InterruptionPolicy` with its default list.
+:class:`omnitrio.serve.realtime.backchannel.InterruptionPolicy` with its default list.
 
 Other edges, to re-tune against (``--precise-end``: pauses and silences counted from the last voiced
 sample, as ``server_vad`` counts them; ``--pause-ms``: the judging pause; ``--model-at-ms``: the
@@ -71,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.turn_taking_report import report  # noqa: E402
 from bench.turn_taking_set import HELD_OUT, HELD_OUT_ESPEAK_VOICES, SENTENCES  # noqa: E402
-from omnitrio.serve.backchannel import InterruptionPolicy  # noqa: E402
+from omnitrio.serve.realtime.backchannel import InterruptionPolicy  # noqa: E402
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, resample  # noqa: E402
 from schedulers.speech.turn_end import EagernessPolicy, judge, policy_for  # noqa: E402
 from schedulers.speech.turn_words import unfinished_because  # noqa: E402

@@ -13,8 +13,11 @@ whose :class:`Run` is one of:
 * ``CRASHED``: after warming up, ``start()`` raised (at once or later), or returned
   before ``stop()`` was called;
 * ``STOPPED``: the bridge's task was cancelled; it called ``scheduler.stop()`` and
-  waited for ``start()`` to return (never abandoning the thread, which could still touch
-  what we free).  A cancelled ``run`` raises ``Cancelled``, so a caller sees this one as
+  waited for ``start()`` to return — at most ``stop_timeout`` seconds (the stage's
+  ``scheduler_stop_timeout``).  A scheduler still in ``start()`` then is abandoned: a
+  warning names the stage, :attr:`SchedulerBridge.abandoned` is set, and its thread (a
+  daemon thread) is left to itself, so a process may exit while it still runs.  A
+  cancelled ``run`` raises ``Cancelled``, so a caller sees this one as
   :attr:`SchedulerBridge.state` only.
 
 ``task_status.started(run)`` fires once warm-up has finished, with ``STARTED`` (``CRASHED``
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import os
 import sys
 import threading
@@ -45,11 +49,17 @@ from omnitrio.errors import StartupError
 from omnitrio.inbox_feed import INBOX_DEPTH, INBOX_LOW, InboxFeed
 from omnitrio.outbox_drain import DRAIN_BATCH, HANDOFF_S, LoopIdle, OutboxDrain, WakingCondition
 
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 3.0
+"""How long ``start()`` has to return after ``stop()`` unless the stage says otherwise."""
+
 __all__ = [
     "DRAIN_BATCH",
     "HANDOFF_S",
     "INBOX_DEPTH",
     "INBOX_LOW",
+    "STOP_TIMEOUT_S",
     "LoopIdle",
     "Outcome",
     "Run",
@@ -114,11 +124,13 @@ class SchedulerBridge:
         first_output: Callable[[str], bool] | None = None,
         idle: LoopIdle | None = None,
         handoff_s: float = HANDOFF_S,
+        stop_timeout: float = STOP_TIMEOUT_S,
     ) -> None:
         """``deliver`` gets the scheduler's outputs; ``feed`` (a fresh one, calling
         ``handed_over``, when None) holds what goes to its inbox; ``nice`` lowers the
         scheduler thread's priority; ``first_output``, ``idle`` and ``handoff_s`` are the
-        drain's hand-off (:mod:`omnitrio.outbox_drain`)."""
+        drain's hand-off (:mod:`omnitrio.outbox_drain`); ``stop_timeout`` bounds the wait
+        for ``start()`` to return after ``stop()`` (module docstring)."""
         self.scheduler = scheduler
         self.name = name
         self._nice = nice
@@ -131,6 +143,11 @@ class SchedulerBridge:
         self._fences = self.feed.can_fence(scheduler) and hasattr(scheduler.outbox, "mutex")
         self.state = Run.STARTING
         self._stopping = False
+        self._stop_timeout = stop_timeout
+        self._thread_scope = trio.CancelScope(shield=True)
+        """Keeps the wait for the thread out of the shutdown's cancellation until ``stop_timeout``."""
+        self.abandoned = False
+        """Whether ``start()`` outlived ``stop_timeout`` and its thread was left running."""
 
     @property
     def waiting(self) -> int:
@@ -178,13 +195,25 @@ class SchedulerBridge:
 
         async def run_thread() -> None:
             try:
-                await trio.to_thread.run_sync(
-                    thread_main, thread_name=f"scheduler-{self.name}", limiter=trio.CapacityLimiter(1)
-                )
+                with self._thread_scope:
+                    await trio.to_thread.run_sync(
+                        thread_main,
+                        thread_name=f"scheduler-{self.name}",
+                        limiter=trio.CapacityLimiter(1),
+                        abandon_on_cancel=True,
+                    )
             except Exception as exc:
                 errors.append(exc)
             else:
-                if not self._stopping and not warm_up_failed:
+                if self._thread_scope.cancelled_caught:
+                    self.abandoned = True
+                    log.warning(
+                        "stage %r: its scheduler's start() did not return within %g s of stop() "
+                        "(scheduler_stop_timeout); shutdown left its thread running",
+                        self.name,
+                        self._stop_timeout,
+                    )
+                elif not self._stopping and not warm_up_failed:
                     errors.append(RuntimeError(f"scheduler of stage {self.name!r}: start() returned before stop()"))
             if self._stopping:
                 self.state = Run.STOPPED
@@ -217,6 +246,7 @@ class SchedulerBridge:
 
     def _stop_scheduler(self) -> None:
         self._stopping = True
+        self._thread_scope.deadline = trio.current_time() + self._stop_timeout
         try:
             self.scheduler.stop()
         except Exception:  # a broken stop() must not hide the shutdown in progress

@@ -6,8 +6,9 @@ until every stage has let go of it, and only then may its id be used again.  Its
 :class:`Phase` says where it is:
 
 * ``RUNNING``: sent to the entry stage; results (and stream chunks) are arriving.
-* ``COMPLETED``: every expected terminal stage answered; the id stays taken until the
-  caller lets go (its stream closes), since nothing is left to release.
+* ``COMPLETED``: every expected terminal stage answered, or was cut off by routes that
+  left it out (:mod:`omnitrio.reach`) while another answered; the id stays taken until
+  the caller lets go (its stream closes), since nothing is left to release.
 * ``RELEASING``: it failed, was aborted, or its deadline passed; the caller has its error,
   and every stage that may hold it was asked to let go (``Abort``); it waits for their
   ``Released``.
@@ -33,11 +34,12 @@ import trio
 
 from omnitrio.contract import OmniRequest, StagePayload
 from omnitrio.envelopes import COORDINATOR, Abort, Credit, ToStage
-from omnitrio.errors import RequestAborted, RequestError, RequestTimeout
-from omnitrio.events import REQUEST_ABORTED, TERMINAL_RESPONSE
+from omnitrio.errors import RequestAborted, RequestError, RequestFailed, RequestTimeout
+from omnitrio.events import REQUEST_ABORTED, REQUEST_FAILED, TERMINAL_RESPONSE
 from omnitrio.flow import CREDIT_BATCH, Consumed
 from omnitrio.mailbox import Mailbox
 from omnitrio.messages import CompleteMessage, StreamMessage
+from omnitrio.reach import Reach, Skips
 
 Event = StreamMessage | CompleteMessage | RequestError
 
@@ -89,7 +91,9 @@ class CallerRequest:
 
     __slots__ = (
         "_consumed",
+        "_skips",
         "_table",
+        "awaited",
         "deadline",
         "events",
         "gone",
@@ -107,6 +111,9 @@ class CallerRequest:
         self.request_id = request_id
         self.inc = inc
         self.terminals = terminals
+        """The terminal stages it waited for when admitted."""
+        self.awaited = terminals
+        """Those of ``terminals`` that answered or still can (routes may cut one off)."""
         self.deadline = deadline
         """When the caller's deadline passes (``trio.current_time()`` clock); inf without one."""
         self.opened = time.perf_counter()
@@ -117,20 +124,53 @@ class CallerRequest:
         self.unacked: set[str] = set()
         self.gone = trio.Event()
         self._consumed: Consumed | None = None
+        self._skips: Skips = ()
 
     # -- 1. answered (by the stages, through the coordinator) -------------------------
     # A terminal stage's stream chunk goes straight into ``events`` while the request runs.
 
     def complete(self, stage: str, body: Any) -> None:
         """A terminal stage's result; the last expected one completes the request."""
-        if self.phase is not Phase.RUNNING or stage not in self.terminals:
+        if self.phase is not Phase.RUNNING or stage not in self.awaited:
             return
         self.results[stage] = body
         self.events.put(CompleteMessage(self.request_id, stage, body))
-        if self.results.keys() == self.terminals:
-            self._table.emit(self.request_id, TERMINAL_RESPONSE, {"from_stage": stage})
-            self.phase = Phase.COMPLETED
-            self.events.close()
+        if self.results.keys() == self.awaited:
+            self._completed(stage)
+
+    def skipped(self, stage: str, left_out: tuple[str, ...], reach: Reach) -> None:
+        """``stage``'s route left ``left_out`` out: stop waiting for the terminals no stage can
+        still send to (:mod:`omnitrio.reach`).
+
+        Once every awaited terminal answered or was cut off, the request completes with those
+        that answered; when none did, it fails naming ``stage``.
+        """
+        if self.phase is not Phase.RUNNING:
+            return
+        self._skips = skips = (*self._skips, (stage, left_out))
+        cut_off = reach.cut_off(skips)
+        if self.awaited.isdisjoint(cut_off):
+            return
+        lost = {t for t in self.awaited if t in cut_off and t not in self.results}
+        if not lost:
+            return
+        self.awaited = self.awaited - lost
+        if self.results.keys() != self.awaited:
+            return
+        if self.results:
+            self._completed(stage)
+            return
+        message = (
+            f"its route_fn left out {list(left_out)}, so no terminal stage this request waits for "
+            f"({sorted(self.terminals)}) can be reached"
+        )
+        error = RequestFailed(self.request_id, stage, "Unreachable", message)
+        self.fail(error, REQUEST_FAILED, {"stage": stage, "error_type": "Unreachable", "message": message})
+
+    def _completed(self, stage: str) -> None:
+        self._table.emit(self.request_id, TERMINAL_RESPONSE, {"from_stage": stage})
+        self.phase = Phase.COMPLETED
+        self.events.close()
 
     def consumed(self, stage: str) -> None:
         """The caller took one of ``stage``'s chunks: give it credit back, in batches."""
@@ -217,7 +257,8 @@ class RequestStream:
 
     @property
     def result(self) -> Any:
-        """The terminal result: ``payload.data``, or ``{stage: data}`` with several terminals."""
+        """The terminal result: ``payload.data``, or ``{stage: data}`` when the request waited for
+        several terminals — holding those that answered, without the ones routes cut off."""
         assert self._request is not None and self._done
         results = self._request.results
         if len(self._request.terminals) == 1:

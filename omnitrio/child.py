@@ -6,7 +6,9 @@ stdin, so the caller's ``__main__`` is never re-imported.  The child builds its 
 then sends ``Ready`` — or ``StartupFailed`` with its traceback, and exits non-zero.  It
 serves until the parent sends ``Shutdown``, or until the parent process is gone (its
 pidfd becomes readable): an orphan removes the pipeline's shared memory and socket
-directory on its way out.
+directory on its way out.  A child one of whose schedulers outlived its
+``scheduler_stop_timeout`` exits at once after that clean-up (``os._exit``), whatever
+that scheduler's thread is doing.
 """
 
 from __future__ import annotations
@@ -66,14 +68,20 @@ def main(spec: ChildSpec) -> None:
     sys.setswitchinterval(0.001)  # a Python-heavy scheduler thread must not stall the IO loop for 5 ms
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        trio.run(_serve, spec)
+        stuck = trio.run(_serve, spec)
     except BaseExceptionGroup as group:
         if isinstance(collapse(group), SystemExit):
             sys.exit(1)  # a start-up failure, already reported to the parent
         raise
+    if stuck:  # its sockets and shared memory are gone; only the scheduler threads left behind remain
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
-async def _serve(spec: ChildSpec) -> None:
+async def _serve(spec: ChildSpec) -> bool:
+    """Serve until told to stop; whether a stage's scheduler thread was left running (see
+    :mod:`omnitrio.bridge`)."""
     replicas = Replicas.of(spec.config.processes, spec.homes)
     board = Switchboard(spec.process, spec.homes, replicas)
     stages: dict[str, Stage] = {}
@@ -126,6 +134,7 @@ async def _serve(spec: ChildSpec) -> None:
     finally:
         if recorder is not None:
             recorder.close()
+    return any(stage.abandoned for stage in stages.values())
 
 
 def startup_report(exc: BaseException) -> str:

@@ -17,9 +17,9 @@ socket address, so nothing queued for the dead one reaches the new one; later re
 succeed.
 
 Leaving the block — also on SIGINT/SIGTERM of the parent — stops every child within
-:data:`STOP_GRACE` seconds (then kills it) and removes the endpoint directory and every
-shared-memory segment of the pipeline.  With no ``process`` names there are no children,
-no sockets and no shared memory.
+:data:`STOP_GRACE` seconds plus the longest ``scheduler_stop_timeout`` of its stages (then
+kills it) and removes the endpoint directory and every shared-memory segment of the pipeline.
+With no ``process`` names there are no children, no sockets and no shared memory.
 
 With ``placement = "ray"`` each process group is a Ray actor instead
 (:mod:`omnitrio.placement`), placed with the resources ``config.processes`` names and
@@ -31,6 +31,7 @@ groups to each other.  Tensors use shared memory between processes of one node o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import secrets
@@ -55,6 +56,8 @@ from omnitrio.switchboard import UNIX, Switchboard
 from omnitrio.topology import MAIN
 from omnitrio.transport import wire
 from omnitrio.transport.relay import remove_segments
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE = 5.0
 HEALTH_TIMEOUT = 2.0
@@ -381,9 +384,16 @@ class Children:
             process = child.process
             if process is None:
                 continue
-            with trio.move_on_after(STOP_GRACE):
+            grace = STOP_GRACE + max(self._config.stage(name).scheduler_stop_timeout for name in child.stages)
+            with trio.move_on_after(grace):
                 await child.exited.wait()
             if process.returncode is None:
+                log.warning(
+                    "process %r (stages %s) did not exit within %g s of shutdown; killed it",
+                    child.name,
+                    child.stages,
+                    grace,
+                )
                 process.kill()
                 with trio.move_on_after(2.0):
                     await child.exited.wait()

@@ -12,6 +12,7 @@ factory's signature, so a typo never surfaces as a child process that fails to s
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,8 @@ import msgspec
 from omnitrio.errors import ConfigError
 from omnitrio.importing import ImportPathError, import_object
 from omnitrio.replicas import REPLICAS_KEY
+
+DEFAULT_MODEL_ARGS = ("responder.factory.model_path",)  # what `--model FILE.gguf` sets unless a config says
 
 SERVED_TASKS = ("chat", "speech", "transcription", "realtime")
 
@@ -93,6 +96,10 @@ class StageConfig:
     scheduler_restart_backoff: float = 0.05
     """Seconds before rebuilding a crashed scheduler; doubled after each rebuild in a row
     that crashed before delivering an output (see :mod:`omnitrio.supervision`)."""
+    scheduler_stop_timeout: float = 3.0
+    """Seconds the scheduler's ``start()`` has to return after ``stop()`` when the pipeline
+    shuts down; past it shutdown goes on without it, with a warning naming the stage (see
+    :mod:`omnitrio.bridge`)."""
 
     @property
     def next_stages(self) -> list[str]:
@@ -144,6 +151,9 @@ class PipelineConfig:
     :mod:`omnitrio.replicas`) and the Ray resources each copy asks for, e.g.
     ``{"thinker": {"num_gpus": 1, "num_cpus": 2}, "encoder": {"replicas": 2}}``; any other
     key is a custom resource.  A group asks for nothing it does not name (0 CPUs)."""
+    model_args: list[str] = attrs.field(factory=lambda: list(DEFAULT_MODEL_ARGS))
+    """The fields ``--model PATH`` sets (``stage.factory.field``, each to the absolute path): the
+    responder's GGUF file by default; a pipeline whose stages all read one checkpoint lists each."""
     serves: list[str] | None = None
     """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
     ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
@@ -231,8 +241,9 @@ def _stage_from_dict(index: int, raw: Any) -> StageConfig:
     return StageConfig(**{k: getattr(typed, k) for k in raw})
 
 
-def load(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
-    """Load a TOML pipeline file and apply ``key.path=value`` overrides, then validate."""
+def load(path: str | Path, overrides: Iterable[str] = (), model: str | Path | None = None) -> PipelineConfig:
+    """Load a TOML pipeline file, point its ``model_args`` at ``model`` (when given), apply the
+    ``key.path=value`` overrides (after ``model``, so they win), then validate."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -240,6 +251,12 @@ def load(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    if model is not None:
+        targets = raw.get("model_args", list(DEFAULT_MODEL_ARGS))
+        if not isinstance(targets, list) or not all(isinstance(t, str) and "." in t for t in targets):
+            raise ConfigError(f"model_args: must be a list of 'stage.factory.field' strings, got {targets!r}")
+        for target in targets:
+            apply_override(raw, f"{target}={json.dumps(str(Path(model).resolve()))}")
     for item in overrides:
         apply_override(raw, item)
     config = from_dict(raw)
@@ -404,6 +421,9 @@ def _validate_stage(i: int, stage: StageConfig, config: PipelineConfig, names: M
     backoff = stage.scheduler_restart_backoff
     if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff < math.inf:
         raise fail("scheduler_restart_backoff", f"must be a number of seconds >= 0, got {backoff!r}")
+    stop_timeout = stage.scheduler_stop_timeout
+    if isinstance(stop_timeout, bool) or not isinstance(stop_timeout, int | float) or not 0 < stop_timeout < math.inf:
+        raise fail("scheduler_stop_timeout", f"must be a number of seconds > 0, got {stop_timeout!r}")
     _check_factory(label, stage)
 
 

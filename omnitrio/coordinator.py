@@ -35,6 +35,7 @@ from omnitrio.envelopes import (
     Failed,
     Payload,
     Released,
+    Skipped,
     StreamOut,
     ToCoordinator,
     ToStage,
@@ -130,7 +131,11 @@ class Coordinator:
     ) -> Any:
         """Run one request to completion and return the terminal stage's ``payload.data``.
 
-        With several terminal stages the result is ``{stage: data}``.  ``params`` and
+        With several terminal stages the result is ``{stage: data}``: one entry per terminal
+        that answered.  A terminal that routes cut off (every stage that could send to it
+        routed the request elsewhere, :mod:`omnitrio.reach`) is not waited for: the request
+        completes as soon as the others answered, and fails with :class:`RequestFailed`
+        naming the stage whose route left out the last one when none answered.  ``params`` and
         ``metadata`` become the fields of the ``OmniRequest`` every stage sees.  Raises
         :class:`RequestFailed`, :class:`BadRequest`, :class:`RequestAborted`, :class:`RequestTimeout`,
         :class:`Overloaded` or :class:`DuplicateRequest`.
@@ -149,7 +154,8 @@ class Coordinator:
         timeout: float | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> RequestStream:
-        """Stream one request: ``StreamMessage`` items, then ``CompleteMessage`` per terminal.
+        """Stream one request: ``StreamMessage`` items, then ``CompleteMessage`` per terminal
+        that answered (routes may cut one off, as for :meth:`submit`).
 
         Use ``async with pipeline.stream(...) as s: async for msg in s``; leaving the block
         early aborts the request everywhere.  A bare ``async for`` works too.
@@ -272,3 +278,5 @@ class Coordinator:
                     request.fail(error, REQUEST_FAILED, fields)
             case Released(stage=stage):
                 request.released((stage,))
+            case Skipped(stage=stage, targets=targets):
+                request.skipped(stage, targets, self.topology.reach)

@@ -114,5 +114,15 @@ class Released(msgspec.Struct, tag="R", array_like=True):
     stage: str
 
 
+class Skipped(msgspec.Struct, tag="K", array_like=True):
+    """Stage ``stage``'s route left ``targets`` out, so terminals the request waits for may be
+    unreachable now (:mod:`omnitrio.reach` says when a stage sends one)."""
+
+    rid: str
+    inc: int
+    stage: str
+    targets: tuple[str, ...]
+
+
 ToStage = Payload | Chunk | Done | Abort | Credit
-ToCoordinator = Complete | StreamOut | Failed | Released
+ToCoordinator = Complete | StreamOut | Failed | Released | Skipped

@@ -93,6 +93,12 @@ class Stage:
         return self.supervisor.restarts
 
     @property
+    def abandoned(self) -> bool:
+        """Whether shutdown left its scheduler's thread running (``start()`` outlived ``stop()``
+        by ``scheduler_stop_timeout``)."""
+        return self.bridge is not None and self.bridge.abandoned
+
+    @property
     def dead(self) -> str | None:
         """Why the stage is dead (its scheduler could not be rebuilt); None while it serves."""
         return self.supervisor.dead_reason
@@ -133,6 +139,7 @@ class Stage:
             nice=self._scheduler_nice,
             first_output=self._no_output_yet,
             idle=self._loop_idle,
+            stop_timeout=self.plan.config.scheduler_stop_timeout,
         )
         return self.bridge
 

@@ -29,7 +29,18 @@ from omnitrio.contract import (
     StagePayload,
     StreamItem,
 )
-from omnitrio.envelopes import COORDINATOR, Chunk, Complete, Credit, Done, Failed, Payload, Released, StreamOut
+from omnitrio.envelopes import (
+    COORDINATOR,
+    Chunk,
+    Complete,
+    Credit,
+    Done,
+    Failed,
+    Payload,
+    Released,
+    Skipped,
+    StreamOut,
+)
 from omnitrio.events import (
     STAGE_ABORTED,
     STAGE_COMPLETE,
@@ -327,7 +338,11 @@ class StageRequest:
                 stage.board.send(Chunk(rid, self.inc, target, stage.name, chunk_id, out.data, out.metadata))
 
     def _route(self, result: Any) -> None:
-        """End-of-stream signals first, then the result to each next stage (or the caller)."""
+        """End-of-stream signals first, then the result to each next stage (or the caller).
+
+        A route that leaves out targets through which a terminal could be reached tells the
+        coordinator first (:class:`~omnitrio.envelopes.Skipped`).
+        """
         stage, rid, inc = self.stage, self.request_id, self.inc
         plan, board, rec = stage.plan, stage.board, stage.recorder
         if plan.stream_to:
@@ -344,6 +359,8 @@ class StageRequest:
         bodies = [plan.project(t, result, fan_out=fan_out) for t in targets]
         if rec is not None:
             rec.emit(rid, stage.name, STAGE_COMPLETE, terminal=False, next=targets)
+        if plan.route is not None and (left_out := plan.left_out(targets)):
+            board.send(Skipped(rid, inc, stage.name, left_out))  # first: a request with nothing left to reach ends
         for target, body in zip(targets, bodies, strict=True):
             if rec is not None:  # before the send: a local send delivers at once
                 rec.emit(rid, stage.name, STAGE_HOP_SENT, to_stage=target, transport=board.transport_to(target))

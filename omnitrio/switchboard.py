@@ -49,6 +49,7 @@ from omnitrio.envelopes import (
     Failed,
     Payload,
     Released,
+    Skipped,
     StreamOut,
     ToCoordinator,
     ToStage,
@@ -162,7 +163,7 @@ class Switchboard:
         that one request.
         """
         match envelope:
-            case Complete() | StreamOut() | Failed() | Released():
+            case Complete() | StreamOut() | Failed() | Released() | Skipped():
                 if self.coordinator is not None:
                     self.coordinator.deliver(envelope)
                     return
@@ -255,7 +256,7 @@ class Switchboard:
         match message:
             case Payload() | Chunk() | Done() | Abort() | Credit():
                 self._to_stage(src, message, buffers)
-            case Complete() | StreamOut() | Failed() | Released():
+            case Complete() | StreamOut() | Failed() | Released() | Skipped():
                 self._to_coordinator(src, message, buffers)
             case wire.ReleaseLeases(leases=ids):
                 if self._pool is not None:

@@ -18,6 +18,7 @@ import attrs
 from omnitrio.config import PipelineConfig, StageConfig
 from omnitrio.contract import StagePayload
 from omnitrio.importing import import_object
+from omnitrio.reach import Reach, RouteSkips
 
 MAIN = "main"
 """The caller's process: the coordinator's, and the home of every stage without ``process``."""
@@ -89,6 +90,8 @@ class StagePlan:
     wait_for_fn: Callable[[str, str, StagePayload], Any] | None
     stream_to: tuple[str, ...]
     stream_done_to: Callable[[str, Any], Any] | None
+    skips: RouteSkips | None = None
+    """What this stage's route must report to the coordinator (with a ``route_fn`` only)."""
 
     @property
     def terminal(self) -> bool:
@@ -100,6 +103,11 @@ class StagePlan:
             return list(self.next)
         value = call_user(f"route_fn of stage {self.name!r}", self.route, request_id, payload)
         return _target_list(f"route_fn of stage {self.name!r}", value, self.next, allow_empty=False)
+
+    def left_out(self, targets: list[str]) -> tuple[str, ...]:
+        """The targets a route to ``targets`` left out, when the coordinator must hear of them
+        (:mod:`omnitrio.reach`); else ()."""
+        return () if self.skips is None else self.skips.reported(targets)
 
     def stream_done_targets(self, request_id: str, result: Any) -> list[str]:
         """Which ``stream_to`` stages get this request's end-of-stream signal."""
@@ -167,13 +175,18 @@ class Topology:
     config: PipelineConfig
     plans: dict[str, StagePlan]
     terminal_stages_fn: Callable[[str, Any], Any] | None
+    reach: Reach
 
     @classmethod
     def compile(cls, config: PipelineConfig, stage_names: Any = None) -> Topology:
         wanted = set(stage_names) if stage_names is not None else {s.name for s in config.stages}
         plans = {s.name: compile_stage(s) for s in config.stages if s.name in wanted}
+        reach = Reach.of(config)
+        for plan in plans.values():
+            if plan.route is not None:
+                plan.skips = reach.route_skips(plan.next)
         fn = import_object(config.terminal_stages_fn) if config.terminal_stages_fn else None
-        return cls(config=config, plans=plans, terminal_stages_fn=fn)
+        return cls(config=config, plans=plans, terminal_stages_fn=fn, reach=reach)
 
     @property
     def entry(self) -> str:

@@ -13,7 +13,7 @@ from openai.types.realtime import RealtimeServerEvent as GaEvent
 GA = pydantic.TypeAdapter(GaEvent)
 BETA = pydantic.TypeAdapter(BetaEvent)
 SESSION_EXTRAS = {".session.id", ".session.object"}
-OMNITRIO_EVENTS = {  # extension events (omnitrio.serve.realtime_interruption) and their fields
+OMNITRIO_EVENTS = {  # extension events (omnitrio.serve.realtime.interruption) and their fields
     "omnitrio.output_audio_buffer.paused": {"event_id", "response_id", "audio_end_ms", "decide_ms"},
     "omnitrio.output_audio_buffer.resumed": {"event_id", "response_id", "reason", "transcript"},
 }

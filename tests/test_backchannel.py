@@ -7,8 +7,8 @@ import re
 import pytest
 import trio
 
-from omnitrio.serve.backchannel import FalseInterruptions, InterruptionPolicy, words_of
-from omnitrio.serve.realtime_pacing import Pacer
+from omnitrio.serve.realtime.backchannel import FalseInterruptions, InterruptionPolicy, words_of
+from omnitrio.serve.realtime.pacing import Pacer
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,34 @@ def test_check_applies_set_overrides(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "does not accept ['tagx']" in capsys.readouterr().err
 
 
+ROUTED = """
+[[stages]]
+name = "router"
+factory_path = "toys.stages.create_echo"
+next = ["a", "b"]
+route_fn = "tests.route_stages.route_router"
+[[stages]]
+name = "a"
+factory_path = "toys.stages.create_echo"
+terminal = true
+[[stages]]
+name = "b"
+factory_path = "toys.stages.create_echo"
+terminal = true
+"""
+
+
+def test_check_warns_of_a_route_that_can_leave_a_terminal_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", str(write(tmp_path, ROUTED))]) == 0
+    err = capsys.readouterr().err
+    assert "omnitrio: warning: stage 'router': its route_fn can leave out terminal stage(s) ['a', 'b']" in err
+    with_fn = 'terminal_stages_fn = "tests.route_stages.only_b"\n' + ROUTED
+    assert main(["check", str(write(tmp_path, with_fn))]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_run_prints_the_result_of_one_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--config", str(write(tmp_path, TOY)), "hello omni world"]) == 0
     out = capsys.readouterr().out

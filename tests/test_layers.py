@@ -193,9 +193,57 @@ def test_the_runtime_has_no_import_circle_even_through_type_only_imports() -> No
 
 def test_importing_the_realtime_session_core_loads_no_server() -> None:
     probe = (
-        "import sys, omnitrio.serve.realtime_session\n"
+        "import sys, omnitrio.serve.realtime.settings\n"
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('hypercorn', 'starlette')"
         " or m in ('omnitrio.serve.app', 'omnitrio.serve.server'))))"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.split() == []
+
+
+SERVE_LAYERS = (
+    # (layer, its modules by prefix); a module imports serve modules of its own part or of a lower layer only
+    (0, ("context", "output", "openai_types", "api_errors", "api_metrics", "limits", "admission", "auth")),
+    (0, ("origins", "connections", "audio", "telephony")),
+    (1, ("realtime",)),
+    (2, ("websocket",)),
+    (2, ("webrtc",)),
+    (2, ("routes",)),
+    (2, ("page",)),
+    (3, ("app", "server")),
+)
+
+
+def serve_part(module: str) -> tuple[int, int] | None:
+    """The layer of an ``omnitrio.serve`` module and which part of it, or None for the package itself."""
+    name = module.removeprefix("omnitrio.serve.")
+    for index, (layer, prefixes) in enumerate(SERVE_LAYERS):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return layer, index
+    return None
+
+
+def test_serve_imports_go_from_transports_and_routes_to_the_realtime_core_to_shared_helpers() -> None:
+    paths = {module_name(p): p for p in (PACKAGE / "serve").rglob("*.py")}
+    for name in paths:
+        assert name == "omnitrio.serve" or serve_part(name) is not None, f"{name} has no layer in SERVE_LAYERS"
+    upward = []
+    for name, path in sorted(paths.items()):
+        here = serve_part(name)
+        for other in sorted(all_imports(path) & set(paths)):
+            there = serve_part(other)
+            if here is None or there is None or other == name:
+                continue
+            if there[0] > here[0] or (there[0] == here[0] and there[1] != here[1] and here[0] > 0):
+                upward.append(f"{name} imports {other}")
+    assert upward == []
+
+
+def test_the_realtime_core_reaches_the_answering_pipeline_only_through_its_answering_interface() -> None:
+    """Only the cascade (an ``Answering``), server VAD and input transcription call the pipeline."""
+    allowed = {"cascade.py", "listen.py", "transcribe.py"}
+    calls = re.compile(r"\.pipeline\.(stream|abort|submit)\(")
+    crossings = [
+        path.name for path in sorted((PACKAGE / "serve" / "realtime").glob("*.py")) if calls.search(path.read_text())
+    ]
+    assert set(crossings) <= allowed, crossings

@@ -6,9 +6,6 @@ voices map to the checkpoint's speakers; a request waits only for the encoders i
 
 from __future__ import annotations
 
-import base64
-import io
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,14 @@ from schedulers.qwen3_omni import routing  # noqa: E402
 from schedulers.qwen3_omni.frontend import Preprocessor, create_preprocess_stage, resolve_speaker  # noqa: E402
 from tests.scheduler_harness import new, running, take  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import processor_inputs, reference_processor, sample_clip, sample_image  # noqa: E402
+from toys.qwen3_omni_reference import (  # noqa: E402
+    png_data_url,
+    processor_inputs,
+    reference_processor,
+    sample_clip,
+    sample_image,
+    wav_base64,
+)
 
 SPEAKERS = ("chelsie", "ethan", "aiden")
 
@@ -36,24 +40,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def preprocessor(tiny: Path) -> Preprocessor:
     return Preprocessor(tiny)
-
-
-def _wav(samples: np.ndarray) -> str:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(16_000)
-        wav.writeframes((samples * 32768).astype("<i2").tobytes())
-    return base64.b64encode(out.getvalue()).decode()
-
-
-def _png(image: np.ndarray) -> str:
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(image).save(out, "PNG")
-    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
 def _chat(*parts: dict[str, Any], modalities: tuple[str, ...] = ("text",), voice: str | None = None) -> dict[str, Any]:
@@ -72,8 +58,8 @@ def test_audio_and_image_parts_become_what_the_processor_makes(tiny: Path, prepr
     image = sample_image(40, 50)
     data = preprocessor(
         _chat(
-            {"type": "input_audio", "input_audio": {"data": _wav(clip), "format": "wav"}},
-            {"type": "image_url", "image_url": {"url": _png(image)}},
+            {"type": "input_audio", "input_audio": {"data": wav_base64(clip), "format": "wav"}},
+            {"type": "image_url", "image_url": {"url": png_data_url(image)}},
         )
     )
     parts = [{"type": "audio", "audio": clip.astype(np.float32)}, {"type": "image", "image": image}]

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from omnitrio.client import open_realtime
-from omnitrio.serve.realtime_protocol import wanted
+from omnitrio.serve.realtime.protocol import wanted
 from tests.fake_pipeline import Served, start_server
 from tests.test_serve_realtime import chats, manual_turns, receive_until, say
 

@@ -32,7 +32,7 @@ import trio
 import trio_websocket
 
 from omnitrio.client import RealtimeClient, open_realtime
-from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
+from omnitrio.serve.realtime.pacing import DEFAULT_LEAD, PIECE_SECONDS
 from tests.pipelines import settled_server
 from tests.realtime_sdk_types import checked
 from tests.test_serve_realtime import GA_AUDIO_RESPONSE

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from omnitrio.client import RealtimeClient, open_realtime
-from omnitrio.serve.realtime_protocol import BETA_NAMES
+from omnitrio.serve.realtime.protocol import BETA_NAMES
 from tests.fake_pipeline import Served, start_server
 from tests.realtime_sdk_types import checked
 from tests.test_serve_realtime import (

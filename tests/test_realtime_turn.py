@@ -14,11 +14,11 @@ import attrs
 import trio
 import trio.testing
 
-from omnitrio.serve.backchannel import FalseInterruptions
-from omnitrio.serve.realtime_input import InputBuffer
-from omnitrio.serve.realtime_response import Response, ResponseState
-from omnitrio.serve.realtime_session import TurnDetection, default_session, turn_detection
-from omnitrio.serve.realtime_turn import (
+from omnitrio.serve.realtime.backchannel import FalseInterruptions
+from omnitrio.serve.realtime.input_buffer import InputBuffer
+from omnitrio.serve.realtime.response import Response, ResponseState
+from omnitrio.serve.realtime.settings import TurnDetection, default_session, turn_detection
+from omnitrio.serve.realtime.turn import (
     MS,
     Began,
     Ended,

@@ -21,8 +21,8 @@ import trio_websocket
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.audio import float_to_pcm16
 from omnitrio.serve.limits import ServeLimits
-from omnitrio.serve.realtime_conversation import Spoken, heard_text
-from omnitrio.serve.realtime_pacing import DEFAULT_LEAD, PIECE_SECONDS
+from omnitrio.serve.realtime.conversation import Spoken, heard_text
+from omnitrio.serve.realtime.pacing import DEFAULT_LEAD, PIECE_SECONDS
 from tests.fake_pipeline import FakeRequest, Served, start_server, tone
 
 GA_AUDIO_RESPONSE = [

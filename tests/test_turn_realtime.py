@@ -65,7 +65,7 @@ async def test_semantic_vad_waits_through_a_mid_sentence_pause_that_server_vad_a
     # complete sentence): the same samples on every run keep the sentence unfinished as written.
     pause = pcm16(CUT, silence_after=0.8, variation=0.0) + pcm16(REST, silence_after=4.5, variation=0.0)
     async with realtime_url() as url:
-        with caplog.at_level(logging.DEBUG, logger="omnitrio.serve.realtime_listen"):
+        with caplog.at_level(logging.DEBUG, logger="omnitrio.serve.realtime.listen"):
             async with open_realtime(url) as rt:
                 session = await set_turn_detection(rt, {"type": "semantic_vad", "eagerness": "medium"})
                 await send_audio(rt, pause)

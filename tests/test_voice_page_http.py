@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio_websocket
 
-from omnitrio.serve.client_secrets import ClientSecrets
+from omnitrio.serve.routes.client_secrets import ClientSecrets
 from tests.fake_pipeline import Served, start_server
 
 KEY = "sk-page-test"

@@ -38,6 +38,21 @@ unset); a ``voice`` is ``"default"`` or an OpenAI voice name, and the pipeline g
 Audio at the API edge is PCM16 mono: chat and realtime at 24 kHz, speech ``pcm`` at 24 kHz, speech
 ``wav`` at the pipeline's rate. Admission errors raised when entering ``pipeline.stream``
 (``Overloaded``…) become HTTP statuses even for streaming requests; see :mod:`.api_errors`.
+
+Where things are (imports go down this list, never up; ``tests/test_layers.py`` checks it):
+
+- :mod:`.server` (hypercorn, the listening socket) and :mod:`.app` (the Starlette app: every route,
+  the lifespan, health and metrics).
+- The transports of a realtime session, :mod:`.websocket` (``WS /v1/realtime``) and :mod:`.webrtc`
+  (``POST /v1/realtime/calls``); :mod:`.routes`, the OpenAI HTTP routes (chat, speech,
+  transcription, models, client secrets) and SSE; :mod:`.page`, the voice page (``GET /``, ``static/``).
+- :mod:`.realtime`: the realtime session core, socket-free (session, settings, turns, responses,
+  conversation, protocol events, pacing, tools).
+- What all of them share: :mod:`.context` (the served pipeline, ids, body reads), :mod:`.output`
+  (a pipeline's stream folded into fields), :mod:`.openai_types` (request checks, voices),
+  :mod:`.api_errors`, :mod:`.api_metrics`, :mod:`.limits`, :mod:`.admission`, :mod:`.auth`,
+  :mod:`.origins`, :mod:`.connections`, and audio: :mod:`.audio` (PCM, WAV, resampling) and
+  :mod:`.telephony` (G.711).
 """
 
 from __future__ import annotations
@@ -56,7 +71,7 @@ _HOMES = {
     "serve": "omnitrio.serve.server",
 }
 """Where each public name lives: loaded on first use, so importing a submodule (the socket-free
-``realtime_session``) loads neither the app nor hypercorn."""
+``realtime.settings``) loads neither the app nor hypercorn."""
 
 __all__ = ["BindError", "bind_socket", "create_app", "serve"]
 

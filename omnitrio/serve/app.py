@@ -5,12 +5,12 @@ async library is trio (routes use trio directly); :mod:`omnitrio.serve.server` r
 Unknown routes and methods answer 404/405 with the OpenAI error body; a route whose task the
 pipeline does not serve (``PipelineConfig.serves``) answers 404 naming the routes it does serve,
 and ``/v1/models`` lists them per model (``serves``), with OpenAI's model names each route answers to
-(:mod:`.models`). A plain HTTP request to ``/v1/realtime`` answers
+(:mod:`.routes.models`). A plain HTTP request to ``/v1/realtime`` answers
 426 saying to connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
 An unexpected exception answers 500 ``internal server error`` with the traceback in the log, never
 in the body. ``/`` is the voice page (:mod:`.page`); ``/v1/realtime/calls`` the realtime session
-over WebRTC (:mod:`.webrtc`, served while the app's lifespan runs); ``/v1/realtime/client_secrets``
-mints ephemeral keys (:mod:`.client_secrets`).
+over WebRTC (:mod:`.webrtc.calls`, served while the app's lifespan runs); ``/v1/realtime/client_secrets``
+mints ephemeral keys (:mod:`.routes.client_secrets`).
 
 Before a route runs, a request passes, in order: the count of what users asked
 (:mod:`.api_metrics`), CORS and the WebSocket origin check (:mod:`.origins`), the API key check
@@ -38,18 +38,24 @@ from omnitrio.serve.admission import Admission
 from omnitrio.serve.api_errors import ApiError, as_api_error
 from omnitrio.serve.api_metrics import ApiMetrics, CountRequests, api_metrics
 from omnitrio.serve.auth import ApiKeys, RequireApiKey
-from omnitrio.serve.chat import chat_completions
-from omnitrio.serve.client_secrets import ClientSecrets, client_secrets_route
-from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServeContext, ServedPipeline, new_id, served_tasks
+from omnitrio.serve.context import (
+    DEFAULT_LEAD,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    ServeContext,
+    ServedPipeline,
+    new_id,
+    served_tasks,
+)
 from omnitrio.serve.limits import ServeLimits
-from omnitrio.serve.models import is_accepted, model_card, model_cards, unknown_model
 from omnitrio.serve.origins import browser_middleware
 from omnitrio.serve.page import page_routes
-from omnitrio.serve.realtime import realtime_endpoint
-from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
-from omnitrio.serve.speech import create_speech
-from omnitrio.serve.transcription import create_transcription
-from omnitrio.serve.webrtc import WebRTCCalls, available
+from omnitrio.serve.routes.chat import chat_completions
+from omnitrio.serve.routes.client_secrets import ClientSecrets, client_secrets_route
+from omnitrio.serve.routes.models import is_accepted, model_card, model_cards, unknown_model
+from omnitrio.serve.routes.speech import create_speech
+from omnitrio.serve.routes.transcription import create_transcription
+from omnitrio.serve.webrtc.calls import WebRTCCalls, available
+from omnitrio.serve.websocket import realtime_endpoint
 
 
 def create_app(
@@ -78,7 +84,7 @@ def create_app(
     ``"realtime"``); None takes ``pipeline.config.serves``, and offers every route when that is unset.
     ``realtime_audio_lead`` is how far (seconds) realtime audio may be sent ahead of real time.
     ``webrtc_hosts``: the addresses WebRTC calls gather ICE candidates on (the server's listen host).
-    WebRTC calls are served while the app's lifespan runs (:mod:`.webrtc`).
+    WebRTC calls are served while the app's lifespan runs (:mod:`.webrtc.calls`).
     """
     limits = limits or ServeLimits()
     if max_body_bytes is not None:

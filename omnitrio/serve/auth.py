@@ -11,7 +11,7 @@ which clients see as 403). The offered key is never echoed. Keys are compared in
 no keys configured every route is.
 
 A realtime handshake (``/v1/realtime``, ``/v1/realtime/calls``) may instead offer an ephemeral key
-minted by ``/v1/realtime/client_secrets`` (:mod:`.client_secrets`): it admits that one session and
+minted by ``/v1/realtime/client_secrets`` (:mod:`.routes.client_secrets`): it admits that one session and
 is spent; its session settings reach the route as ``scope["state"][SECRET_SESSION]``.
 
 ``OMNITRIO_API_KEY`` holds one key or several separated by commas (whitespace around each is

@@ -13,8 +13,8 @@ from starlette.requests import Request
 
 from omnitrio.serve.api_errors import ApiError
 from omnitrio.serve.limits import DEFAULT_MAX_BODY_BYTES, ServeLimits
-from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 
+DEFAULT_LEAD = 1.0  # seconds of audio a realtime client may hold ahead of playback (see .realtime.pacing)
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 """The deadline of every pipeline request the server makes, unless told otherwise: a request
 that never finishes fails as a timeout instead of waiting forever."""

@@ -28,9 +28,8 @@ from omnitrio.config import PipelineConfig
 from omnitrio.serve.app import create_app
 from omnitrio.serve.auth import ApiKeys
 from omnitrio.serve.connections import contain_connection_errors
-from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
+from omnitrio.serve.context import DEFAULT_LEAD, DEFAULT_REQUEST_TIMEOUT_S, ServedPipeline
 from omnitrio.serve.limits import ServeLimits, limits_for
-from omnitrio.serve.realtime_pacing import DEFAULT_LEAD
 
 log = logging.getLogger("omnitrio.serve")
 

@@ -25,6 +25,7 @@ from omnitrio.envelopes import (
     Failed,
     Payload,
     Released,
+    Skipped,
     StreamOut,
     ToCoordinator,
     ToStage,
@@ -102,6 +103,7 @@ _decoder = msgspec.msgpack.Decoder(
     | StreamOut
     | Failed
     | Released
+    | Skipped
     | Ready
     | StartupFailed
     | HealthQuery

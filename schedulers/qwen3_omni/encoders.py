@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from omnitrio.contract import StagePayload
-from schedulers.qwen3_omni.checkpoint import load_config, load_weights
+from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
 from schedulers.simple import SimpleScheduler
 
 Batch = list[StagePayload]
@@ -131,16 +131,20 @@ def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
 
 
 def create_audio_encoder_stage(
-    *, model_dir: str, max_batch_size: int = 8, max_batch_wait_ms: float = 0
+    *, model_dir: str | None = None, max_batch_size: int = 8, max_batch_wait_ms: float = 0
 ) -> SimpleScheduler:
     """The audio encoder stage (module docstring)."""
     torch.set_num_threads(1)
-    return _batched(audio_batch_fn(AudioTower(model_dir)), max_batch_size, max_batch_wait_ms)
+    return _batched(audio_batch_fn(AudioTower(require_model_dir(model_dir))), max_batch_size, max_batch_wait_ms)
 
 
 def create_image_encoder_stage(
-    *, model_dir: str, max_batch_size: int = 8, max_batch_wait_ms: float = 0
+    *, model_dir: str | None = None, max_batch_size: int = 8, max_batch_wait_ms: float = 0
 ) -> SimpleScheduler:
     """The image encoder stage (module docstring)."""
     torch.set_num_threads(1)
-    return _batched(image_batch_fn(VisionTower(model_dir)), max_batch_size, max_batch_wait_ms)
+    return _batched(image_batch_fn(VisionTower(require_model_dir(model_dir))), max_batch_size, max_batch_wait_ms)
+
+
+create_audio_encoder_stage.preflight = preflight  # type: ignore[attr-defined]
+create_image_encoder_stage.preflight = preflight  # type: ignore[attr-defined]

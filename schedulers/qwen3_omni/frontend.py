@@ -27,7 +27,7 @@ import torch
 
 from omnitrio.contract import StagePayload
 from schedulers.omni.inputs import decode_audio, read_image_url
-from schedulers.qwen3_omni.checkpoint import load_config, speakers
+from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.processor import OmniProcessor
 from schedulers.qwen3_omni.routing import AUDIO_ENCODER, IMAGE_ENCODER
 from schedulers.simple import SimpleScheduler
@@ -169,11 +169,11 @@ class Preprocessor:
 
 
 def create_preprocess_stage(
-    *, model_dir: str, default_speaker: str | None = None, max_concurrency: int = 1
+    *, model_dir: str | None = None, default_speaker: str | None = None, max_concurrency: int = 1
 ) -> SimpleScheduler:
     """Preprocessing (module docstring); bad inputs fail the request with a ``ValueError`` (a 400)."""
     torch.set_num_threads(1)
-    preprocessor = Preprocessor(model_dir, default_speaker)
+    preprocessor = Preprocessor(require_model_dir(model_dir), default_speaker)
 
     def preprocess(payload: StagePayload) -> StagePayload:
         data = payload.data
@@ -187,3 +187,6 @@ def create_preprocess_stage(
 def create_aggregate_stage() -> SimpleScheduler:
     """The fan-in point: ``merge_fn`` (:func:`.routing.merge_aggregate`) built the thinker's input."""
     return SimpleScheduler(lambda payload: payload)
+
+
+create_preprocess_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -54,12 +54,14 @@ class OmniProcessor:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> OmniProcessor:
         """Read the parts from a checkpoint directory; a missing or unreadable part is a CheckpointError."""
-        from transformers import AutoTokenizer, WhisperFeatureExtractor
+        # The classes themselves, not transformers' Auto* machinery: a stage imports what it runs.
+        from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+        from transformers.models.whisper.feature_extraction_whisper import WhisperFeatureExtractor
 
         directory = Path(model_dir)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(directory)
+            tokenizer = Qwen2Tokenizer.from_pretrained(directory)
             feature_extractor = WhisperFeatureExtractor.from_pretrained(directory)
             image_processor = Qwen2VLImageProcessorPil.from_pretrained(directory)
         except (OSError, ValueError, KeyError) as exc:

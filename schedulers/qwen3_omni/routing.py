@@ -25,10 +25,17 @@ from typing import Any
 
 from omnitrio.contract import StagePayload
 
-PREPROCESS = "preprocess"
-AUDIO_ENCODER = "audio_encoder"
-IMAGE_ENCODER = "image_encoder"
-AGGREGATE = "aggregate"
+# The front of the graph is omni-tiny's (same stage names): reuse its routing.
+from schedulers.omni.routing import (
+    AGGREGATE,
+    AUDIO_ENCODER,
+    IMAGE_ENCODER,
+    PREPROCESS,
+    route_preprocess,
+    wait_for_aggregate,
+    wants_audio,
+)
+
 THINKER = "thinker"
 DECODE = "decode"
 TALKER = "talker"
@@ -46,10 +53,6 @@ def _data(payload: Any, where: str) -> dict[str, Any]:
 
 def _with(payload: StagePayload, data: dict[str, Any]) -> StagePayload:
     return StagePayload(payload.request_id, payload.request, data)
-
-
-def route_preprocess(request_id: str, payload: StagePayload) -> list[str]:
-    return [*_data(payload, "route_preprocess")["encoders"], AGGREGATE]
 
 
 def project_to_audio_encoder(payload: StagePayload) -> StagePayload:
@@ -70,10 +73,6 @@ def project_to_aggregate(payload: StagePayload) -> StagePayload:
     return _with(payload, {"input_ids": data["input_ids"], "encoders": list(data["encoders"]), **knobs})
 
 
-def wait_for_aggregate(request_id: str, from_stage: str, payload: StagePayload) -> list[str]:
-    return [PREPROCESS, *_data(payload, "wait_for_aggregate")["encoders"]]
-
-
 def merge_aggregate(inputs: dict[str, StagePayload]) -> StagePayload:
     """The thinker's input (module docstring) from the preprocess payload and the encoders' outputs."""
     base = inputs[PREPROCESS]
@@ -92,11 +91,6 @@ def merge_aggregate(inputs: dict[str, StagePayload]) -> StagePayload:
     return _with(base, data)
 
 
-def wants_audio(inputs: Any) -> bool:
-    """Whether raw chat inputs ask for spoken output (``modalities`` names ``audio``)."""
-    return isinstance(inputs, dict) and "audio" in (inputs.get("modalities") or ())
-
-
 def route_thinker(request_id: str, payload: StagePayload) -> list[str]:
     return [DECODE, TALKER] if _data(payload, "route_thinker").get("want_audio") else [DECODE]
 
@@ -104,3 +98,24 @@ def route_thinker(request_id: str, payload: StagePayload) -> list[str]:
 def terminal_stages(request_id: str, inputs: Any) -> list[str]:
     """``decode`` always; ``code2wav`` too when the request asks for audio."""
     return [DECODE, CODE2WAV] if wants_audio(inputs) else [DECODE]
+
+
+__all__ = [
+    "AGGREGATE",
+    "AUDIO_ENCODER",
+    "CODE2WAV",
+    "DECODE",
+    "IMAGE_ENCODER",
+    "PREPROCESS",
+    "TALKER",
+    "THINKER",
+    "merge_aggregate",
+    "project_to_aggregate",
+    "project_to_audio_encoder",
+    "project_to_image_encoder",
+    "route_preprocess",
+    "route_thinker",
+    "terminal_stages",
+    "wait_for_aggregate",
+    "wants_audio",
+]

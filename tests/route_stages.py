@@ -1,0 +1,77 @@
+"""Routes chosen by the request, a stage a test opens like a gate, and a scheduler whose
+``stop()`` leaves its ``start()`` blocked: for the tests of routed-away terminals and of
+bounded shutdown.  Everything here works inline and in stage processes."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload
+from schedulers.simple import SimpleScheduler
+
+R = "tests.route_stages"
+
+
+def _route_from_inputs(key: str) -> Callable[[str, StagePayload], Any]:
+    """A ``route_fn`` that sends the request where its inputs say, under ``key``."""
+
+    def route(request_id: str, payload: StagePayload) -> Any:
+        return payload.request.inputs[key]
+
+    return route
+
+
+route_router = _route_from_inputs("router")
+route_x = _route_from_inputs("x")
+route_y = _route_from_inputs("y")
+
+
+def only_b(request_id: str, inputs: Any) -> list[str]:
+    return ["b"]
+
+
+def create_gate(fifo: str) -> SimpleScheduler:
+    """Passes each payload on once a byte can be read from the named pipe ``fifo``."""
+
+    def wait_then_pass(payload: StagePayload) -> StagePayload:
+        with open(fifo, "rb") as gate:
+            gate.read(1)
+        return payload
+
+    return SimpleScheduler(wait_then_pass)
+
+
+class StuckScheduler:
+    """Answers each request with its payload; ``stop()`` does not wake ``start()``, which
+    waits in a bare ``inbox.get()`` (a test ends it by putting None in ``inbox``)."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[IncomingMessage | None] = queue.Queue()
+        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        self.stopped = threading.Event()
+
+    def warm_up_serving_thread(self) -> None:
+        pass
+
+    def start(self) -> None:
+        while (msg := self.inbox.get()) is not None:
+            if msg.type == "new_request":
+                self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+
+STUCK: list[StuckScheduler] = []
+"""Every stuck scheduler built in this process, for the test to end their threads."""
+
+
+def create_stuck() -> StuckScheduler:
+    STUCK.append(StuckScheduler())
+    return STUCK[-1]

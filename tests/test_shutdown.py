@@ -1,0 +1,95 @@
+"""Leaving ``open_pipeline`` is bounded: a scheduler whose ``stop()`` does not end its ``start()``
+is left behind after ``scheduler_stop_timeout``, with a warning naming its stage; a stage
+process exits anyway and leaves nothing in /dev/shm."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+import trio
+
+from omnitrio import ConfigError, PipelineConfig, StageConfig, open_pipeline
+from omnitrio.config import validate
+from tests import route_stages
+from tests.route_stages import R
+
+WATCHDOG_S = 30.0
+"""Past this a watchdog ends the stuck scheduler itself, so a shutdown that waits for it fails, not hangs."""
+
+
+def stuck_config(process: bool) -> PipelineConfig:
+    return PipelineConfig(
+        stages=[
+            StageConfig(
+                name="stuck",
+                process="p_stuck" if process else None,
+                factory_path=f"{R}.create_stuck",
+                terminal=True,
+                scheduler_stop_timeout=0.5,
+            )
+        ]
+    )
+
+
+@pytest.fixture
+def watchdog() -> Iterator[threading.Event]:
+    """Set when the watchdog had to end a stuck scheduler of this process; every one is ended after the test."""
+    fired = threading.Event()
+
+    def end_them() -> None:
+        for scheduler in route_stages.STUCK:
+            scheduler.inbox.put(None)
+
+    def fire() -> None:
+        fired.set()
+        end_them()
+
+    timer = threading.Timer(WATCHDOG_S, fire)
+    timer.start()
+    yield fired
+    timer.cancel()
+    end_them()
+    route_stages.STUCK.clear()
+
+
+def shm_segments() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"omnitrio-{os.getpid()}-")]
+
+
+async def test_leaving_the_pipeline_leaves_a_stuck_scheduler_behind_naming_its_stage(
+    watchdog: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="omnitrio.bridge")
+    async with open_pipeline(stuck_config(False), inline=True) as pipeline:
+        assert await pipeline.submit("r1", "hi") == {"raw_inputs": "hi"}
+    assert not watchdog.is_set(), "shutdown waited for the stuck scheduler until the watchdog ended it"
+    assert route_stages.STUCK[0].stopped.is_set()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("stage 'stuck'" in w and "scheduler_stop_timeout" in w for w in warnings), warnings
+
+
+async def test_a_stage_process_with_a_stuck_scheduler_exits_and_cleans_up(
+    watchdog: threading.Event, capfd: pytest.CaptureFixture[str]
+) -> None:
+    before = shm_segments()
+    with trio.fail_after(WATCHDOG_S):
+        async with open_pipeline(stuck_config(True)) as pipeline:
+            assert await pipeline.submit("r1", "hi") == {"raw_inputs": "hi"}
+            pid = (await pipeline.health())["stages"]["stuck"]["pid"]
+    err = capfd.readouterr().err
+    assert "stage 'stuck'" in err and "scheduler_stop_timeout" in err, err
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert shm_segments() == before
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), True, "3"])
+def test_scheduler_stop_timeout_is_validated(value: object) -> None:
+    config = stuck_config(False)
+    config.stages[0].scheduler_stop_timeout = value  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match=r"stages\[0\] \('stuck'\): scheduler_stop_timeout: must be"):
+        validate(config)
