@@ -225,7 +225,7 @@ class TalkerScheduler:
     def _on_prompt(self, req: TalkerRequest, data: dict[str, Any]) -> None:
         prompt = parse_prompt(data)
         speakers = self.model.ids.speakers
-        speaker = (prompt.speaker or self.default_speaker).lower()
+        speaker = str(prompt.speaker or self.default_speaker).lower()
         if speaker not in speakers:
             raise InvalidRequest(
                 f"voice {prompt.speaker!r} is not one of this model's speakers {sorted(speakers)}", param="audio.voice"
