@@ -237,3 +237,13 @@ def test_serve_imports_go_from_transports_and_routes_to_the_realtime_core_to_sha
             if there[0] > here[0] or (there[0] == here[0] and there[1] != here[1] and here[0] > 0):
                 upward.append(f"{name} imports {other}")
     assert upward == []
+
+
+def test_the_realtime_core_reaches_the_answering_pipeline_only_through_its_answering_interface() -> None:
+    """Only the cascade (an ``Answering``), server VAD and input transcription call the pipeline."""
+    allowed = {"cascade.py", "listen.py", "transcribe.py"}
+    calls = re.compile(r"\.pipeline\.(stream|abort|submit)\(")
+    crossings = [
+        path.name for path in sorted((PACKAGE / "serve" / "realtime").glob("*.py")) if calls.search(path.read_text())
+    ]
+    assert set(crossings) <= allowed, crossings

@@ -59,8 +59,9 @@ class BatchedKV:
             self._split()
             self._build(request_ids)
         longest = self._batch.get_seq_length()
-        positions = torch.arange(longest + 1)
-        mask = (positions.unsqueeze(0) >= torch.tensor(self._pads).unsqueeze(1)).long()
+        device = self._batch.layers[0].keys.device
+        positions = torch.arange(longest + 1, device=device)
+        mask = (positions.unsqueeze(0) >= torch.tensor(self._pads, device=device).unsqueeze(1)).long()
         return self._batch, mask
 
     def _build(self, request_ids: list[str]) -> None:

@@ -70,9 +70,9 @@ def processed_scores(
     """``logits [B, V]`` after repetition penalty, ``min_new_tokens`` and suppression (row ``b``'s earlier
     first codes are ``histories[b]``): what greedy takes the argmax of."""
     rows = [row for row, history in enumerate(histories) for _ in history]
-    seen = torch.zeros(logits.shape, dtype=torch.bool)
+    seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
     seen[rows, [code for history in histories for code in history]] = True
-    penalty = torch.tensor([[knob.repetition_penalty] for knob in knobs], dtype=logits.dtype)
+    penalty = torch.tensor([[knob.repetition_penalty] for knob in knobs], dtype=logits.dtype, device=logits.device)
     scores = torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
     early = [
         row
@@ -125,7 +125,8 @@ def sample_rows(logits: torch.Tensor, greedy: Sequence[bool], generator: torch.G
         [
             _choose(logits[row], not is_greedy, 1.0, CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P, generator)
             for row, is_greedy in enumerate(greedy)
-        ]
+        ],
+        device=logits.device,
     )
 
 

@@ -96,8 +96,8 @@ class TalkerScheduler:
             raise ValueError(f"talker: default_speaker {default_speaker!r} is not one of {sorted(speakers)}")
         self.kv = BatchedKV(model.talker.config.text_config)
         self.batch_sizes: list[int] = []
-        self._suppressed = suppressed_mask(model.vocab_size, model.ids.codec_eos)
-        self._generator = torch.Generator().manual_seed(seed)
+        self._suppressed = suppressed_mask(model.vocab_size, model.ids.codec_eos).to(model.device)
+        self._generator = torch.Generator(model.device).manual_seed(seed)
         self._inbox: queue.Queue[IncomingMessage | _Stop] = queue.Queue()
         self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self._ledger = RequestLedger(self._new_request_queued, retire_on_abort=True)
@@ -221,12 +221,12 @@ class TalkerScheduler:
         elif data.get("kind") != "token" or "embeds" not in data:
             raise ValueError(f"talker: expected a 'token' chunk with 'embeds', got kind {data.get('kind')!r}")
         elif req.feed is not None and req.phase is not Phase.SPOKEN:
-            req.feed.add_token(torch.as_tensor(data["embeds"], dtype=torch.float32))
+            req.feed.add_token(torch.as_tensor(data["embeds"], dtype=torch.float32))  # TextFeed moves it
 
     def _on_prompt(self, req: TalkerRequest, data: dict[str, Any]) -> None:
         prompt = parse_prompt(data)
         speakers = self.model.ids.speakers
-        speaker = (prompt.speaker or self.default_speaker).lower()
+        speaker = str(prompt.speaker or self.default_speaker).lower()
         if speaker not in speakers:
             raise InvalidRequest(
                 f"voice {prompt.speaker!r} is not one of this model's speakers {sorted(speakers)}", param="audio.voice"
@@ -275,7 +275,10 @@ class TalkerScheduler:
         positions = self.model.prompt_positions(talker_ids, req.prompt.image_grid_thw, req.prompt.audio_feature_lengths)
         cache = self.kv.new_cache()
         hidden, logits = self.model.forward(
-            embeds.unsqueeze(0), positions, cache, torch.ones(1, embeds.shape[0], dtype=torch.long)
+            embeds.unsqueeze(0),
+            positions,
+            cache,
+            torch.ones(1, embeds.shape[0], dtype=torch.long, device=embeds.device),
         )
         self.kv.add(req.request_id, cache)
         req.positions = positions[:, 0, -1] + 1
@@ -320,7 +323,7 @@ class TalkerScheduler:
         try:
             frames, sums = self.predictor.frames(
                 torch.stack([stepped[i][1] for i in voiced]),
-                torch.tensor([codes[i] for i in voiced]),
+                torch.tensor([codes[i] for i in voiced], device=self.model.device),
                 [not reqs[i].sampling.do_sample for i in voiced],
                 self._generator,
             )
@@ -339,7 +342,7 @@ class TalkerScheduler:
     # -- ending ----------------------------------------------------------------------------
 
     def _codes_message(self, req: TalkerRequest) -> OutgoingMessage:
-        codes = torch.stack(req.unsent, dim=1).to(torch.long)
+        codes = torch.stack(req.unsent, dim=1).to(device="cpu", dtype=torch.long)
         req.unsent = []
         return OutgoingMessage(req.request_id, "stream", {"codes": codes}, metadata={"modality": MODALITY})
 
@@ -411,12 +414,15 @@ def create_talker_stage(
     max_batch_size: int = 16,
     default_speaker: str | None = None,
     seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> TalkerScheduler:
     """The talker stage for the checkpoint in ``model_dir`` (loads ``talker.`` weights and 3 thinker rows).
 
     The sampling knobs are ``generate``'s ``talker_*`` arguments and defaults; a request's
     ``talker`` options (the thinker's prompt chunk) override them.  ``do_sample=False`` is greedy
-    for the talker and the code predictor.
+    for the talker and the code predictor.  ``device``/``dtype`` place the weights (``"cuda"``,
+    ``"bfloat16"`` on a GPU); chunks may arrive on the CPU, codes go out on the CPU.
     """
     sampling = TalkerSampling(
         do_sample=do_sample,
@@ -427,7 +433,9 @@ def create_talker_stage(
         max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens,
     )
-    model = TalkerModel.from_checkpoint(Path(require_model_dir(model_dir)))
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"talker: dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    model = TalkerModel.from_checkpoint(Path(require_model_dir(model_dir)), dtype=getattr(torch, dtype), device=device)
     return TalkerScheduler(
         model,
         sampling=sampling,

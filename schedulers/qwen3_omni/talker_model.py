@@ -70,12 +70,16 @@ class TalkerModel:
         if getattr(self.talker.config, "audio_config", None) is None:
             self.talker.config.audio_config = config.thinker_config.audio_config
         with torch.inference_mode():
-            projected = self.talker.text_projection(tts_rows.to(self.dtype).unsqueeze(0))[0]
+            projected = self.talker.text_projection(tts_rows.to(self.device, self.dtype).unsqueeze(0))[0]
         self.tts_bos, self.tts_eos, self.tts_pad = projected[0], projected[1], projected[2]
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.talker.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.talker.parameters()).device
 
     @property
     def num_code_groups(self) -> int:
@@ -96,34 +100,48 @@ class TalkerModel:
         return cls(model.config, model.talker, rows)
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> TalkerModel:
-        """Build the talker on CPU (rotary buffers are not in the checkpoint) and load ``talker.`` weights
-        plus the three tts rows."""
+    def from_checkpoint(
+        cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> TalkerModel:
+        """Build the talker on the meta device, fill it with the ``talker.`` weights and the three tts rows,
+        recompute its rotary frequencies (not weights), then move it to ``device``.
+
+        Raises the checkpoint reader's error (naming the file) when a tensor is missing or left unfilled.
+        """
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeRotaryEmbedding,
             Qwen3OmniMoeTalkerForConditionalGeneration,
+            Qwen3OmniMoeTalkerRotaryEmbedding,
         )
 
-        from schedulers.qwen3_omni.checkpoint import load_config, load_weights
+        from schedulers.qwen3_omni.checkpoint import CheckpointError, load_config, load_weights
 
         config = load_config(model_dir)
-        talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config, dtype=dtype)
+        with torch.device("meta"):
+            talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config, dtype=dtype)
         load_weights(model_dir, "talker.", talker)
+        talker.model.rotary_emb = Qwen3OmniMoeTalkerRotaryEmbedding(talker.model.config)
+        predictor = talker.code_predictor.model
+        predictor.rotary_emb = Qwen3OmniMoeRotaryEmbedding(config=predictor.config)
+        unfilled = [name for name, tensor in [*talker.named_parameters(), *talker.named_buffers()] if tensor.is_meta]
+        if unfilled:
+            raise CheckpointError(f"{model_dir}: the talker's {unfilled[:5]} were not filled from the checkpoint")
         rows = read_rows(
             Path(model_dir), EMBED_KEY, [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
         )
-        return cls(config, talker.to(dtype), rows)
+        return cls(config, talker.to(device), rows)  # parameters are in dtype already; rotary stays float32
 
     # -- forwards ---------------------------------------------------------------------
 
     def project_text(self, embeds: torch.Tensor) -> torch.Tensor:
         """``text_projection`` of thinker token embeddings ``[n, H_thinker]`` → ``[n, H]``."""
         with torch.inference_mode():
-            return self.talker.text_projection(embeds.to(self.dtype).unsqueeze(0))[0]
+            return self.talker.text_projection(embeds.to(self.device, self.dtype).unsqueeze(0))[0]
 
     def project_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden_projection`` of thinker hidden states ``[n, H_thinker]`` → ``[n, H]``."""
         with torch.inference_mode():
-            return self.talker.hidden_projection(hidden.to(self.dtype).unsqueeze(0))[0]
+            return self.talker.hidden_projection(hidden.to(self.device, self.dtype).unsqueeze(0))[0]
 
     def codec_embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The talker's codec embedding of ``ids`` (any shape) → ``[..., H]``."""
@@ -162,8 +180,10 @@ class TalkerModel:
         The text row is ``0..S-1``; the mrope rows come from the talker's ``get_rope_index`` when the
         request carries audio lengths or image grids, else equal the text row.
         """
-        length = talker_ids.shape[0]
-        text = torch.arange(length).view(1, 1, length)
+        length, device = talker_ids.shape[0], talker_ids.device
+        image_grid_thw = None if image_grid_thw is None else image_grid_thw.to(device)
+        audio_feature_lengths = None if audio_feature_lengths is None else audio_feature_lengths.to(device)
+        text = torch.arange(length, device=device).view(1, 1, length)
         has_multimodal = audio_feature_lengths is not None or (
             image_grid_thw is not None and image_grid_thw.numel() > 0
         )
@@ -173,7 +193,7 @@ class TalkerModel:
             talker_ids.view(1, -1),
             image_grid_thw,
             None,
-            torch.ones(1, length, dtype=torch.long),
+            torch.ones(1, length, dtype=torch.long, device=talker_ids.device),
             False,
             audio_feature_lengths,
             None,

@@ -35,13 +35,13 @@ def user_part(
     """The user part ``([U, H], [U])``: talker inputs and the thinker ids they stand for, in prompt order."""
     ids = model.ids
     length = token_ids.shape[0]
-    positions = torch.arange(length)
+    positions = torch.arange(length, device=token_ids.device)
     im_starts = torch.where(token_ids == ids.im_start, positions, positions.new_full((), -1))
     previous_start = torch.cummax(im_starts, dim=0).values.clamp_min(0)
     roles = token_ids.gather(0, (previous_start + 1).clamp_max(length - 1))
     user_mask = roles == ids.user
-    mm_mask = torch.isin(token_ids, torch.tensor(ids.multimodal))
-    full = torch.empty(length, model.talker.config.text_config.hidden_size, dtype=model.dtype)
+    mm_mask = torch.isin(token_ids, torch.tensor(ids.multimodal, device=token_ids.device))
+    full = torch.empty(length, model.tts_pad.shape[0], dtype=model.dtype, device=model.device)
     if bool(mm_mask.any()):
         full[mm_mask] = model.project_hidden(hidden[mm_mask])
     full[~mm_mask] = model.project_text(embeds[~mm_mask])
@@ -76,16 +76,18 @@ class TextFeed:
 
     @classmethod
     def start(cls, model: TalkerModel, token_ids: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> TextFeed:
+        device = model.device
+        token_ids, embeds, hidden = token_ids.to(device), embeds.to(device), hidden.to(device)
         user_embeds, user_ids = user_part(model, token_ids, embeds, hidden)
         start = assistant_start(model, token_ids)
-        empty = torch.empty(0, model.tts_pad.shape[0], dtype=model.dtype)
+        empty = torch.empty(0, model.tts_pad.shape[0], dtype=model.dtype, device=model.device)
         return cls(model, user_embeds, user_ids, empty, [embeds[start:]])
 
     def add_token(self, embed: torch.Tensor) -> None:
         """An answer token's thinker embedding ``[1, H_thinker]`` arrived: the one before it was forwarded."""
         if self.newest is not None:
             self.unprojected.append(self.newest)
-        self.newest = embed.reshape(1, -1)
+        self.newest = embed.reshape(1, -1).to(self.model.device)
 
     def end(self) -> None:
         """The thinker finished: its last token is never forwarded."""
@@ -124,11 +126,14 @@ class TextFeed:
             )
         )
         specials = torch.tensor(
-            [ids.codec_nothink, ids.codec_think_bos, ids.codec_think_eos, speaker_id, ids.codec_pad, ids.codec_bos]
+            [ids.codec_nothink, ids.codec_think_bos, ids.codec_think_eos, speaker_id, ids.codec_pad, ids.codec_bos],
+            device=model.device,
         )
-        codec = torch.cat((torch.zeros(ASSISTANT_PREFIX, text.shape[1], dtype=text.dtype), model.codec_embed(specials)))
+        zeros = torch.zeros(ASSISTANT_PREFIX, text.shape[1], dtype=text.dtype, device=text.device)
+        codec = torch.cat((zeros, model.codec_embed(specials)))
         assistant = text + codec
-        talker_ids = torch.cat((self.user_ids, torch.full((assistant.shape[0],), ids.tts_pad)))
+        pads = torch.full((assistant.shape[0],), ids.tts_pad, device=self.user_ids.device)
+        talker_ids = torch.cat((self.user_ids, pads))
         return torch.cat((self.user_embeds, assistant)), talker_ids
 
     def has_trailing(self, step: int) -> bool:

@@ -9,8 +9,8 @@ A request moves through :class:`Phase` in order (it may skip to ``SPOKEN``):
 * ``SPOKEN``: its codes are done (``codec_eos``, ``max_new_tokens``, or no audio wanted); it ends once
   the thinker's stream and payload are both in.
 
-:func:`parse_prompt` validates the ``prompt`` chunk (its fields are in ``/work/wt/OMNI.md`` plus
-``speaker``, ``talker``, ``want_audio``, ``image_grid_thw`` and ``audio_feature_lengths``).
+:func:`parse_prompt` validates the ``prompt`` chunk, whose fields :mod:`schedulers.qwen3_omni.thinker`
+documents (it is what the thinker stage sends the talker).
 """
 
 from __future__ import annotations

@@ -15,4 +15,6 @@ app or the server; transports import this package. Importing the package loads n
 - :mod:`.response`: one response from preparation to ``response.done``; :mod:`.response_create`:
   what ``response.create`` may ask; :mod:`.pacing`: audio sent no faster than it plays;
   :mod:`.tools`: function calling; :mod:`.metrics`: Prometheus figures of responses.
+- :mod:`.answering`: the one interface through which a response reaches the pipeline that answers
+  it; :mod:`.cascade`: its implementation for a ``chat`` pipeline (transcript, chat, speech).
 """

@@ -17,11 +17,9 @@ Each tool call of a completed answer is a ``function_call`` item (:mod:`.tools`)
 error). An out-of-band response (``in_conversation`` false) sends no ``conversation.item.*`` event:
 its items are never added.
 
-The work: when the response answers a user audio turn, it waits for that turn's transcript (see
-:mod:`.transcribe`); then one pipeline request, task ``chat``, with the conversation (or
-the response's own ``context``) as messages (:func:`messages_of`), ``max_tokens``, and the
-``session_id`` when it answers the session's own conversation, and the session's ``tools`` and
-``tool_choice`` in the chat shape. Its audio is paced
+The work: the session's answering pipeline (:mod:`.answering`; the cascade, :mod:`.cascade`, waits
+for the transcripts, then makes one ``chat`` request) answers the conversation (or the response's own
+``context``) with the turn last. Its audio is paced
 (:mod:`.pacing`); the assistant item keeps the audio actually sent, with the text of each
 sentence against its samples, so a later ``conversation.item.truncate`` can cut both.
 Everything runs in the response's cancel scope: :meth:`Response.interrupt` (or ``drop``) aborts the
@@ -42,18 +40,18 @@ from omnitrio.serve.api_metrics import api_metrics, response_outcome
 from omnitrio.serve.audio import REALTIME_RATE, b64
 from omnitrio.serve.context import ServeContext, new_id
 from omnitrio.serve.output import Delta, Output
+from omnitrio.serve.realtime.answering import Answering, AnswerRequest
 from omnitrio.serve.realtime.conversation import (
     Conversation,
     Item,
     Spoken,
     assistant_item,
     heard_text,
-    messages_of,
 )
 from omnitrio.serve.realtime.metrics import RealtimeMetrics
 from omnitrio.serve.realtime.pacing import Pacer, pieces
-from omnitrio.serve.realtime.settings import max_tokens, wants_audio
-from omnitrio.serve.realtime.tools import chat_tools, send_function_calls
+from omnitrio.serve.realtime.settings import wants_audio
+from omnitrio.serve.realtime.tools import send_function_calls
 
 
 class ResponseState(enum.Enum):
@@ -193,6 +191,7 @@ class Host(Protocol):
     """What a response needs from its connection."""
 
     ctx: ServeContext
+    answering: Answering
     conversation: Conversation
     metrics: RealtimeMetrics
 
@@ -263,8 +262,8 @@ async def respond(host: Host, response: Response) -> None:
 
 
 async def _produce(host: Host, response: Response, output: Output, deltas: trio.MemorySendChannel[Any]) -> None:
-    """The pipeline work; deltas (or the failure) go to ``deltas``, held there until the release."""
-    ctx, session = host.ctx, response.session
+    """The answering pipeline's work; deltas (or the failure) go to ``deltas``, held there until the release."""
+    session = response.session
     with deltas:
         try:
             own = response.context is None
@@ -272,30 +271,26 @@ async def _produce(host: Host, response: Response, output: Output, deltas: trio.
             context = [*(host.conversation.items if response.context is None else response.context)]
             if turn is not None and turn not in context:
                 context.append(turn)
-            for item in context:
-                await item.transcribed.wait()
-            if turn is not None and not turn.heard:
+            request = AnswerRequest(
+                request_id=new_id("rtresp"),
+                session=session,
+                context=context,
+                turn=turn,
+                session_id=session["id"] if own and response.in_conversation else None,
+                audio=response.audio,
+            )
+            if not await host.answering.ready(request):
                 return  # nothing was said (noise, a cough): an empty answer
-            inputs = {
-                "task": "chat",
-                "messages": messages_of(context, session.get("instructions") or ""),
-                # The responder may keep the session's conversation between turns; another context is not it.
-                "session_id": session["id"] if own and response.in_conversation else None,
-                "max_tokens": max_tokens(session),
-                "modalities": ["text", "audio"] if response.audio else ["text"],
-                "speed": session["audio"]["output"].get("speed", 1.0),
-                **chat_tools(session),
-            }
-            response._request_id = request_id = new_id("rtresp")
+            response._request_id = request.request_id
             started = trio.current_time()
             produced = started
-            async with ctx.pipeline.stream(request_id, inputs, timeout=ctx.request_timeout) as messages:
-                async for message in messages:
-                    for delta in output.add(message):
-                        deltas.send_nowait(delta)
-                        produced = trio.current_time()
-            for delta in output.finish():
+
+            def send(delta: Delta) -> None:
+                nonlocal produced
                 deltas.send_nowait(delta)
+                produced = trio.current_time()
+
+            await host.answering.answer(request, output, send)
             seconds = len(output.pcm) / 2 / REALTIME_RATE
             if seconds:
                 host.metrics.rtf.observe((produced - started) / seconds)

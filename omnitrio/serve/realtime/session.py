@@ -41,6 +41,8 @@ import trio
 
 from omnitrio.serve.api_errors import as_api_error
 from omnitrio.serve.context import ServeContext, new_id
+from omnitrio.serve.realtime.answering import Answering
+from omnitrio.serve.realtime.cascade import Cascade
 from omnitrio.serve.realtime.conversation import Conversation, Item, client_item, user_audio_item
 from omnitrio.serve.realtime.formats import EdgeAudio
 from omnitrio.serve.realtime.idle import IdleTimeout
@@ -101,6 +103,8 @@ class RealtimeSession:
     def __init__(self, ctx: ServeContext, transport: RealtimeTransport) -> None:
         self.ctx = ctx
         self.transport = transport
+        # The one answering pipeline today; a speech-native one is to be chosen by the pipeline's config.
+        self.answering: Answering = Cascade(ctx)
         self.lead = ctx.realtime_audio_lead
         self.metrics = realtime_metrics(ctx.pipeline.metrics_registry)
         self.session = default_session(new_id("sess"), ctx.pipeline.name)
@@ -383,7 +387,7 @@ class RealtimeSession:
         """Time from the interruption until every stage has let the response's request go."""
         assert response.request_id is not None and response.interrupted_at is not None
         with trio.move_on_after(RELEASE_TIMEOUT):
-            await self.ctx.pipeline.abort(response.request_id, wait=True)
+            await self.answering.release(response.request_id)
             self.metrics.to_released.observe(trio.current_time() - response.interrupted_at)
 
     # -- idle timeout and voice ----------------------------------------------------------------
