@@ -191,3 +191,34 @@ async def test_abort_in_the_middle_of_the_audio_frees_every_stage(checkpoint: Pa
                     break
                 await trio.sleep(0.05)
     assert _shm() <= before
+
+
+def test_model_dir_sets_every_stage_and_names_the_model(checkpoint: Path, config: PipelineConfig) -> None:
+    assert config.name == checkpoint.name
+    dirs = {stage.factory.values.get("model_dir") for stage in config.stages if stage.name != "aggregate"}
+    assert dirs == {str(checkpoint.resolve())}  # every stage that reads the checkpoint
+
+
+def test_check_validates_the_checkpoint_for_every_stage(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from omnitrio.cli import main
+
+    assert main(["check", "--model", str(checkpoint), str(CONFIG)]) == 0
+
+
+def test_check_names_the_shard_that_disagrees_with_the_index(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import shutil
+
+    from omnitrio.cli import main
+
+    broken = shutil.copytree(checkpoint, tmp_path / "broken")
+    index = json.loads((broken / "model.safetensors.index.json").read_text())
+    weights = index["weight_map"]
+    name = next(k for k in weights if k.startswith("talker."))
+    wrong = next(shard for shard in sorted(set(weights.values())) if shard != weights[name])
+    weights[name] = wrong  # the index says a shard holds a tensor it does not
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert main(["check", "--model", str(broken), str(CONFIG)]) == 2
+    assert f"{wrong}: the index" in capsys.readouterr().err
