@@ -174,10 +174,13 @@ def test_a_chunk_after_abort_does_not_recreate_the_request(
     model: torch.nn.Module, scheduler: Qwen3OmniCode2WavScheduler
 ) -> None:
     codes = random_codes(model, 30, seed=4)
-    put_atomically(scheduler.inbox, talk("r", codes, step=10)[:1])
+    chunks = talk("r", codes, step=FIRST - 1)  # the first chunk alone makes no audio
+    scheduler.inbox.put(chunks[0])
+    speak(scheduler, "sync-1", codes[:, :3], step=3)  # the inbox is in order: the first chunk is in
+    assert scheduler.active_streams == 1
     scheduler.abort("r")
-    put_atomically(scheduler.inbox, talk("r", codes, step=10)[1:3])
-    speak(scheduler, "sync", codes[:, :3], step=3)
+    put_atomically(scheduler.inbox, chunks[1:4])
+    speak(scheduler, "sync-2", codes[:, :3], step=3)
     assert scheduler.active_streams == 0
     assert scheduler.outbox.empty()
 

@@ -236,7 +236,7 @@ def create_code2wav_stage(
     ``reference_chunk_frames`` / ``reference_left_context_frames`` are the chunking of transformers'
     whole decode that the stream reproduces (300 / 25, what ``generate`` uses); 0 frames: one segment,
     no sample lost at any join.  ``max_forward_frames`` caps the frames of one convolution forward
-    (default: 64 on CPU, 4096 on ``device`` "cuda").
+    (default: 128 on CPU, 4096 on ``device`` "cuda").
     """
     torch.set_num_threads(1)
     chunking = Chunking(

@@ -36,8 +36,8 @@ from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Geometry, 
 
 DEFAULT_CALL_COST_FRAMES = 8
 # Frames per convolution forward: on CPU a batch whose activations outgrow the caches decodes slower than
-# its rows one by one (bench/results/qwen3_omni_code2wav.json); an accelerator wants the whole batch.
-CPU_MAX_FORWARD_FRAMES = 64
+# its rows one by one; an accelerator wants the whole batch.
+CPU_MAX_FORWARD_FRAMES = 128
 ACCELERATOR_MAX_FORWARD_FRAMES = 4096
 
 
