@@ -205,20 +205,38 @@ def test_check_validates_the_checkpoint_for_every_stage(checkpoint: Path, capsys
     assert main(["check", "--model", str(checkpoint), str(CONFIG)]) == 0
 
 
-def test_check_names_the_shard_that_disagrees_with_the_index(
-    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _misplace_a_tensor(directory: Path) -> str:
     import json
+
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    weights = index["weight_map"]
+    name = next(k for k in weights if k.startswith("talker."))
+    wrong = next(shard for shard in sorted(set(weights.values())) if shard != weights[name])
+    weights[name] = wrong  # the index says a shard holds a tensor it does not
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    return f"{wrong}: the index"
+
+
+def _remove_a_shard(directory: Path) -> str:
+    shard = sorted(directory.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    return f"{shard.name}: missing"
+
+
+def _another_models_config(directory: Path) -> str:
+    (directory / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
+    return "config.json: model_type is 'llama'"
+
+
+@pytest.mark.parametrize("damage", [_misplace_a_tensor, _remove_a_shard, _another_models_config])
+def test_check_names_the_file_at_fault(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Any
+) -> None:
     import shutil
 
     from omnitrio.cli import main
 
     broken = shutil.copytree(checkpoint, tmp_path / "broken")
-    index = json.loads((broken / "model.safetensors.index.json").read_text())
-    weights = index["weight_map"]
-    name = next(k for k in weights if k.startswith("talker."))
-    wrong = next(shard for shard in sorted(set(weights.values())) if shard != weights[name])
-    weights[name] = wrong  # the index says a shard holds a tensor it does not
-    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    expected = damage(broken)
     assert main(["check", "--model", str(broken), str(CONFIG)]) == 2
-    assert f"{wrong}: the index" in capsys.readouterr().err
+    assert expected in capsys.readouterr().err
