@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -163,10 +164,26 @@ def test_check_names_a_missing_model_file(tmp_path: Path) -> None:
     assert f"stage 'responder': {missing}: no such file" in done.stderr
 
 
-def test_tools_offered_to_a_model_whose_template_cannot_call_them_are_refused_naming_tools(responder: Any) -> None:
-    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
-    _, out = ask(responder, "tools", {"task": "chat", "messages": QUESTION, "tools": [tool]})
+TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+def test_a_model_that_cannot_call_tools_answers_in_words_when_the_choice_is_its_own(
+    responder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "schedulers.speech")
+    for choice in (None, "auto"):
+        inputs = {"task": "chat", "messages": QUESTION, "tools": [TOOL], "tool_choice": choice, "max_tokens": 8}
+        _, out = ask(responder, f"tools-{choice}", inputs)
+        assert out.type == "result" and out.data.data["text"] and "tool_calls" not in out.data.data
+    [said] = [r.getMessage() for r in caplog.records if "will not call the tools" in r.getMessage()]  # once
+    assert "SmolLM2" in said and "no place for tools" in said
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "weather"}}])
+def test_a_model_that_cannot_call_tools_refuses_a_required_call_naming_tools(responder: Any, choice: Any) -> None:
+    _, out = ask(responder, "must-call", {"task": "chat", "messages": QUESTION, "tools": [TOOL], "tool_choice": choice})
     assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "tools"
+    assert "no place for tools" in str(out.data)
 
 
 def test_an_image_part_is_refused_naming_it(responder: Any) -> None:

@@ -158,3 +158,43 @@ async def test_a_request_over_the_context_is_a_400_whole_or_streamed_and_a_logit
         )  # 2 is SmolLM2's end of turn: +100 makes it the first token, whatever the model would say
         assert not ended.choices[0].message.content and ended.choices[0].finish_reason == "stop"
         assert ended.usage is not None and ended.usage.completion_tokens == 0
+
+
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CHAT_WEATHER: Any = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+
+
+async def test_chat_with_tools_the_model_cannot_call_is_answered_in_words_unless_a_call_is_required() -> None:
+    async with client() as api:
+        for choice in (openai.NOT_GIVEN, "auto"):
+            answer = await api.chat.completions.create(
+                model="omnitrio-speech", messages=QUESTION, tools=[CHAT_WEATHER], tool_choice=choice, max_tokens=16
+            )
+            assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+        with pytest.raises(openai.BadRequestError) as refused:
+            await api.chat.completions.create(
+                model="omnitrio-speech", messages=QUESTION, tools=[CHAT_WEATHER], tool_choice="required"
+            )
+    assert refused.value.param == "tools" and "no place for tools" in refused.value.message
+
+
+async def test_a_spoken_realtime_turn_of_a_session_with_tools_is_answered_in_speech() -> None:
+    from tests.test_realtime_voice import events_until, pcm16, send_audio
+
+    async with served() as port, open_realtime(f"ws://127.0.0.1:{port}/v1/realtime") as rt:
+        await rt.receive()
+        await rt.send({"type": "session.update", "session": {"turn_detection": None, "tools": [WEATHER]}})
+        updated = (await events_until(rt, "session.updated"))[-1]["session"]
+        await send_audio(rt, pcm16("What is the capital of France?", variation=0.0))
+        await rt.send({"type": "input_audio_buffer.commit"})
+        await rt.send({"type": "response.create"})
+        events = await events_until(rt, "response.done", seconds=300)
+    assert [tool["name"] for tool in updated["tools"]] == ["get_weather"]  # the session keeps them as set
+    assert [e for e in events if e["type"] == "error"] == []
+    assert events[-1]["response"]["status"] == "completed"
+    assert [e for e in events if e["type"] == "response.output_audio.delta"]
