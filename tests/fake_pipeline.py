@@ -149,7 +149,7 @@ class FakePipeline:
         result: dict[str, Any] = {"text": text, "transcript": text, "usage": usage}
         if inputs.get("timestamps") is not None:  # a timed transcript: one segment, a word per 0.1 s
             seconds = inputs["audio"].size / 16_000
-            result |= {"language": "en", "segments": [{"id": 0, "start": 0.0, "end": seconds, "text": text}]}
+            result |= {"language": "english", "segments": [{"id": 0, "start": 0.0, "end": seconds, "text": text}]}
             result["words"] = [{"word": w, "start": i / 10, "end": (i + 1) / 10} for i, w in enumerate(reply)]
         yield CompleteMessage(rid, STAGE, result)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -266,18 +267,40 @@ def test_logit_bias_bans_and_forces_tokens(engine: LlamaBatchEngine, chat: Llama
     assert tokens(out["force"]) == [forced] * 3
 
 
-def test_frequency_and_presence_penalties_change_a_repetitive_answer(engine: LlamaBatchEngine, chat: LlamaChat) -> None:
-    prompt = ask(chat, "What's a good name for a pet cat?")
-    engine.add(LlamaRequest("plain", prompt, 60))
-    engine.add(LlamaRequest("frequency", prompt, 60, Sampling(frequency_penalty=2.0)))
-    engine.add(LlamaRequest("presence", prompt, 60, Sampling(presence_penalty=1.5)))
+def test_a_frequency_penalty_overturns_a_token_that_logit_bias_forced(
+    engine: LlamaBatchEngine, chat: LlamaChat
+) -> None:
+    prompt, forced, n = ask(chat, PROMPTS[0]), chat.encode(" banana")[0], 80  # 2.0 × 80 outweighs +100 and the model
+    knobs = {"plain": {}, "frequency": {"frequency_penalty": 2.0}, "presence": {"presence_penalty": 2.0}}
+    for rid, penalty in knobs.items():
+        engine.add(LlamaRequest(rid, prompt, n, Sampling(logit_bias={forced: 100.0}, **penalty)))
     out = {rid: tokens(events) for rid, events in run_to_end(engine).items()}
+    assert out["plain"] == out["presence"] == [forced] * n  # a presence penalty is paid once, not per repeat
+    run = next(i for i, token in enumerate(out["frequency"]) if token != forced)
+    assert 10 <= run < n  # each repeat costs 2.0 more, until another token outweighs the forced one
 
-    def repeats(ids: list[int]) -> int:
-        return len(ids) - len(set(ids))
 
-    assert repeats(out["frequency"]) < repeats(out["plain"])
-    assert out["presence"] != out["plain"] and out["presence"] != out["frequency"]
+@pytest.mark.timeout(600)
+def test_penalised_greedy_tokens_equal_transformers_applying_openais_definition(
+    engine: LlamaBatchEngine, chat: LlamaChat, hf: Any
+) -> None:
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    prompt, frequency, presence = ask(chat, PROMPTS[1]), 0.5, 1.5
+
+    class Penalties(LogitsProcessor):  # OpenAI's definition, over the answer's tokens only
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            for token, count in Counter(input_ids[0, len(prompt) :].tolist()).items():
+                scores[0, token] -= frequency * count + presence
+            return scores
+
+    engine.add(LlamaRequest("r", prompt, NEW_TOKENS, Sampling(frequency_penalty=frequency, presence_penalty=presence)))
+    ours = tokens(run_to_end(engine)["r"])
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=2,
+                          logits_processor=LogitsProcessorList([Penalties()]))  # fmt: skip
+    assert ours == out[0, len(prompt) :].tolist()
 
 
 def test_bad_sampling_knobs_and_a_full_queue_are_refused(model: LlamaModel) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -75,19 +76,25 @@ def test_a_long_realtime_conversation_drops_its_oldest_turns_instead(responder: 
 
 
 def test_an_answer_that_loops_is_cut_before_the_repeat_not_at_the_token_cap(responder: Any) -> None:
-    inputs = {"task": "chat", "messages": [{"role": "user", "content": "Give me a sleep tip."}]}
+    forced = responder.chat.encode(" banana")[0]  # +100: every token of the answer, a loop by construction
+    inputs = {"task": "chat", "messages": QUESTION, "logit_bias": {forced: 100}, "max_tokens": 100}
     chunks, out = ask(responder, "loop", inputs)
     answer = out.data.data
-    assert answer["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] < 100
+    assert answer["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] < 10
+    piece = responder.chat.decode([forced])  # cut at the 4th saying (what was streamed before stays)
+    assert answer["text"].replace(piece, "") == "" and 1 <= answer["text"].count(piece) < 4
     assert "".join(c.data["text"] for c in chunks) == answer["text"]
-    assert answer["text"].count("in a way that allows you to sleep") <= 2
 
 
 def test_a_spoken_answer_gets_the_short_answer_system_prompt(responder: Any) -> None:
-    question = [{"role": "user", "content": "What's a good name for a pet cat?"}]
-    _, spoken = ask(responder, "cat-voice", {"task": "chat", "messages": question, "modalities": ["audio"]})
-    _, written = ask(responder, "cat-text", {"task": "chat", "messages": question})
-    assert spoken.data.data["usage"]["completion_tokens"] < 40 < written.data.data["usage"]["completion_tokens"]
+    from schedulers.speech.stages import VOICE_PROMPT
+
+    def prompt(modalities: list[str]) -> str:
+        inputs = {"task": "chat", "messages": QUESTION, "modalities": modalities}
+        payload = StagePayload("p", OmniRequest(inputs), {"raw_inputs": inputs})
+        return str(responder.chat.decode(responder.parse("p", payload)[0].prompt_ids))
+
+    assert VOICE_PROMPT in prompt(["audio"]) and VOICE_PROMPT not in prompt(["text"])
 
 
 def test_a_realtime_conversation_keeps_its_keys_values_between_turns(responder: Any) -> None:
@@ -156,10 +163,26 @@ def test_check_names_a_missing_model_file(tmp_path: Path) -> None:
     assert f"stage 'responder': {missing}: no such file" in done.stderr
 
 
-def test_tools_offered_to_a_model_whose_template_cannot_call_them_are_refused_naming_tools(responder: Any) -> None:
-    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
-    _, out = ask(responder, "tools", {"task": "chat", "messages": QUESTION, "tools": [tool]})
+TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+def test_a_model_that_cannot_call_tools_answers_in_words_when_the_choice_is_its_own(
+    responder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "schedulers.speech")
+    for choice in (None, "auto"):
+        inputs = {"task": "chat", "messages": QUESTION, "tools": [TOOL], "tool_choice": choice, "max_tokens": 8}
+        _, out = ask(responder, f"tools-{choice}", inputs)
+        assert out.type == "result" and out.data.data["text"] and "tool_calls" not in out.data.data
+    [said] = [r.getMessage() for r in caplog.records if "will not call the tools" in r.getMessage()]  # once
+    assert "SmolLM2" in said and "no place for tools" in said
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "weather"}}])
+def test_a_model_that_cannot_call_tools_refuses_a_required_call_naming_tools(responder: Any, choice: Any) -> None:
+    _, out = ask(responder, "must-call", {"task": "chat", "messages": QUESTION, "tools": [TOOL], "tool_choice": choice})
     assert out.type == "error" and isinstance(out.data, InvalidRequest) and out.data.param == "tools"
+    assert "no place for tools" in str(out.data)
 
 
 def test_an_image_part_is_refused_naming_it(responder: Any) -> None:

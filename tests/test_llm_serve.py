@@ -92,14 +92,23 @@ async def test_a_follow_up_question_is_answered_from_the_previous_turn() -> None
     assert "Berlin" in (answer.choices[0].message.content or "")
 
 
-async def test_questions_a_small_model_loops_on_end_before_the_token_cap() -> None:
+def token_id(piece: str) -> int:
+    """SmolLM2's id of the token ``piece`` (its vocabulary's spelling: "Ġ" is a leading space)."""
+    import gguf
+
+    from schedulers.speech.stages import smollm2_path
+
+    tokens = gguf.GGUFReader(smollm2_path()).fields["tokenizer.ggml.tokens"]
+    return [bytes(tokens.parts[i]).decode() for i in tokens.data].index(piece)
+
+
+async def test_an_answer_that_loops_ends_before_the_token_cap() -> None:
+    forced = {str(token_id("Ġbanana")): 100}  # every token " banana": a loop by construction
     async with client() as api:
-        for question in ["What's a good name for a pet cat?", "Give me a sleep tip."]:
-            answer = await api.chat.completions.create(
-                model="omnitrio-speech", messages=[{"role": "user", "content": question}]
-            )
-            assert answer.choices[0].finish_reason == "stop", question
-            assert answer.usage is not None and answer.usage.completion_tokens < 128, question
+        answer = await api.chat.completions.create(model="omnitrio-speech", messages=QUESTION, logit_bias=forced)
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage is not None and answer.usage.completion_tokens < 10
+    assert set((answer.choices[0].message.content or "").split()) == {"banana"}
 
 
 async def test_a_spoken_answer_streams_audio_with_the_models_words_as_transcript() -> None:
@@ -135,7 +144,7 @@ async def test_a_realtime_response_with_no_user_turn_answers_the_instructions() 
     assert done["output"][0]["content"][0]["text"].strip()
 
 
-async def test_a_request_over_the_context_is_a_400_whole_or_streamed_and_penalties_change_a_loop() -> None:
+async def test_a_request_over_the_context_is_a_400_whole_or_streamed_and_a_logit_bias_reaches_the_model() -> None:
     async with client() as api:
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as refused:
@@ -144,9 +153,48 @@ async def test_a_request_over_the_context_is_a_400_whole_or_streamed_and_penalti
                 )
             assert refused.value.code == "context_length_exceeded" and refused.value.param == "messages"
             assert "maximum context length is 8192 tokens" in refused.value.message
-        cat: list[Any] = [{"role": "user", "content": "What's a good name for a pet cat?"}]
-        plain = await api.chat.completions.create(model="omnitrio-speech", messages=cat, max_tokens=60)
-        penalised = await api.chat.completions.create(
-            model="omnitrio-speech", messages=cat, max_tokens=60, frequency_penalty=1.0
-        )
-        assert penalised.choices[0].message.content != plain.choices[0].message.content
+        ended = await api.chat.completions.create(
+            model="omnitrio-speech", messages=QUESTION, max_tokens=60, logit_bias={"2": 100}
+        )  # 2 is SmolLM2's end of turn: +100 makes it the first token, whatever the model would say
+        assert not ended.choices[0].message.content and ended.choices[0].finish_reason == "stop"
+        assert ended.usage is not None and ended.usage.completion_tokens == 0
+
+
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CHAT_WEATHER: Any = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+
+
+async def test_chat_with_tools_the_model_cannot_call_is_answered_in_words_unless_a_call_is_required() -> None:
+    async with client() as api:
+        for choice in (openai.NOT_GIVEN, "auto"):
+            answer = await api.chat.completions.create(
+                model="omnitrio-speech", messages=QUESTION, tools=[CHAT_WEATHER], tool_choice=choice, max_tokens=16
+            )
+            assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+        with pytest.raises(openai.BadRequestError) as refused:
+            await api.chat.completions.create(
+                model="omnitrio-speech", messages=QUESTION, tools=[CHAT_WEATHER], tool_choice="required"
+            )
+    assert refused.value.param == "tools" and "no place for tools" in refused.value.message
+
+
+async def test_a_spoken_realtime_turn_of_a_session_with_tools_is_answered_in_speech() -> None:
+    from tests.test_realtime_voice import events_until, pcm16, send_audio
+
+    async with served() as port, open_realtime(f"ws://127.0.0.1:{port}/v1/realtime") as rt:
+        await rt.receive()
+        await rt.send({"type": "session.update", "session": {"turn_detection": None, "tools": [WEATHER]}})
+        updated = (await events_until(rt, "session.updated"))[-1]["session"]
+        await send_audio(rt, pcm16("What is the capital of France?", variation=0.0))
+        await rt.send({"type": "input_audio_buffer.commit"})
+        await rt.send({"type": "response.create"})
+        events = await events_until(rt, "response.done", seconds=300)
+    assert [tool["name"] for tool in updated["tools"]] == ["get_weather"]  # the session keeps them as set
+    assert [e for e in events if e["type"] == "error"] == []
+    assert events[-1]["response"]["status"] == "completed"
+    assert [e for e in events if e["type"] == "response.output_audio.delta"]

@@ -136,7 +136,9 @@ def test_an_earlier_calls_arguments_reach_the_template_as_an_object(responder: A
     assert "<tool_response>\nsunny\n</tool_response>" in rendered
 
 
-def test_a_template_whose_call_format_is_unknown_refuses_tools_naming_tools(responder: Any) -> None:
+def test_a_template_whose_call_format_is_unknown_answers_in_words_and_refuses_a_required_call(
+    responder: Any,
+) -> None:
     from schedulers.llamacpp.chat import LlamaChat
     from schedulers.speech.llm_responder import LLMResponder
 
@@ -144,10 +146,16 @@ def test_a_template_whose_call_format_is_unknown_refuses_tools_naming_tools(resp
     other = LLMResponder(
         responder.engine, LlamaChat(responder.engine.model, template), stream_target=lambda _: "text_out"
     )
-    chat = {"task": "chat", "messages": QUESTION, "tools": [WEATHER]}
+
+    def parse(**given: Any) -> Any:
+        chat = {"task": "chat", "messages": QUESTION, "tools": [WEATHER], **given}
+        return other.parse("unknown", StagePayload("unknown", OmniRequest(chat), {"raw_inputs": chat}))
+
+    request, answer = parse()  # the model's choice: no tools in the prompt, no calls read
+    assert "get_weather" not in other.chat.decode(request.prompt_ids) and answer.tools is None
     with pytest.raises(InvalidRequest) as caught:
-        other.parse("unknown", StagePayload("unknown", OmniRequest(chat), {"raw_inputs": chat}))
-    assert caught.value.param == "tools"
+        parse(tool_choice="required")
+    assert caught.value.param == "tools" and "does not read" in str(caught.value)
 
 
 @pytest.mark.parametrize("name", ["hermes", "llama3", "mistral"])

@@ -42,6 +42,13 @@ def test_stream_without_a_fixed_rate_keeps_the_pipeline_rate() -> None:
     assert (stream.rate, len(pcm)) == (22_050, 2205 * 2)
 
 
+def test_int16_audio_at_the_output_rate_reaches_the_client_sample_for_sample() -> None:
+    samples = np.array([-32768, -32767, -1, 0, 1, 12345, 32767], dtype=np.int16)
+    stream = PcmStream(24_000)
+    pcm = stream.push({"pcm": samples, "sample_rate": 24_000}) + stream.flush()
+    assert np.array_equal(np.frombuffer(pcm, dtype="<i2"), samples)
+
+
 def test_a_streaming_wav_header_is_readable_by_wave() -> None:
     pcm = float_to_pcm16(tone(0.5, 16_000, as_float=True))
     with wave.open(io.BytesIO(wav_header(16_000) + pcm)) as wav:

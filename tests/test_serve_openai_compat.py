@@ -174,7 +174,7 @@ async def test_verbose_json_gives_the_language_and_timed_segments_and_words_when
             timestamp_granularities=["word", "segment"],
         ),
     )
-    assert verbose.language == "en" and verbose.duration == pytest.approx(0.5)
+    assert verbose.language == "english" and verbose.duration == pytest.approx(0.5)
     assert verbose.segments[0].end == pytest.approx(0.5) and verbose.segments[0].text == verbose.text
     assert [word.word for word in verbose.words] == ["heard", "0.50", "seconds"]
     assert served.fake.history[0].inputs["timestamps"] == "word"

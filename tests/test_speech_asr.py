@@ -15,6 +15,7 @@ from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, Outg
 pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
 pytest.importorskip("faster_whisper", reason="the speech extra (faster-whisper) is not installed")
 
+from schedulers.speech.asr import language_name
 from schedulers.speech.audio import resample
 from schedulers.speech.stages import create_asr_stage, create_streaming_asr_stage
 from schedulers.speech.streaming_asr import EARLY_MS
@@ -98,7 +99,7 @@ def test_batch_asr_gives_timed_segments_and_words_when_asked(asr_stage: Any, spe
     (result,) = until_final(asr_stage, "timed")
     data = result.data.data
     seconds = speech_16k.size / 16_000
-    assert data["language"] == "en" and heard_as(data["text"], SENTENCE)
+    assert data["language"] == "english" and heard_as(data["text"], SENTENCE)
     assert data["segments"] and all(0 <= s["start"] < s["end"] <= seconds + 0.5 for s in data["segments"])
     assert heard_as(" ".join(w["word"] for w in data["words"]), SENTENCE)
     assert [w["start"] for w in data["words"]] == sorted(w["start"] for w in data["words"])
@@ -257,3 +258,8 @@ def test_semantic_vad_names_a_bad_eagerness(streaming_stage: Any) -> None:
     streaming_stage.inbox.put(session("bad_open", "open", "sem3", config=config))
     (error,) = until_final(streaming_stage, "bad_open")
     assert error.type == "error" and "eagerness" in str(error.data)
+
+
+def test_a_multilingual_models_language_is_named_from_whispers_own_table() -> None:
+    pytest.importorskip("transformers", reason="Whisper's code-to-name table comes with transformers")
+    assert [language_name(code) for code in ("en", "de", "zh", "haw")] == ["english", "german", "chinese", "hawaiian"]

@@ -169,3 +169,26 @@ async def test_chat_input_audio_is_transcribed_and_answered_like_text(nursery: A
     assert heard_as(text.choices[0].message.content, SENTENCE)  # the repeat responder says what it heard
     audio = spoken_answer.choices[0].message.audio
     assert heard_as(audio.transcript, SENTENCE) and len(audio.data) > 10_000
+
+
+@pytest.mark.slow
+async def test_verbose_json_names_the_language_heard_as_openai_does(nursery: Any) -> None:
+    import openai
+    import trio
+
+    from omnitrio.serve.audio import encode_wav, float_to_pcm16
+    from tests.fake_pipeline import start_server
+
+    clip = encode_wav(float_to_pcm16(spoken(SENTENCE)), 16_000)
+
+    def transcribe(url: str) -> Any:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+            return client.audio.transcriptions.create(
+                model="whisper-1", file=("turn.wav", clip), response_format="verbose_json"
+            )
+
+    async with speech_pipeline() as pipeline:
+        served = await start_server(nursery, pipeline)  # type: ignore[arg-type]
+        verbose = await trio.to_thread.run_sync(transcribe, served.url)
+    assert verbose.language == "english"  # Whisper tiny.en: English only, by OpenAI's name
+    assert heard_as(verbose.text, SENTENCE) and verbose.segments and verbose.segments[0].end > 1.0

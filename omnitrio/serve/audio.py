@@ -4,7 +4,8 @@ Pipelines hand the server audio as ``{"pcm": array, "sample_rate": int}`` where 
 int16, or float in [-1, 1] (numpy, or anything ``numpy.asarray`` accepts, e.g. a CPU tensor). Clients
 get little-endian PCM16 mono. :class:`PcmStream` turns a sequence of such chunks into PCM16 at one
 output rate with a *stateful* resampler (soxr), so chunk boundaries add no clicks and the total length
-is exact once :meth:`PcmStream.flush` is called.
+is exact once :meth:`PcmStream.flush` is called; int16 chunks already at the output rate pass through
+sample for sample.
 """
 
 from __future__ import annotations
@@ -27,13 +28,23 @@ class AudioFormatError(ValueError):
     """Audio a client or a pipeline handed over cannot be used; the message says why."""
 
 
-def to_float32(pcm: Any) -> np.ndarray:
-    """Mono float32 in [-1, 1] from an int16 or float array (1-D, or 2-D with one channel)."""
+def _mono(pcm: Any) -> np.ndarray:
+    """A 1-D array of the samples (1-D, or 2-D with one channel)."""
     array = np.asarray(pcm)
     if array.ndim == 2 and 1 in array.shape:
         array = array.reshape(-1)
     if array.ndim != 1:
         raise AudioFormatError(f"audio must be mono (1-D), got an array of shape {array.shape}")
+    return array
+
+
+def _is_int16(array: np.ndarray) -> bool:
+    return array.dtype.kind == "i" and array.dtype.itemsize == 2
+
+
+def to_float32(pcm: Any) -> np.ndarray:
+    """Mono float32 in [-1, 1] from an int16 or float array (1-D, or 2-D with one channel)."""
+    array = _mono(pcm)
     match array.dtype.kind:
         case "i" if array.dtype.itemsize == 2:
             return array.astype(np.float32) / 32768.0
@@ -82,6 +93,8 @@ class PcmStream:
             raise AudioFormatError(
                 f"an audio chunk must be a dict with 'pcm' and 'sample_rate', got {chunk!r:.80}"
             ) from exc
+        array = _mono(pcm)
+        samples = to_float32(array)
         if self.rate is None:
             self.rate = in_rate
         out = b""
@@ -89,11 +102,10 @@ class PcmStream:
             out = self.flush()
             self._in_rate = in_rate
             self._resampler = None if in_rate == self.rate else soxr.ResampleStream(in_rate, self.rate, 1)
-        if self._resampler is None and isinstance(pcm, np.ndarray) and pcm.dtype == np.int16:
-            return out + pcm.astype("<i2").tobytes()  # already PCM16 at the output rate: the samples as they are
-        samples = to_float32(pcm)
         if self._resampler is not None:
             samples = self._resampler.resample_chunk(samples)
+        elif _is_int16(array):
+            return out + array.astype("<i2", copy=False).tobytes()  # already PCM16 at the output rate: as it is
         return out + float_to_pcm16(samples)
 
     def flush(self) -> bytes:

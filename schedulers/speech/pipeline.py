@@ -47,6 +47,7 @@ _ENTRY = {
 }
 _STREAMED = frozenset({"chat", "speech"})
 ANSWER_FIELDS = ("finish_reason", "usage", "tool_calls")  # what a responder's result says beside its text
+TRANSCRIPT_FIELDS = ("language", "segments", "words")  # what a timed transcript says beside its text
 log = logging.getLogger("schedulers.speech")
 
 
@@ -118,7 +119,7 @@ def create_ingress_stage() -> SimpleScheduler:
 def _text_out(payload: StagePayload) -> StagePayload:
     data = raw_inputs(payload)
     text = data.get("text", "") if isinstance(data, dict) else str(data)
-    kept = {key: data[key] for key in ANSWER_FIELDS if isinstance(data, dict) and key in data}
+    kept = {key: data[key] for key in (*ANSWER_FIELDS, *TRANSCRIPT_FIELDS) if isinstance(data, dict) and key in data}
     payload.data = {"text": text, **kept}
     return payload
 
@@ -135,8 +136,9 @@ class _TextOut(StreamingSimpleScheduler):
 
 def create_text_output_stage() -> SimpleScheduler:
     """The terminal of text answers (transcripts, text-only chat): ``payload.data = {"text": ...}`` with the
-    responder's ``finish_reason``, ``usage`` and ``tool_calls`` when it gave them; text streamed to it
-    ahead of the payload goes on to the caller at once."""
+    responder's ``finish_reason``, ``usage`` and ``tool_calls``, and a timed transcript's ``language``,
+    ``segments`` and ``words``, when they were given; text streamed to it ahead of the payload goes on to
+    the caller at once."""
     return _TextOut(_text_out)
 
 

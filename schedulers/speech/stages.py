@@ -4,9 +4,9 @@ Each factory loads its model once per process (shared with other stages that ask
 same backend and options) and returns a scheduler obeying ``omnitrio.contract``:
 
 * :func:`create_tts_stage`: text → streamed PCM16 audio, sentence by sentence;
-* :func:`create_asr_stage`: whole clip → ``{"text", "language", "audio_ms"}`` (with ``"segments"`` and
-  ``"words"`` when the request asks for ``timestamps``); a chat with
-  ``input_audio`` parts → the same chat with each clip's transcript in its place;
+* :func:`create_asr_stage`: whole clip → ``{"text", "language", "audio_ms"}`` (the language by OpenAI's
+  name, ``"english"``; with ``"segments"`` and ``"words"`` when the request asks for ``timestamps``); a
+  chat with ``input_audio`` parts → the same chat with each clip's transcript in its place;
 * :func:`create_streaming_asr_stage`: a :class:`~schedulers.session.SessionScheduler` for
   audio that arrives in pieces (partial transcripts, optional server VAD); a request
   without session metadata is transcribed whole, as by :func:`create_asr_stage`;
@@ -31,7 +31,7 @@ from schedulers.llamacpp.model import load_model
 from schedulers.llamacpp.weights import float_exact_file, quantized_tensor_types
 from schedulers.session import SessionScheduler
 from schedulers.simple import SimpleScheduler
-from schedulers.speech.asr import AsrBackendName, SpeechRecognizer, shared_recognizer
+from schedulers.speech.asr import AsrBackendName, SpeechRecognizer, language_name, shared_recognizer
 from schedulers.speech.audio import ASR_SAMPLE_RATE
 from schedulers.speech.llm_responder import Defaults, LLMResponder
 from schedulers.speech.packages import package_file
@@ -93,7 +93,7 @@ def _transcriber(recognizer: SpeechRecognizer) -> Any:
             payload.data |= {"segments": timed.segments, "words": timed.words}
             return payload
         text = recognizer.transcribe(request.audio, request.language, quick=request.quick)
-        payload.data = {"text": text, "language": request.language or "en", "audio_ms": audio_ms}
+        payload.data = {"text": text, "language": language_name(request.language or "en"), "audio_ms": audio_ms}
         return payload
 
     return transcribe
