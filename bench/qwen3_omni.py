@@ -193,6 +193,13 @@ def main() -> None:
             results["sizes"][size] = {"generate": generate, "pipeline": served}
     results["load_average_after"] = os.getloadavg()
     results["cores"] = os.cpu_count()
+    results["loaded"] = max(load_before[0], results["load_average_after"][0]) > (os.cpu_count() or 1)
+    if results["loaded"]:
+        results["note"] = (
+            f"this run was on a loaded machine (load average {load_before[0]:.1f} before, "
+            f"{results['load_average_after'][0]:.1f} after, on {os.cpu_count()} cores): its figures are not "
+            "evidence of anything; rerun on a quiet machine"
+        )
     print(table(results))
     print(f"load average before {load_before}, after {results['load_average_after']} ({os.cpu_count()} cores)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
