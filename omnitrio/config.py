@@ -154,6 +154,13 @@ class PipelineConfig:
     model_args: list[str] = attrs.field(factory=lambda: list(DEFAULT_MODEL_ARGS))
     """The fields ``--model PATH`` sets (``stage.factory.field``, each to the absolute path): the
     responder's GGUF file by default; a pipeline whose stages all read one checkpoint lists each."""
+    name_from_model: bool = False
+    """With ``--model PATH`` (:func:`load`'s ``model``): the pipeline is named PATH's basename (a checkpoint
+    directory's name is the model id clients see in ``/v1/models``) instead of ``name``."""
+    stage_voices: bool = False
+    """The pipeline's stages choose the voice themselves (e.g. a checkpoint's speakers): the server
+    passes a chat request's ``audio.voice`` through unchecked and a stage answers a voice it does not
+    have (``InvalidRequest``, a 400).  False: the server accepts only OpenAI's voice names."""
     serves: list[str] | None = None
     """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
     ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
@@ -257,6 +264,8 @@ def load(path: str | Path, overrides: Iterable[str] = (), model: str | Path | No
             raise ConfigError(f"model_args: must be a list of 'stage.factory.field' strings, got {targets!r}")
         for target in targets:
             apply_override(raw, f"{target}={json.dumps(str(Path(model).resolve()))}")
+        if raw.get("name_from_model") is True:
+            raw["name"] = Path(model).resolve().name
     for item in overrides:
         apply_override(raw, item)
     config = from_dict(raw)

@@ -158,6 +158,14 @@ def test_toml_file_loads_and_overrides_apply(tmp_path: Path) -> None:
     assert config.max_in_flight == 7
 
 
+@pytest.mark.parametrize(("flag", "name"), [("name_from_model = true\n", "my-checkpoint"), ("", "demo")])
+def test_model_names_the_pipeline_only_where_the_config_asks(tmp_path: Path, flag: str, name: str) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(flag + 'model_args = ["encoder.factory.seconds"]\n' + TOML)
+    config = load(path, ["encoder.factory.seconds=0.01"], model=tmp_path / "my-checkpoint")
+    assert config.name == name
+
+
 def test_toml_unknown_field_names_the_stage(tmp_path: Path) -> None:
     path = tmp_path / "p.toml"
     path.write_text(TOML.replace("terminal = true", "terminal = true\nnexxt = 'x'"))

@@ -17,7 +17,10 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-CPU_CONFIGS = ["speech.toml", "omni-tiny.toml", "realtime-llm.toml"]  # configs/qwen3-omni.toml needs a GPU
+CPU_CONFIGS = ["speech.toml", "omni-tiny.toml", "realtime-llm.toml", "qwen3-omni.toml"]
+# configs/qwen3-omni-sglang.toml needs a GPU; a CPU config that needs more than the first command installs
+# names the extra its own section of the README tells users to add.
+CONFIG_EXTRAS = {"qwen3-omni.toml": ["omni"]}
 COMMANDS = re.findall(r"^    (python3 -m venv .*)$", README, re.M)
 # What validating a config imports beyond omnitrio.config itself, as top-level module names.
 PROBE = """
@@ -74,8 +77,14 @@ def test_the_readme_gives_a_first_command_and_a_test_command() -> None:
 
 @pytest.mark.parametrize("config", CPU_CONFIGS)
 def test_the_first_command_installs_what_checking_a_shipped_cpu_config_imports(config: str) -> None:
-    missing = imported_distributions(config) - installs(extras(COMMANDS[0]))
+    missing = imported_distributions(config) - installs(extras(COMMANDS[0]) + CONFIG_EXTRAS.get(config, []))
     assert not missing, f"check configs/{config} imports {sorted(missing)}, which the README's first command lacks"
+
+
+@pytest.mark.parametrize(("config", "names"), sorted(CONFIG_EXTRAS.items()))
+def test_the_readme_tells_how_to_install_the_extra_a_config_needs(config: str, names: list[str]) -> None:
+    for name in names:
+        assert f"pip install -e '.[{name}]'" in README and f"configs/{config}" in README
 
 
 def test_torch_is_pinned_wherever_an_extra_names_it() -> None:

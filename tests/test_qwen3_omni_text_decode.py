@@ -66,6 +66,7 @@ def test_text_only_answer_streams_the_tokenizers_decode_as_text(model_dir: Path,
         "text": expected,
         "finish_reason": "stop",
         "usage": {"prompt_tokens": 7, "completion_tokens": len(ids)},
+        "token_ids": ids,
     }
 
 

@@ -1,4 +1,4 @@
-"""Stages of ``configs/qwen3-omni.toml``: the omni graph with a real thinker served by SGLang (GPU).
+"""Stages of ``configs/qwen3-omni-sglang.toml``: the omni graph with a real thinker served by SGLang (GPU).
 
 SGLang tokenizes and detokenizes itself, so this graph differs from omni-tiny's in two places:
 

@@ -31,6 +31,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
 from schedulers._idsets import Life
+from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.code2wav_model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
 from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Window
 from schedulers.vocoder import StreamingVocoderBase
@@ -218,7 +219,7 @@ def load_code2wav(model_dir: str, device: str = "cpu") -> Qwen3OmniMoeCode2Wav:
 
 def create_code2wav_stage(
     *,
-    model_dir: str,
+    model_dir: str | None = None,
     first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
     chunk_frames: int = DEFAULT_CHUNK_FRAMES,
     reference_chunk_frames: int = 300,
@@ -242,7 +243,7 @@ def create_code2wav_stage(
         first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames, ramp_factor
     )
     return Qwen3OmniCode2WavScheduler(
-        load_code2wav(model_dir, device),
+        load_code2wav(require_model_dir(model_dir), device),
         chunking,
         sample_rate=sample_rate,
         max_step_frames=max_step_frames,
@@ -250,5 +251,7 @@ def create_code2wav_stage(
         max_forward_frames=max_forward_frames,
     )
 
+
+create_code2wav_stage.preflight = preflight  # type: ignore[attr-defined]
 
 __all__ = ["Qwen3OmniCode2WavScheduler", "create_code2wav_stage", "load_code2wav"]

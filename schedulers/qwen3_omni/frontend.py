@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnitrio.contract import StagePayload
+from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers.omni.inputs import decode_audio, read_image_url
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.processor import OmniProcessor
@@ -178,7 +178,13 @@ def create_preprocess_stage(
     def preprocess(payload: StagePayload) -> StagePayload:
         data = payload.data
         raw = data["raw_inputs"] if isinstance(data, dict) and "raw_inputs" in data else data
-        payload.data = preprocessor(raw)
+        try:
+            payload.data = preprocessor(raw)
+        except InvalidRequest:
+            raise
+        except ValueError as exc:  # the client's input: a 400 naming the field its message starts with
+            field = str(exc).split(":", 1)[0]
+            raise InvalidRequest(str(exc), param=field if " " not in field else None) from None
         return payload
 
     return SimpleScheduler(preprocess, max_concurrency=max_concurrency)

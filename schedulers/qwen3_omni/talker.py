@@ -43,6 +43,7 @@ import torch
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload, StreamItem, put_messages
 from schedulers._idsets import Admission, Life, RequestLedger
 from schedulers.qwen3_omni.batched_kv import BatchedKV
+from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.code_predictor import CodePredictor
 from schedulers.qwen3_omni.codec_sampling import TalkerSampling, first_codes, suppressed_mask
 from schedulers.qwen3_omni.talker_model import TalkerModel
@@ -401,7 +402,7 @@ class TalkerScheduler:
 
 def create_talker_stage(
     *,
-    model_dir: str,
+    model_dir: str | None = None,
     do_sample: bool = True,
     temperature: float = 0.9,
     top_k: int = 50,
@@ -434,7 +435,7 @@ def create_talker_stage(
     )
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"talker: dtype must be float32, bfloat16 or float16, got {dtype!r}")
-    model = TalkerModel.from_checkpoint(Path(model_dir), dtype=getattr(torch, dtype), device=device)
+    model = TalkerModel.from_checkpoint(Path(require_model_dir(model_dir)), dtype=getattr(torch, dtype), device=device)
     return TalkerScheduler(
         model,
         sampling=sampling,
@@ -443,3 +444,6 @@ def create_talker_stage(
         default_speaker=default_speaker,
         seed=seed,
     )
+
+
+create_talker_stage.preflight = preflight  # type: ignore[attr-defined]

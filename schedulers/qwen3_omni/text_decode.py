@@ -9,7 +9,8 @@ Which words a caller sees where follows OpenAI: a request that asked for audio (
 chunks carry ``"want_audio": True``) gets its words as the audio's transcript (deltas with
 ``metadata={"modality": "transcript"}``, result key ``"transcript"``), a text-only request as the
 message content (modality ``"text"``, result key ``"text"``).  The result is ``{"text" | "transcript",
-"finish_reason", "usage"}``, ``finish_reason`` and ``usage`` from the thinker's result payload.
+"finish_reason", "usage", "token_ids"}``, the last three from the thinker's result payload (``token_ids``:
+the generated ids, eos included).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from omnitrio.contract import OutgoingMessage, StagePayload, StreamItem
 from schedulers.detokenize import StreamingDetokenizeScheduler, token_ids_of
+from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 
 
 class SkipSpecial:
@@ -73,15 +75,20 @@ class TextDecodeScheduler(StreamingDetokenizeScheduler):
     def _result(self, payload: StagePayload, text: str) -> dict[str, Any]:
         data = payload.data if isinstance(payload.data, dict) else {}
         key = "transcript" if self._wants_audio(payload.request_id, payload) else "text"
-        return {key: text, "finish_reason": data.get("finish_reason"), "usage": data.get("usage")}
+        ids = [int(i) for i in data.get("token_ids") or ()]
+        return {key: text, "finish_reason": data.get("finish_reason"), "usage": data.get("usage"), "token_ids": ids}
 
 
-def create_decode_stage(*, model_dir: str | Path) -> TextDecodeScheduler:
+def create_decode_stage(*, model_dir: str | Path | None = None) -> TextDecodeScheduler:
     """Stage factory: the checkpoint's tokenizer (``model_dir``), special tokens skipped."""
     from transformers import AutoTokenizer
 
+    model_dir = require_model_dir(model_dir)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as exc:
         raise ValueError(f"decode stage: cannot load the tokenizer from {model_dir}: {exc}") from exc
     return TextDecodeScheduler(tokenizer)
+
+
+create_decode_stage.preflight = preflight  # type: ignore[attr-defined]

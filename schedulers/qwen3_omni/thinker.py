@@ -41,6 +41,7 @@ import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload
 from schedulers.ar.step_loop import StepLoop
+from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.thinker_engine import Event, Failed, Prompt, ThinkerEngine, ThinkerRequest, Token
 from schedulers.qwen3_omni.thinker_sampling import Sampler, SamplingDefaults
 
@@ -259,7 +260,7 @@ class ThinkerScheduler(StepLoop):
 
 def create_thinker_stage(
     *,
-    model_dir: str,
+    model_dir: str | None = None,
     max_new_tokens: int = 1024,
     max_running_requests: int = 16,
     max_waiting_requests: int = 256,
@@ -282,6 +283,7 @@ def create_thinker_stage(
     from schedulers.qwen3_omni.thinker_model import ThinkerLM
 
     torch.set_num_threads(1)
+    model_dir = require_model_dir(model_dir)
     config = load_config(model_dir)
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"thinker stage: dtype={dtype!r} must be float32, bfloat16 or float16")
@@ -300,3 +302,6 @@ def create_thinker_stage(
         talker_target=talker_target,
         seed=seed,
     )
+
+
+create_thinker_stage.preflight = preflight  # type: ignore[attr-defined]
