@@ -44,6 +44,7 @@ from omnitrio.serve.context import (
     ServeContext,
     ServedPipeline,
     new_id,
+    realtime_answer_of,
     served_tasks,
 )
 from omnitrio.serve.limits import ServeLimits
@@ -96,6 +97,7 @@ def create_app(
         max_body_bytes=limits.max_body_bytes,
         request_timeout=request_timeout,
         realtime_audio_lead=realtime_audio_lead,
+        realtime_answer=realtime_answer_of(pipeline),
         limits=limits,
     )
     metrics = api_metrics(pipeline.metrics_registry)

@@ -194,6 +194,7 @@ class Host(Protocol):
     answering: Answering
     conversation: Conversation
     metrics: RealtimeMetrics
+    voice_asked: Any  # the voice name the client last set
 
     async def emit(self, event: dict[str, Any], response: Response | None = None) -> None: ...
 
@@ -278,6 +279,7 @@ async def _produce(host: Host, response: Response, output: Output, deltas: trio.
                 turn=turn,
                 session_id=session["id"] if own and response.in_conversation else None,
                 audio=response.audio,
+                voice=host.voice_asked,
             )
             if not await host.answering.ready(request):
                 return  # nothing was said (noise, a cough): an empty answer
