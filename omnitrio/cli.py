@@ -2,10 +2,10 @@
 
 ::
 
-    python -m omnitrio serve [--config FILE] [--model FILE.gguf] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
+    python -m omnitrio serve [--config FILE] [--model PATH] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
                              [--api-key KEY ...] [--allowed-origin URL ...] [--limit NAME=VALUE ...]
     python -m omnitrio run [--config FILE] [--set k=v ...] [--audio-out FILE.wav] INPUT
-    python -m omnitrio check [--set k=v ...] FILE
+    python -m omnitrio check [--model PATH] [--set k=v ...] FILE
     python -m omnitrio trace ...            (omnitrio.trace, when it is installed)
 
 Without ``--config``, ``serve`` and ``run`` use the default pipeline: ``configs/speech.toml`` next to
@@ -24,7 +24,6 @@ them with the values the pipeline gets.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -78,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model",
         type=Path,
-        metavar="FILE.gguf",
-        help="answer with this instruction-tuned GGUF model (same as --set responder.factory.model_path=FILE)",
+        metavar="PATH",
+        help="the model the pipeline loads: the fields its config's model_args name (default: the responder's "
+        "GGUF file, same as --set responder.factory.model_path=FILE)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s; 0: any free port)")
@@ -164,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         "terminal stage out when no terminal_stages_fn is set.",
     )
     check.add_argument("file", type=Path, metavar="FILE", help="pipeline TOML file")
+    check.add_argument(
+        "--model",
+        type=Path,
+        metavar="PATH",
+        help="as serve's --model; stages that can check it (files, not weights) do",
+    )
     overrides(check)
 
     trace = commands.add_parser(
@@ -212,8 +218,8 @@ def startup_failure(exc: StartupError) -> str:
 # -- config ------------------------------------------------------------------------------------
 
 
-def load_config(path: Path | None, overrides: Sequence[str]) -> PipelineConfig:
-    """The pipeline at ``path`` (the default pipeline when None), overridden and validated."""
+def load_config(path: Path | None, overrides: Sequence[str], model: Path | None = None) -> PipelineConfig:
+    """The pipeline at ``path`` (the default pipeline when None), pointed at ``model``, overridden, validated."""
     if path is None:
         if not DEFAULT_CONFIG.is_file():
             raise UsageError(
@@ -221,7 +227,7 @@ def load_config(path: Path | None, overrides: Sequence[str]) -> PipelineConfig:
                 "install omnitrio editable from a checkout, or pass --config FILE)"
             )
         path = DEFAULT_CONFIG
-    return load(path, overrides)
+    return load(path, overrides, model)
 
 
 # -- check -------------------------------------------------------------------------------------
@@ -230,7 +236,7 @@ def load_config(path: Path | None, overrides: Sequence[str]) -> PipelineConfig:
 def _check(args: argparse.Namespace) -> int:
     from omnitrio.serve.limits import limits_for, session_stages
 
-    config = load_config(args.file, args.overrides)
+    config = load_config(args.file, args.overrides, args.model)
     print(describe(config))
     print(f"server limits (serve --limit NAME=VALUE):\n{limits_for(config).describe()}")
     stages = ", ".join(f"{name} max_sessions={limit}" for name, limit in session_stages(config).items())
@@ -293,7 +299,7 @@ def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve.auth import keys_from
     from omnitrio.serve.limits import limits_for
 
-    config = load_config(args.config, [*model_overrides(args), *args.overrides, *placement_overrides(args)])
+    config = load_config(args.config, [*args.overrides, *placement_overrides(args)], args.model)
     try:
         args.api_keys = keys_from(args.api_keys, os.environ)
         args.limits = limits_for(config, args.limits)
@@ -314,11 +320,6 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"omnitrio: error: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def model_overrides(args: argparse.Namespace) -> list[str]:
-    """``--model FILE`` as the responder's ``model_path`` (an absolute path: stages may run elsewhere)."""
-    return [f"responder.factory.model_path={json.dumps(str(args.model.resolve()))}"] if args.model else []
 
 
 def placement_overrides(args: argparse.Namespace) -> list[str]:

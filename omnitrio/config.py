@@ -12,6 +12,7 @@ factory's signature, so a typo never surfaces as a child process that fails to s
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,8 @@ import msgspec
 from omnitrio.errors import ConfigError
 from omnitrio.importing import ImportPathError, import_object
 from omnitrio.replicas import REPLICAS_KEY
+
+DEFAULT_MODEL_ARGS = ("responder.factory.model_path",)  # what `--model FILE.gguf` sets unless a config says
 
 SERVED_TASKS = ("chat", "speech", "transcription", "realtime")
 REALTIME_ANSWERS = ("cascade", "speech-native")
@@ -149,6 +152,16 @@ class PipelineConfig:
     :mod:`omnitrio.replicas`) and the Ray resources each copy asks for, e.g.
     ``{"thinker": {"num_gpus": 1, "num_cpus": 2}, "encoder": {"replicas": 2}}``; any other
     key is a custom resource.  A group asks for nothing it does not name (0 CPUs)."""
+    model_args: list[str] = attrs.field(factory=lambda: list(DEFAULT_MODEL_ARGS))
+    """The fields ``--model PATH`` sets (``stage.factory.field``, each to the absolute path): the
+    responder's GGUF file by default; a pipeline whose stages all read one checkpoint lists each."""
+    name_from_model: bool = False
+    """With ``--model PATH`` (:func:`load`'s ``model``): the pipeline is named PATH's basename (a checkpoint
+    directory's name is the model id clients see in ``/v1/models``) instead of ``name``."""
+    stage_voices: bool = False
+    """The pipeline's stages choose the voice themselves (e.g. a checkpoint's speakers): the server
+    passes a chat request's ``audio.voice`` through unchecked and a stage answers a voice it does not
+    have (``InvalidRequest``, a 400).  False: the server accepts only OpenAI's voice names."""
     serves: list[str] | None = None
     """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
     ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
@@ -242,8 +255,9 @@ def _stage_from_dict(index: int, raw: Any) -> StageConfig:
     return StageConfig(**{k: getattr(typed, k) for k in raw})
 
 
-def load(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
-    """Load a TOML pipeline file and apply ``key.path=value`` overrides, then validate."""
+def load(path: str | Path, overrides: Iterable[str] = (), model: str | Path | None = None) -> PipelineConfig:
+    """Load a TOML pipeline file, point its ``model_args`` at ``model`` (when given), apply the
+    ``key.path=value`` overrides (after ``model``, so they win), then validate."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -251,6 +265,14 @@ def load(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    if model is not None:
+        targets = raw.get("model_args", list(DEFAULT_MODEL_ARGS))
+        if not isinstance(targets, list) or not all(isinstance(t, str) and "." in t for t in targets):
+            raise ConfigError(f"model_args: must be a list of 'stage.factory.field' strings, got {targets!r}")
+        for target in targets:
+            apply_override(raw, f"{target}={json.dumps(str(Path(model).resolve()))}")
+        if raw.get("name_from_model") is True:
+            raw["name"] = Path(model).resolve().name
     for item in overrides:
         apply_override(raw, item)
     config = from_dict(raw)

@@ -246,7 +246,7 @@ def test_shutdown_removes_the_shm_files_the_engine_children_mapped_and_no_other(
 def test_check_names_what_to_install_when_sglang_is_missing_and_exits_2_as_its_help_says() -> None:
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("sglang is installed here (tests/test_sglang_engine.py checks the config with it)")
-    config = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni.toml"
+    config = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni-sglang.toml"
     done = subprocess.run(
         [sys.executable, "-m", "omnitrio", "check", str(config)], capture_output=True, text=True, check=False
     )

@@ -127,11 +127,10 @@ def test_a_request_alone_decodes_on_the_solo_threads_and_shared_ones_on_the_shar
 
 
 def test_serve_model_points_the_default_pipeline_at_another_gguf_file(tmp_path: Path) -> None:
-    from omnitrio.cli import DEFAULT_CONFIG, build_parser, model_overrides
-    from omnitrio.config import load
+    from omnitrio.cli import DEFAULT_CONFIG, build_parser, load_config
 
     args = build_parser().parse_args(["serve", "--model", str(tmp_path / "other model.gguf")])
-    config = load(DEFAULT_CONFIG, model_overrides(args))
+    config = load_config(DEFAULT_CONFIG, args.overrides, args.model)
     assert config.stage("responder").factory.to_kwargs()["model_path"] == str(tmp_path / "other model.gguf")
 
 

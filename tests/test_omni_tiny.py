@@ -237,7 +237,7 @@ def test_realtime_llm_config_keeps_the_speech_graph_and_swaps_the_responder() ->
 def test_qwen3_omni_gpu_config_validates_without_importing_sglang() -> None:
     import sys
 
-    config = load(CONFIGS / "qwen3-omni.toml")
+    config = load(CONFIGS / "qwen3-omni-sglang.toml")
     assert config.stage("thinker").factory_path == "schedulers.ar.sglang_backend.create_sglang_scheduler"
     assert "sglang" not in sys.modules
 

@@ -25,6 +25,7 @@ from toys.qwen3_omni_reference import (  # noqa: E402
     reference_generate,
     reference_processor,
     sample_messages,
+    talker_margins,
     thinker_margins,
 )
 
@@ -114,6 +115,14 @@ def test_greedy_margins_are_wide_on_the_sample_prompts(loaded: tuple[Any, Any], 
     model, processor = loaded
     margins = thinker_margins(model, processor, sample_messages()[name], max_new_tokens=16)
     assert min(margins) > 0.05, margins
+
+
+@pytest.mark.parametrize("name", ["text", "tone"])
+def test_talker_and_code_predictor_margins_are_wide_on_the_sample_prompts(loaded: tuple[Any, Any], name: str) -> None:
+    model, processor = loaded
+    margins = talker_margins(model, processor, sample_messages()[name], frames=FRAMES)
+    assert min(margins["talker"]) > 0.05, margins["talker"]
+    assert min(margins["code_predictor"]) > 0.05, margins["code_predictor"]
 
 
 def test_load_weights_loads_one_part_as_from_pretrained_does(tiny: Path, loaded: tuple[Any, Any]) -> None:

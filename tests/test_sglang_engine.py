@@ -1,4 +1,4 @@
-"""The SGLang thinker of ``configs/qwen3-omni.toml`` against a real SGLang engine on CPU.
+"""The SGLang thinker of ``configs/qwen3-omni-sglang.toml`` against a real SGLang engine on CPU.
 
 Needs the separate venv (``python -m tests.sglang_env setup``) and runs there only::
 
@@ -40,7 +40,7 @@ from tests.sglang_env.tiny_model import save_tiny_llama, tiny_config
 
 pytestmark = [pytest.mark.sglang_engine, pytest.mark.timeout(900)]
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni.toml"
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni-sglang.toml"
 SHAPE = {"seed": 7, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 512}
 ENGINE_ON_CPU = [
     'device="cpu"',

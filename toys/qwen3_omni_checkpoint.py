@@ -45,9 +45,9 @@ _GAINS: tuple[tuple[str, float], ...] = (
     ("talker.model.codec_embedding.", 8.0),
     ("talker.text_projection.", 2.0),
     ("talker.hidden_projection.", 2.0),
-    ("talker.codec_head.", 4.0),
+    ("talker.codec_head.", 16.0),
     ("talker.code_predictor.model.codec_embedding.", 8.0),
-    ("talker.code_predictor.lm_head.", 4.0),
+    ("talker.code_predictor.lm_head.", 16.0),
     ("talker.", 1.0),
     ("code2wav.", 0.75),
 )

@@ -149,6 +149,33 @@ def thinker_margins(
     return [float(top[0] - top[1]) for top in (s[0].topk(2).values for s in out.scores)]
 
 
+def talker_margins(
+    model: Any, processor: Any, messages: list[dict[str, Any]], *, speaker: str = "ethan", frames: int = 16
+) -> dict[str, list[float]]:
+    """Top-1 minus top-2 score per greedy step of the talker and of the code predictor during a
+    :func:`reference_generate` (scores as ``generate`` ranks them: after its repetition penalty and
+    suppressed ids): ``{"talker": [...], "code_predictor": [...]}``."""
+    margins: dict[str, list[float]] = {"talker": [], "code_predictor": []}
+
+    def scored(owner: Any, key: str) -> Any:
+        generate = owner.generate
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = generate(*args, **{**kwargs, "output_scores": True})
+            margins[key].extend(float(top[0] - top[1]) for top in (s[0].topk(2).values for s in result.scores))
+            return result
+
+        return run
+
+    model.talker.generate = scored(model.talker, "talker")
+    model.talker.code_predictor.generate = scored(model.talker.code_predictor, "code_predictor")
+    try:
+        reference_generate(model, processor, messages, speaker=speaker, max_new_tokens=8, talker_max_new_tokens=frames)
+    finally:
+        del model.talker.generate, model.talker.code_predictor.generate
+    return margins
+
+
 def sample_clip(kind: str, seconds: float = 1.0) -> np.ndarray:
     """A 16 kHz float32 clip: ``"silence"``, or ``"tone"`` (a gliding tone with a syllable-like envelope)."""
     t = np.arange(int(16_000 * seconds)) / 16_000
@@ -196,3 +223,33 @@ def sample_messages() -> dict[str, list[dict[str, Any]]]:
             }
         ],
     }
+
+
+def wav_base64(samples: np.ndarray, rate: int = 16_000) -> str:
+    """Float samples in [-1, 1) as a base64 16-bit mono WAV (an OpenAI ``input_audio`` part's data).
+
+    Samples already on the 16-bit grid (``np.round(x * 32768) / 32768``) decode back exactly.
+    """
+    import base64
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2").tobytes())
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def png_data_url(image: np.ndarray) -> str:
+    """An RGB uint8 image as a PNG ``data:`` URL (an OpenAI ``image_url`` part's url); lossless."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()

@@ -141,8 +141,10 @@ def decode_json(body: bytes, kind: type[T]) -> T:
         raise bad_request("the request body is nested too deeply", code="invalid_json") from None
 
 
-def check_chat(request: ChatRequest) -> list[str]:
-    """Value checks for a chat request; returns the output modalities (default ``["text"]``)."""
+def check_chat(request: ChatRequest, *, stage_voices: bool = False) -> list[str]:
+    """Value checks for a chat request; returns the output modalities (default ``["text"]``).
+
+    ``stage_voices``: ``audio.voice`` is left for the pipeline's stages to check (any name passes here)."""
     if not request.messages:
         raise invalid_value("'messages' must contain at least one message", "messages")
     for i, message in enumerate(request.messages):
@@ -159,7 +161,7 @@ def check_chat(request: ChatRequest) -> list[str]:
         if modality not in CHAT_MODALITIES:
             raise invalid_value(f"modality {modality!r} is not supported; use 'text' and/or 'audio'", "modalities")
     _check_contents(request.messages)
-    if request.audio is not None:
+    if request.audio is not None and not stage_voices:
         check_voice(request.audio.voice, "audio.voice")
     if request.audio is not None and request.audio.format not in CHAT_AUDIO_FORMATS:
         raise invalid_value(

@@ -175,6 +175,15 @@ def _limit(samples: np.ndarray, where: str) -> np.ndarray:
 
 def decode_image_url(url: Any, where: str, size: int) -> np.ndarray:
     """A PNG/JPEG ``data:`` URL → float32 RGB ``[3, size, size]`` in [0, 1]."""
+    from PIL import Image
+
+    rgb = Image.fromarray(read_image_url(url, where)).resize((size, size), Image.Resampling.BILINEAR)
+    pixels = np.asarray(rgb, dtype=np.float32) / 255.0
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def read_image_url(url: Any, where: str) -> np.ndarray:
+    """A PNG/JPEG ``data:`` URL → its pixels, uint8 RGB ``[height, width, 3]`` (not resized)."""
     if not isinstance(url, str) or not url.startswith("data:"):
         raise ValueError(f"{where}: only data: URLs are accepted (the pipeline never fetches), got {url!r:.60}")
     header, _, body = url.partition(",")
@@ -189,11 +198,9 @@ def decode_image_url(url: Any, where: str, size: int) -> np.ndarray:
         ) from None
     try:
         with Image.open(io.BytesIO(raw)) as image:
-            rgb = image.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
-            pixels = np.asarray(rgb, dtype=np.float32) / 255.0
+            return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
     except (UnidentifiedImageError, OSError) as exc:
         raise ValueError(f"{where}: not a readable image ({exc})") from None
-    return np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
 
 def image_array(image: Any, where: str, size: int) -> np.ndarray:
@@ -238,4 +245,12 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-__all__: Sequence[str] = ["AUDIO_RATE", "ChatTurn", "decode_audio", "decode_image_url", "parse_chat", "wants_audio"]
+__all__: Sequence[str] = [
+    "AUDIO_RATE",
+    "ChatTurn",
+    "decode_audio",
+    "decode_image_url",
+    "parse_chat",
+    "read_image_url",
+    "wants_audio",
+]

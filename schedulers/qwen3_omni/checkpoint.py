@@ -37,6 +37,18 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be served; the message names the file and the fault."""
 
 
+def require_model_dir(model_dir: str | Path | None) -> str:
+    """``model_dir`` as a string, or a :class:`CheckpointError` saying how to set it."""
+    if model_dir is None or not str(model_dir):
+        raise CheckpointError("model_dir: not set; pass the checkpoint directory (serve --model DIR)")
+    return str(model_dir)
+
+
+def preflight(*, model_dir: str | None = None, **_: Any) -> None:
+    """What ``omnitrio check`` runs for a stage reading this checkpoint: :func:`check_checkpoint`."""
+    check_checkpoint(require_model_dir(model_dir))
+
+
 def load_config(model_dir: str | Path) -> Any:
     """``Qwen3OmniMoeConfig`` from ``model_dir/config.json``, its parts checked for consistency (no weights)."""
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig

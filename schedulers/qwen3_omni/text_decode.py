@@ -9,7 +9,8 @@ Which words a caller sees where follows OpenAI: a request that asked for audio (
 chunks carry ``"want_audio": True``) gets its words as the audio's transcript (deltas with
 ``metadata={"modality": "transcript"}``, result key ``"transcript"``), a text-only request as the
 message content (modality ``"text"``, result key ``"text"``).  The result is ``{"text" | "transcript",
-"finish_reason", "usage"}``, ``finish_reason`` and ``usage`` from the thinker's result payload.
+"finish_reason", "usage", "token_ids"}``, the last three from the thinker's result payload (``token_ids``:
+the generated ids, eos included).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class TextDecodeScheduler(StreamingDetokenizeScheduler):
     def _result(self, payload: StagePayload, text: str) -> dict[str, Any]:
         data = payload.data if isinstance(payload.data, dict) else {}
         key = "transcript" if self._wants_audio(payload.request_id, payload) else "text"
-        return {key: text, "finish_reason": data.get("finish_reason"), "usage": data.get("usage")}
+        ids = [int(i) for i in data.get("token_ids") or ()]
+        return {key: text, "finish_reason": data.get("finish_reason"), "usage": data.get("usage"), "token_ids": ids}
 
 
 def create_decode_stage(*, model_dir: str | Path) -> TextDecodeScheduler:

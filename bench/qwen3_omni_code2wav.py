@@ -1,0 +1,200 @@
+"""Time to first audio and real-time factor of the Qwen3-Omni code2wav stage, per chunk size.
+
+Drives :class:`~schedulers.qwen3_omni.code2wav.Qwen3OmniCode2WavScheduler` directly (its thread, inbox,
+outbox) on random codes, with the models of :mod:`toys.qwen3_omni_code2wav` (``tiny``, ``medium``;
+``--release`` adds the released model's shape, ~200 M parameters), one torch thread:
+
+* **first audio**: ``F`` frames reach an idle stage at once; the time until its first pcm chunk (the
+  first window's decode).  A user waits for the talker's ``F`` frames on top of it.
+* **real-time factor**: ``c`` requests (1 and 8) of ``--frames`` frames each, all codes already there
+  (a talker far ahead): wall time to the last result / seconds of audio, per ``chunk_frames`` ``C``.
+  Each window re-reads ``conv_context_frames`` before its ``C`` new frames, so the convolutions do
+  ``(C + context) / C`` of a whole decode's work, and each forward has a fixed cost: small ``C`` pays both.
+* ``transformers``: ``chunked_decode`` of one request, batch 1 (what ``generate`` does), for scale;
+  ``snr_db``: the stream's float samples against it.
+
+Run: ``.venv/bin/python bench/qwen3_omni_code2wav.py [--quick] [--release]``.  Figures go to
+``bench/results/qwen3_omni_code2wav.json``.  Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, StreamItem  # noqa: E402
+from schedulers.qwen3_omni.code2wav import Qwen3OmniCode2WavScheduler  # noqa: E402
+from schedulers.qwen3_omni.code2wav_model import Code2WavRunner, decode_whole  # noqa: E402
+from schedulers.qwen3_omni.code2wav_plan import Chunking  # noqa: E402
+from toys.qwen3_omni_code2wav import build_code2wav, random_codes  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "qwen3_omni_code2wav.json"
+FRAME_S = 0.08
+MESSAGE_FRAMES = 1  # the talker streams one frame per chunk
+
+
+@contextmanager
+def serving(model: torch.nn.Module, chunking: Chunking) -> Iterator[Qwen3OmniCode2WavScheduler]:
+    scheduler = Qwen3OmniCode2WavScheduler(model, chunking)
+    thread = threading.Thread(target=scheduler.start, daemon=True)
+    thread.start()
+    try:
+        yield scheduler
+    finally:
+        scheduler.stop()
+        thread.join()
+
+
+def talker_messages(rid: str, codes: torch.Tensor, *, end: bool = True) -> list[IncomingMessage]:
+    frames = codes.shape[-1]
+    messages = [
+        IncomingMessage(rid, "stream_chunk", StreamItem(i, {"codes": codes[:, s : s + MESSAGE_FRAMES]}, "talker"))
+        for i, s in enumerate(range(0, frames, MESSAGE_FRAMES))
+    ]
+    if end:
+        payload = StagePayload(rid, OmniRequest(inputs=None), {"num_frames": frames})
+        messages += [IncomingMessage(rid, "new_request", payload), IncomingMessage(rid, "stream_done", "talker")]
+    return messages
+
+
+def hand_over(inbox: queue.Queue[IncomingMessage], messages: list[IncomingMessage]) -> None:
+    """All at once, as the runtime hands over a burst."""
+    with inbox.mutex:
+        inbox.queue.extend(messages)
+        inbox.unfinished_tasks += len(messages)
+        inbox.not_empty.notify(len(messages))
+
+
+def wait_results(scheduler: Qwen3OmniCode2WavScheduler, count: int) -> None:
+    ended = 0
+    while ended < count:
+        msg = scheduler.outbox.get(timeout=600)
+        if msg.type == "error":
+            raise RuntimeError(f"code2wav failed {msg.request_id!r}: {msg.data}")
+        ended += msg.type == "result"
+
+
+def first_audio_ms(model: torch.nn.Module, first: int, rounds: int) -> float:
+    """Median time from ``first`` frames arriving on an idle stage to the first pcm chunk."""
+    times = []
+    codes = random_codes(model, first, seed=first)
+    with serving(model, Chunking(first, max(first, 25))) as scheduler:
+        for round_ in range(rounds + 1):
+            rid = f"r{round_}"
+            start = time.perf_counter()
+            hand_over(scheduler.inbox, talker_messages(rid, codes, end=False))
+            msg = scheduler.outbox.get(timeout=600)
+            elapsed = time.perf_counter() - start
+            assert msg.type == "stream", msg
+            hand_over(scheduler.inbox, talker_messages(rid, codes, end=True)[-2:])
+            wait_results(scheduler, 1)
+            if round_:  # the first round warms up
+                times.append(elapsed)
+    return 1000 * statistics.median(times)
+
+
+def real_time_factor(model: torch.nn.Module, chunk: int, concurrency: int, frames: int, rounds: int) -> float:
+    """Wall seconds per second of audio, ``concurrency`` requests of ``frames`` frames at once."""
+    codes = [random_codes(model, frames, seed=i) for i in range(concurrency)]
+    best = float("inf")
+    with serving(model, Chunking(min(5, chunk), chunk)) as scheduler:
+        for round_ in range(rounds + 1):
+            messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{round_}-{i}", c)]
+            start = time.perf_counter()
+            hand_over(scheduler.inbox, messages)
+            wait_results(scheduler, concurrency)
+            if round_:
+                best = min(best, time.perf_counter() - start)
+    return best / (concurrency * frames * FRAME_S)
+
+
+def transformers_reference(model: torch.nn.Module, frames: int) -> tuple[float, float]:
+    """``chunked_decode``'s real-time factor (batch 1) and the stream's float SNR against it."""
+    codes = random_codes(model, frames, seed=99)
+    with torch.inference_mode():
+        model.chunked_decode(codes[None, :, :8])
+        start = time.perf_counter()
+        ref = model.chunked_decode(codes[None])[0, 0].double()
+        rtf = (time.perf_counter() - start) / (frames * FRAME_S)
+    streamed = decode_whole(Code2WavRunner(model), Chunking(5, 25), codes).double()
+    snr = 10 * torch.log10((ref**2).sum() / ((ref - streamed) ** 2).sum().clamp_min(1e-30))
+    return rtf, float(snr)
+
+
+def measure(size: str, args: argparse.Namespace) -> dict[str, Any]:
+    model = build_code2wav(size)
+    context = Code2WavRunner(model).geometry.conv_context_frames
+    print(
+        f"\n{size}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
+        f"convolution context {context} frames"
+    )
+    rtf_hf, snr = transformers_reference(model, args.frames)
+    print(f"  transformers chunked_decode, batch 1: RTF {rtf_hf:.3f};  stream vs it: SNR {snr:.1f} dB (float)")
+    first = {}
+    for frames in args.first:
+        first[frames] = first_audio_ms(model, frames, args.rounds)
+        print(
+            f"  first chunk {frames:>3} frames ({frames * 80:>4} ms of audio): first audio after "
+            f"{first[frames]:7.1f} ms of decode"
+        )
+    rtf: dict[int, dict[int, float]] = {}
+    for chunk in args.chunks:
+        rtf[chunk] = {c: real_time_factor(model, chunk, c, args.frames, args.rounds) for c in args.concurrency}
+        cells = "  ".join(f"c={c}: RTF {value:.3f}" for c, value in rtf[chunk].items())
+        print(f"  chunk {chunk:>3} frames (+{context} context, {(chunk + context) / chunk:.2f}x conv work): {cells}")
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "conv_context_frames": context,
+        "transformers_rtf_batch1": rtf_hf,
+        "stream_snr_db_float": snr,
+        "first_audio_decode_ms": first,
+        "rtf_by_chunk_and_concurrency": rtf,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, frames and rounds (proves it runs)")
+    parser.add_argument("--release", action="store_true", help="also the released model's shape (slow on CPU)")
+    parser.add_argument("--frames", type=int, default=50, help="frames per request for the RTF (50 = 4 s)")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    args.first, args.chunks, args.concurrency = [1, 2, 5, 10, 25], [5, 10, 25, 50], [1, 8]
+    sizes = ["tiny", "medium"] + (["release"] if args.release else [])
+    if args.quick:
+        args.frames, args.rounds, args.first, args.chunks = 30, 1, [2, 5], [10, 25]
+        sizes = ["tiny"]
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} on {os.cpu_count()} CPUs; one torch thread")
+    results = {size: measure(size, args) for size in sizes}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    if not args.quick:
+        report = {
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_average": load[0],
+            "cpus": os.cpu_count(),
+            "frames_per_request": args.frames,
+            "sizes": results,
+        }
+        RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The code2wav stage: the talker's codes in, 24 kHz speech out as it is decoded, many requests per forward.
+
+Per request the talker streams chunks ``{"codes": Long[Q, n]}`` (frames in order) and then its result
+payload ``{"num_frames": N}``, which ends the request.  What a consumer of this stage may rely on:
+
+* ``stream`` outputs ``{"pcm": int16 array, "sample_rate": 24000}`` (``metadata={"modality": "audio"}``),
+  in order, then one ``result`` ``{"num_samples", "num_frames", "sample_rate"}``.  Joined, the pcm is
+  transformers' whole-utterance decode (``Qwen3OmniMoeCode2Wav.chunked_decode``, what ``generate``
+  returns) of the same codes: exactly as long, and equal to it up to float rounding, converted as
+  clip to [-1, 1], × 32767, round to nearest (:mod:`schedulers.qwen3_omni.code2wav_plan` says why).
+* The first audio leaves once ``first_chunk_frames`` frames have arrived; later windows double up to
+  ``chunk_frames``; the samples do not depend on how the talker split its chunks.
+* Decoding runs whenever the inbox is empty: every window that is ready, of every request, goes through
+  the convolutions in as few forwards as padding allows; the transformer runs per request on its KV
+  cache.  A request with a backlog decodes up to ``max_batch_windows`` windows per step, then the inbox
+  is read again.
+* A bad chunk, a ``num_frames`` that disagrees with the stream, or a model error fails only the
+  requests it concerns (``error``).  Abort, failure and completion drop the request's codes and cache
+  at once; chunks that arrive after an abort are dropped and never recreate them
+  (:class:`~schedulers.vocoder.StreamingVocoderBase`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
+from schedulers._idsets import Life
+from schedulers.qwen3_omni.code2wav_model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
+from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Window
+from schedulers.vocoder import StreamingVocoderBase
+
+STAGE = "code2wav"
+DEFAULT_FIRST_CHUNK_FRAMES = 5
+DEFAULT_CHUNK_FRAMES = 25
+
+
+class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
+    """Streaming, batched ``Qwen3OmniMoeCode2Wav`` (see the module docstring)."""
+
+    sample_rate = 24_000
+    stream_source_hint = STAGE
+    stream_input_modality = None
+
+    def __init__(
+        self,
+        model: Qwen3OmniMoeCode2Wav,
+        chunking: Chunking,
+        *,
+        sample_rate: int = 24_000,
+        max_batch_windows: int = 32,
+        call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
+    ) -> None:
+        super().__init__(sample_rate=sample_rate)
+        if isinstance(max_batch_windows, bool) or not isinstance(max_batch_windows, int) or max_batch_windows < 1:
+            raise ValueError(f"{STAGE}: max_batch_windows must be an integer >= 1, got {max_batch_windows!r}")
+        self.runner = Code2WavRunner(model, call_cost_frames=call_cost_frames)
+        self.chunking = chunking
+        self.max_batch_windows = max_batch_windows
+
+    def warm_up_serving_thread(self) -> None:
+        torch.set_num_threads(1)
+
+    # -- StreamingVocoderBase hooks --------------------------------------------------
+
+    def is_streaming_payload(self, payload: StagePayload) -> bool:
+        return True  # the codes always come on the talker's stream
+
+    def create_stream_state(self, request_id: str) -> CodeStream:
+        return CodeStream(self.chunking, self.runner.geometry, self.runner.num_quantizers)
+
+    def validate_chunk(self, request_id: str, state: CodeStream, codes: Any) -> torch.Tensor:
+        return _codes_of(codes, request_id, self.runner.num_quantizers, self.runner.codebook_size)
+
+    def ingest(self, request_id: str, state: CodeStream, codes: torch.Tensor) -> None:
+        state.add(codes)
+
+    def should_decode(self, state: CodeStream, *, is_final: bool) -> bool:
+        return False  # decoding happens in _decode_ready, across requests
+
+    def decode_delta(self, request_id: str, state: CodeStream, *, is_final: bool) -> None:
+        return None
+
+    def on_stream_done(self, request_id: str) -> list[OutgoingMessage] | None:
+        payload = self.stream_payloads[request_id]
+        self._state(request_id).finish(_num_frames_of(payload, request_id))
+        return None  # _decode_ready completes it after its last window
+
+    def final_result_data(self, request_id: str, payload: StagePayload, state: CodeStream) -> dict[str, Any]:
+        return {"num_samples": state.samples_emitted, "num_frames": state.received, "sample_rate": self.sample_rate}
+
+    def release_stream_resources(self, request_id: str, state: CodeStream) -> None:
+        for segment in state.segments:
+            segment.cache = segment.hidden = None
+        state.segments.clear()
+
+    # -- the decode step (scheduler thread) --------------------------------------------
+
+    def _take(self, msg: IncomingMessage) -> Life | None:
+        life = super()._take(msg)
+        while self.inbox.empty() and self._decode_ready():
+            pass
+        return life
+
+    def _decode_ready(self) -> bool:
+        """Decode what is ready; True when more windows may be ready right away."""
+        budget = self.max_batch_windows
+        windows: dict[str, list[Window]] = {}
+        inputs: list[torch.Tensor] = []
+        for request_id, state in list(self._stream_states.items()):
+            if budget == 0:
+                break
+            taken = state.take_windows(budget)
+            if not taken and not state.complete:
+                continue
+            try:
+                inputs.extend(self.runner.transform(state, taken))
+            except Exception as exc:
+                self._fail_request(request_id, exc)
+                continue
+            windows[request_id] = taken
+            budget -= len(taken)
+        if not windows:
+            return False
+        try:
+            waves = self.runner.waveforms(inputs) if inputs else []
+        except Exception as exc:
+            for request_id in windows:
+                self._fail_request(request_id, exc)
+            return budget == 0
+        self._emit_audio(windows, waves)
+        return budget == 0
+
+    def _emit_audio(self, windows: dict[str, list[Window]], waves: list[torch.Tensor]) -> None:
+        streamed: list[OutgoingMessage] = []
+        position = 0
+        for request_id, taken in windows.items():
+            samples = final_samples(taken, waves[position : position + len(taken)])
+            position += len(taken)
+            state = self._stream_states.get(request_id)
+            if state is None:
+                continue
+            pcm = to_pcm16(samples)
+            state.samples_emitted += len(pcm)
+            messages = [self._audio_message(request_id, pcm)] if len(pcm) else []
+            if state.complete:
+                payload = self.stream_payloads[request_id]
+                data = self.final_result_data(request_id, payload, state)
+                messages.append(
+                    OutgoingMessage(request_id, "result", data=StagePayload(request_id, payload.request, data))
+                )
+                self.complete_stream_request(request_id, messages)
+                continue
+            life = self._ledger.live_life(request_id)
+            if life is not None and not self._ledger.is_aborted(life):
+                streamed.extend(messages)
+        if streamed:
+            put_messages(self.outbox, streamed)
+
+    def _fail_request(self, request_id: str, exc: Exception) -> None:
+        life = self._ledger.live_life(request_id)
+        if life is not None:
+            self._fail(life, exc)
+        else:
+            self._clear_state(request_id)
+
+
+def _codes_of(data: Any, request_id: str, num_quantizers: int, codebook_size: int) -> torch.Tensor:
+    codes = data.get("codes") if isinstance(data, Mapping) else None
+    if codes is None:
+        raise ValueError(
+            f"{STAGE}: a stream chunk for {request_id!r} must be {{'codes': Long[{num_quantizers}, n]}}, "
+            f"got {type(data).__name__}"
+        )
+    tensor = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes)
+    if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.is_complex():
+        raise ValueError(f"{STAGE}: 'codes' of {request_id!r} must be integers, got {tensor.dtype}")
+    if tensor.ndim != 2 or tensor.shape[0] != num_quantizers or tensor.shape[1] < 1:
+        raise ValueError(
+            f"{STAGE}: 'codes' of {request_id!r} must have shape [{num_quantizers}, n >= 1], got {list(tensor.shape)}"
+        )
+    if int(tensor.min()) < 0 or int(tensor.max()) >= codebook_size:
+        raise ValueError(
+            f"{STAGE}: 'codes' of {request_id!r} must lie in [0, {codebook_size}), got "
+            f"[{int(tensor.min())}, {int(tensor.max())}]"
+        )
+    return tensor.to(torch.long)
+
+
+def _num_frames_of(payload: StagePayload, request_id: str) -> int:
+    data = payload.data
+    value = data.get("num_frames") if isinstance(data, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"{STAGE}: the talker's result for {request_id!r} must be {{'num_frames': int >= 0}}, got {data!r:.80}"
+        )
+    return value
+
+
+def load_code2wav(model_dir: str) -> Qwen3OmniMoeCode2Wav:
+    """The checkpoint's code2wav, built on CPU (its rotary and code-offset buffers are not in the
+    checkpoint) and given the ``code2wav.`` tensors of the shards the index lists for them."""
+    from schedulers.qwen3_omni.checkpoint import load_config, load_weights
+
+    model = Qwen3OmniMoeCode2Wav(load_config(model_dir).code2wav_config)
+    load_weights(model_dir, "code2wav.", model)
+    return model.eval()
+
+
+def create_code2wav_stage(
+    *,
+    model_dir: str,
+    first_chunk_frames: int = DEFAULT_FIRST_CHUNK_FRAMES,
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+    reference_chunk_frames: int = 300,
+    reference_left_context_frames: int = 25,
+    sample_rate: int = 24_000,
+    max_batch_windows: int = 32,
+    call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
+) -> Qwen3OmniCode2WavScheduler:
+    """The code2wav stage of the checkpoint in ``model_dir``; only its ``code2wav.`` weights are read.
+
+    ``reference_chunk_frames`` / ``reference_left_context_frames`` are the chunking of transformers'
+    whole decode that the stream reproduces (300 / 25, what ``generate`` uses); 0 frames: one segment,
+    no sample lost at any join.
+    """
+    torch.set_num_threads(1)
+    chunking = Chunking(first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames)
+    return Qwen3OmniCode2WavScheduler(
+        load_code2wav(model_dir),
+        chunking,
+        sample_rate=sample_rate,
+        max_batch_windows=max_batch_windows,
+        call_cost_frames=call_cost_frames,
+    )
+
+
+__all__ = ["Qwen3OmniCode2WavScheduler", "create_code2wav_stage", "load_code2wav"]

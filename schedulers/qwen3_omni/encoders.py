@@ -1,0 +1,150 @@
+"""Qwen3-Omni's audio and image encoders as batched stages (transformers' own towers, their weights only).
+
+* Audio: ``Qwen3OmniMoeAudioEncoder`` with the checkpoint's ``thinker.audio_tower.`` weights.  Input
+  ``{"input_features": [n_clips, 128, T], "feature_attention_mask": [n_clips, T], "encoders"}``; output
+  ``{"audio_embeds": Float[Na, H], "audio_feature_lengths": Long[n_clips], "encoders"}``, the clips in
+  order, what ``thinker.get_audio_features`` gives for the same inputs.
+* Image: ``Qwen3OmniMoeVisionEncoder`` with the ``thinker.visual.`` weights.  Input ``{"pixel_values",
+  "image_grid_thw", "encoders"}``; output ``{"image_embeds": Float[Ni, H], "deepstack_image_embeds":
+  [Float[Ni, H]] (one per deepstack layer), "image_grid_thw", "encoders"}``, as ``get_image_features``.
+
+Requests batch the way SGLang-Omni batches them: *packed*, not padded.  Every clip (image) of every request
+in a batch goes into one call along the sequence axis, with its own length (grid) so the towers' attention
+stays within each clip's windows (image); the output is split back by token counts.  A batch forms only
+from requests already waiting (``batch_wait_when_idle=False``): a lone request never waits for company.
+Each stage loads only its tower's weights and runs torch with one intra-op thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from omnitrio.contract import StagePayload
+from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
+from schedulers.simple import SimpleScheduler
+
+Batch = list[StagePayload]
+
+
+class AudioTower:
+    """The thinker's audio tower alone: :meth:`encode` maps requests' features to their embeddings."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
+
+        config = load_config(model_dir).thinker_config.audio_config
+        self.tower = Qwen3OmniMoeAudioEncoder._from_config(config).eval()
+        load_weights(model_dir, "thinker.audio_tower.", self.tower)
+
+    def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+        packed, lengths = [], []
+        for features, mask in requests:
+            if features.ndim != 3 or mask.shape != (features.shape[0], features.shape[2]):
+                raise ValueError(
+                    f"audio_encoder: input_features {list(features.shape)} and feature_attention_mask "
+                    f"{list(mask.shape)} do not match ([clips, mels, T] and [clips, T])"
+                )
+            packed.append(features.permute(0, 2, 1)[mask.bool()].permute(1, 0))
+            lengths.append(mask.sum(-1).long())
+        all_lengths = torch.cat(lengths)
+        with torch.inference_mode():
+            out = self.tower(torch.cat(packed, dim=1), feature_lens=all_lengths).last_hidden_state
+        tokens = [int(_get_feat_extract_output_lengths(n, self.tower.n_window).sum()) for n in lengths]
+        return list(zip(torch.split(out, tokens), lengths, strict=True))
+
+
+class VisionTower:
+    """The thinker's vision tower alone: :meth:`encode` maps requests' pixels to embeddings + deepstack."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
+
+        config = load_config(model_dir).thinker_config.vision_config
+        self.tower = Qwen3OmniMoeVisionEncoder._from_config(config).eval()
+        load_weights(model_dir, "thinker.visual.", self.tower)
+        self.merge = config.spatial_merge_size**2
+
+    def encode(
+        self, requests: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """Per ``(pixel_values, image_grid_thw)``: ``(embeds [tokens, H], deepstack [[tokens, H], ...])``."""
+        pixels = torch.cat([p for p, _ in requests]).to(self.tower.dtype)
+        grids = torch.cat([g for _, g in requests])
+        if pixels.shape[0] != int(grids.prod(-1).sum()):
+            raise ValueError(f"image_encoder: {pixels.shape[0]} patches for grids {grids.tolist()}")
+        with torch.inference_mode():
+            out = self.tower(pixels, grid_thw=grids)
+        tokens = [int(g.prod(-1).sum()) // self.merge for _, g in requests]
+        embeds = torch.split(out.pooler_output, tokens)
+        deepstack = [torch.split(feature, tokens) for feature in out.deepstack_features]
+        return [(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(requests))]
+
+
+def _batched(encode_batch: Callable[[Batch], Batch], max_batch_size: int, max_batch_wait_ms: float) -> SimpleScheduler:
+    return SimpleScheduler(
+        lambda payload: encode_batch([payload])[0],
+        batch_compute_fn=encode_batch,
+        max_batch_size=max_batch_size,
+        max_batch_wait_ms=max_batch_wait_ms,
+        batch_wait_when_idle=False,
+    )
+
+
+def audio_batch_fn(tower: AudioTower) -> Callable[[Batch], Batch]:
+    """The stage's batch compute: payloads in, the same payloads out with the audio outputs as data."""
+
+    def encode_batch(payloads: Batch) -> Batch:
+        outputs = tower.encode([(p.data["input_features"], p.data["feature_attention_mask"]) for p in payloads])
+        for payload, (embeds, lengths) in zip(payloads, outputs, strict=True):
+            payload.data = {
+                "audio_embeds": embeds,
+                "audio_feature_lengths": lengths,
+                "encoders": payload.data["encoders"],
+            }
+        return payloads
+
+    return encode_batch
+
+
+def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
+    """The stage's batch compute: payloads in, the same payloads out with the image outputs as data."""
+
+    def encode_batch(payloads: Batch) -> Batch:
+        outputs = tower.encode([(p.data["pixel_values"], p.data["image_grid_thw"]) for p in payloads])
+        for payload, (embeds, deepstack) in zip(payloads, outputs, strict=True):
+            data: dict[str, Any] = payload.data
+            payload.data = {
+                "image_embeds": embeds,
+                "deepstack_image_embeds": deepstack,
+                "image_grid_thw": data["image_grid_thw"],
+                "encoders": data["encoders"],
+            }
+        return payloads
+
+    return encode_batch
+
+
+def create_audio_encoder_stage(
+    *, model_dir: str | None = None, max_batch_size: int = 8, max_batch_wait_ms: float = 0
+) -> SimpleScheduler:
+    """The audio encoder stage (module docstring)."""
+    torch.set_num_threads(1)
+    return _batched(audio_batch_fn(AudioTower(require_model_dir(model_dir))), max_batch_size, max_batch_wait_ms)
+
+
+def create_image_encoder_stage(
+    *, model_dir: str | None = None, max_batch_size: int = 8, max_batch_wait_ms: float = 0
+) -> SimpleScheduler:
+    """The image encoder stage (module docstring)."""
+    torch.set_num_threads(1)
+    return _batched(image_batch_fn(VisionTower(require_model_dir(model_dir))), max_batch_size, max_batch_wait_ms)
+
+
+create_audio_encoder_stage.preflight = preflight  # type: ignore[attr-defined]
+create_image_encoder_stage.preflight = preflight  # type: ignore[attr-defined]

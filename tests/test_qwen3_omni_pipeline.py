@@ -1,0 +1,189 @@
+"""configs/qwen3-omni.toml on a tiny checkpoint answers what transformers' ``generate`` answers.
+
+Greedy thinker (``temperature`` 0) and talker (``talker.factory.do_sample=false``): for a text, an audio
+and an image prompt the thinker's ids are ``generate``'s, the transcript is their decode, and the
+streamed pcm16 has the length of ``generate``'s waveform and matches it (≥ 80 dB, the figure the code2wav
+stage holds against transformers' whole decode: float rounding flips a rare sample by 1 LSB; a different
+talker code would change whole frames), inline and with one process per stage.  Concurrent requests
+each equal their solo answer; a text-only request never reaches the talker or code2wav; an abort in
+the middle of the audio leaves no request held by any stage and nothing in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import trio  # noqa: E402
+
+from omnitrio import CompleteMessage, StreamMessage, open_pipeline  # noqa: E402
+from omnitrio.config import PipelineConfig, load  # noqa: E402
+from omnitrio.events import EVENT_DIR_ENV  # noqa: E402
+from omnitrio.pipeline import Pipeline  # noqa: E402
+from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from toys.qwen3_omni_reference import (  # noqa: E402
+    ReferenceOutput,
+    load_reference_model,
+    reference_generate,
+    reference_processor,
+    sample_messages,
+)
+from toys.qwen3_omni_requests import chat_inputs, on_pcm_grid, pcm16, snr_db  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni.toml"
+THINKER_TOKENS = 10
+TALKER_TOKENS = 24
+MIN_SNR_DB = 80.0
+PROMPTS = ("text", "tone", "image")
+GREEDY_TALKER = [
+    "talker.factory.do_sample=false",
+    f"talker.factory.max_new_tokens={TALKER_TOKENS}",
+    "talker.factory.min_new_tokens=2",  # what toys.qwen3_omni_reference passes generate
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)
+    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
+
+
+@pytest.fixture(scope="module")
+def messages() -> dict[str, list[dict[str, Any]]]:
+    return {name: on_pcm_grid(m) for name, m in sample_messages().items()}
+
+
+@pytest.fixture(scope="module")
+def references(checkpoint: Path, messages: dict[str, list[dict[str, Any]]]) -> dict[str, ReferenceOutput]:
+    model, processor = load_reference_model(checkpoint), reference_processor(checkpoint)
+    return {
+        name: reference_generate(
+            model, processor, messages[name], max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS
+        )
+        for name in PROMPTS
+    }
+
+
+@pytest.fixture(scope="module")
+def config(checkpoint: Path) -> PipelineConfig:
+    return load(CONFIG, GREEDY_TALKER, model=checkpoint)
+
+
+@pytest.fixture
+async def inline(config: PipelineConfig) -> Any:
+    async with open_pipeline(config, inline=True) as pipeline:
+        yield pipeline
+
+
+async def answer(pipeline: Pipeline, rid: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The request's results by stage, its pcm16 joined, its chunk modalities in arrival order."""
+    pcm: list[np.ndarray] = []
+    results: dict[str, Any] = {}
+    modalities: list[str] = []
+    async with pipeline.stream(rid, inputs) as stream:
+        async for message in stream:
+            match message:
+                case StreamMessage(modality=modality, chunk=chunk):
+                    modalities.append(modality)
+                    if modality == "audio":
+                        pcm.append(np.asarray(chunk["pcm"]))
+                case CompleteMessage(from_stage=stage, result=result):
+                    results[stage] = result
+    joined = np.concatenate(pcm) if pcm else np.zeros(0, np.int16)
+    return {"results": results, "pcm": joined, "modalities": modalities}
+
+
+def assert_equal_to_generate(got: dict[str, Any], expected: ReferenceOutput, tokenizer: Any) -> None:
+    decode = got["results"]["decode"]
+    assert decode["token_ids"] == expected.token_ids
+    assert decode["transcript"] == tokenizer.decode(expected.token_ids, skip_special_tokens=True)
+    assert expected.codes is not None and expected.waveform is not None
+    assert got["results"]["code2wav"]["num_frames"] == expected.codes.shape[1]
+    reference = pcm16(expected.waveform)
+    assert len(got["pcm"]) == len(reference)
+    assert snr_db(reference, got["pcm"]) >= MIN_SNR_DB
+
+
+@pytest.fixture(scope="module")
+def tokenizer(checkpoint: Path) -> Any:
+    return reference_processor(checkpoint).tokenizer
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+async def test_inline_pipeline_speaks_what_generate_speaks(
+    inline: Pipeline, prompt: str, messages: Any, references: Any, tokenizer: Any
+) -> None:
+    got = await answer(inline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
+    assert_equal_to_generate(got, references[prompt], tokenizer)
+
+
+async def test_one_process_per_stage_speaks_what_generate_speaks(
+    config: PipelineConfig, messages: Any, references: Any, tokenizer: Any
+) -> None:
+    async with open_pipeline(config) as pipeline:
+        processes = {entry["process"] for entry in (await pipeline.health())["stages"].values()}
+        for prompt in PROMPTS:
+            got = await answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
+            assert_equal_to_generate(got, references[prompt], tokenizer)
+    assert processes == {"frontend", "thinker", "talker", "code2wav"}
+
+
+async def test_eight_concurrent_requests_each_equal_their_solo_answer(
+    inline: Pipeline, messages: Any, references: Any, tokenizer: Any
+) -> None:
+    answers: dict[int, dict[str, Any]] = {}
+
+    async def one(i: int) -> None:
+        answers[i] = await answer(inline, f"c{i}", chat_inputs(messages[PROMPTS[i % 3]], max_tokens=THINKER_TOKENS))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            nursery.start_soon(one, i)
+    for i, got in answers.items():
+        assert_equal_to_generate(got, references[PROMPTS[i % 3]], tokenizer)
+
+
+async def test_text_only_request_never_reaches_talker_or_code2wav(
+    config: PipelineConfig, messages: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from omnitrio.trace import load as load_events
+
+    monkeypatch.setenv(EVENT_DIR_ENV, str(tmp_path))
+    async with open_pipeline(config, inline=True) as pipeline:
+        got = await answer(pipeline, "t", chat_inputs(messages["text"], audio=False, max_tokens=THINKER_TOKENS))
+    stages = {event.stage for event in load_events([tmp_path]) if event.request_id == "t" and event.stage}
+    assert set(got["results"]) == {"decode"} and "text" in got["results"]["decode"]
+    assert set(got["modalities"]) == {"text"}
+    assert {"thinker", "decode"} <= stages and not stages & {"talker", "code2wav"}
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+async def test_abort_in_the_middle_of_the_audio_frees_every_stage(checkpoint: Path, messages: Any) -> None:
+    before = _shm()
+    long_talk = load(CONFIG, ["talker.factory.do_sample=false", "talker.factory.max_new_tokens=400"], model=checkpoint)
+    async with open_pipeline(long_talk) as pipeline:
+        inputs = chat_inputs(messages["tone"], max_tokens=64)
+        async with pipeline.stream("a", inputs) as stream:
+            async for message in stream:
+                if isinstance(message, StreamMessage) and message.modality == "audio":
+                    break  # leaving the stream early aborts the request
+        with trio.fail_after(30):
+            while True:
+                health = await pipeline.health()
+                held = {name: s["active_requests"] for name, s in health["stages"].items() if s["active_requests"]}
+                if health["requests"] == 0 and not held:
+                    break
+                await trio.sleep(0.05)
+    assert _shm() <= before
