@@ -178,7 +178,7 @@ async def test_a_g711_session_gets_the_answer_in_g711(server: Server, turns: dic
     expected: ReferenceOutput = references["first"]
     assert expected.waveform is not None
     assert transcript(events) == references["decode"](expected.token_ids)
-    assert abs(len(audio_bytes(events)) - len(expected.waveform) // 3) <= 8  # one byte a sample at 8 kHz
+    assert abs(len(audio_bytes(events)) - len(expected.waveform) / 3) <= 2  # one byte a sample at 8 kHz
 
 
 async def test_a_text_only_session_is_answered_without_the_talker(server: Server, turns: dict[str, bytes]) -> None:

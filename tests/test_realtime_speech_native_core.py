@@ -212,3 +212,14 @@ async def test_cancelling_an_answer_aborts_its_request_and_keeps_what_was_heard(
     assert "response.output_audio.delta" not in [e["type"] for e in after[truncated:]]
     assert after[-1]["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
     assert chats(served)[0].outcome == "aborted" and not served.fake.live
+
+
+async def test_a_g711_answer_keeps_every_sample_of_the_answer(served: Served) -> None:
+    pcmu = {"input": {"turn_detection": None}, "output": {"format": {"type": "audio/pcmu"}}}
+    async with open_realtime(served.ws_url) as rt:
+        await manual_session(rt, audio=pcmu)
+        await commit(rt, spoken(0.3))
+        events = await answer(rt)
+    sent = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    assert [e["type"] for e in events if e["type"] not in DELTAS] == AUDIO_SEQUENCE
+    assert len(sent) == REALTIME_RATE // 10 // 3  # the toy's 0.1 s answer at 8 kHz, its filter's tail included

@@ -355,7 +355,7 @@ async def _finish_message(host: Host, response: Response, output: Output, status
         content["transcript"] = (
             output.transcript if status == "completed" else heard_text(item.spoken, len(item.audio) // 2)
         )
-        await host.emit({"type": "response.output_audio.done", **ids})
+        await host.emit({"type": "response.output_audio.done", **ids}, response)  # its G.711 tail plays or not
         await host.emit({"type": "response.output_audio_transcript.done", **ids, "transcript": content["transcript"]})
         part = {"type": "audio", "transcript": content["transcript"]}
     else:

@@ -149,6 +149,9 @@ class RealtimeSession:
         async for event, response in self._outbox_receive:
             if response is not None and not response.plays(event["type"]):
                 continue  # barge-in or truncation: audio of a silenced response is not played
+            tail = self.edge.tail(event)
+            if tail is not None and response is not None and response.plays(tail["type"]):
+                await self.transport.send({"event_id": new_id("event"), **tail})
             outgoing = self.edge.outgoing(event, None if response is None else response.session)
             if outgoing is not None and wanted(outgoing, self.session):
                 await self.transport.send(outgoing)
