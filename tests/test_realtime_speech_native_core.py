@@ -41,11 +41,12 @@ DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta
 
 
 class SpeechNativeFake(FakePipeline):
-    """The toy pipeline configured as a speech-native one; ``serves`` says whether it has ASR."""
+    """The toy pipeline configured as a speech-native one whose stages know their voices; ``serves`` says
+    whether it has ASR."""
 
     def __init__(self, serves: tuple[str, ...] = ("chat", "realtime")) -> None:
         super().__init__("fake-speech-native", audio_rate=24_000)
-        self.config = SimpleNamespace(realtime_answer="speech-native", serves=list(serves))
+        self.config = SimpleNamespace(realtime_answer="speech-native", serves=list(serves), stage_voices=True)
 
     def _messages(self, request: FakeRequest, words: list[str]) -> AsyncGenerator[StreamMessage | CompleteMessage]:
         messages = request.inputs.get("messages") or [{}]
@@ -139,7 +140,7 @@ async def test_the_committed_audio_reaches_the_model_untranscribed_and_the_answe
 async def test_the_next_turn_hears_the_conversation_as_context(served: Served) -> None:
     first, second = spoken(0.4, 300.0), spoken(0.6, 500.0)
     async with open_realtime(served.ws_url) as rt:
-        await manual_session(rt, instructions="Be brief.", temperature=0, audio={"output": {"voice": "marin"}})
+        await manual_session(rt, instructions="Be brief.", temperature=0, audio={"output": {"voice": "chelsie"}})
         await commit(rt, first)
         await answer(rt)
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and then?"}]}
@@ -154,7 +155,7 @@ async def test_the_next_turn_hears_the_conversation_as_context(served: Served) -
     assert answered == {"role": "assistant", "content": "echo:"}
     assert typed == {"role": "user", "content": "and then?"}
     np.testing.assert_array_equal(audio_part(now)["array"], pcm16_to_float(second))
-    assert (inputs["audio"]["voice"], inputs["temperature"]) == ("marin", 0.0)
+    assert (inputs["audio"]["voice"], inputs["temperature"]) == ("chelsie", 0.0)  # a speaker of the model
 
 
 async def test_a_text_only_session_asks_the_model_for_text_only(served: Served) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import functools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,3 +61,20 @@ def as_heard(pcm16: bytes) -> np.ndarray:
     from schedulers.omni.inputs import resample as model_resample
 
     return model_resample(pcm16_to_float(pcm16), REALTIME_RATE, AUDIO_RATE)
+
+
+CLIENT_OVERRIDES = (
+    "talker.factory.do_sample=false",
+    "thinker.factory.max_new_tokens=64",  # long enough an answer to speak over, short enough a turn
+    "talker.factory.max_new_tokens=96",
+)
+
+
+def client_run(script: str, model_dir: Path, folder: Path) -> list[dict[str, Any]]:
+    """A realtime client script (``toys/realtime_clients/SCRIPT.py``) through its turns against Qwen3-Omni
+    on ``model_dir``, its speech said by :func:`spoken`; the JSON lines it printed."""
+    from toys.realtime_clients.drive import run_client, write_settings
+
+    with serve_qwen3_omni(model_dir, CLIENT_OVERRIDES) as server:
+        settings = write_settings(folder, server.url, say=lambda text: spoken(text, silence_before=0.0))
+        return run_client(script, settings)

@@ -46,6 +46,7 @@ from omnitrio.serve.context import (
     new_id,
     realtime_answer_of,
     served_tasks,
+    stage_voices_of,
 )
 from omnitrio.serve.limits import ServeLimits
 from omnitrio.serve.origins import browser_middleware
@@ -98,6 +99,7 @@ def create_app(
         request_timeout=request_timeout,
         realtime_audio_lead=realtime_audio_lead,
         realtime_answer=realtime_answer_of(pipeline),
+        stage_voices=stage_voices_of(pipeline),
         limits=limits,
     )
     metrics = api_metrics(pipeline.metrics_registry)

@@ -53,6 +53,7 @@ class ServeContext:
     request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S
     realtime_audio_lead: float = DEFAULT_LEAD  # seconds of audio a realtime client may hold ahead of playback
     realtime_answer: str = "cascade"  # how realtime turns are answered (PipelineConfig.realtime_answer)
+    stage_voices: bool = False  # the pipeline's stages check voice names (PipelineConfig.stage_voices)
     created: int = attrs.field(factory=lambda: int(time.time()))
     limits: ServeLimits = attrs.field(factory=ServeLimits)
 
@@ -85,6 +86,11 @@ def served_tasks(pipeline: Any, serves: Iterable[str] | None) -> tuple[str, ...]
 def realtime_answer_of(pipeline: Any) -> str:
     """The pipeline config's ``realtime_answer`` (``"cascade"`` when the pipeline has no config)."""
     return str(getattr(getattr(pipeline, "config", None), "realtime_answer", "cascade"))
+
+
+def stage_voices_of(pipeline: Any) -> bool:
+    """The pipeline config's ``stage_voices`` (False when the pipeline has no config)."""
+    return bool(getattr(getattr(pipeline, "config", None), "stage_voices", False))
 
 
 def new_id(prefix: str) -> str:

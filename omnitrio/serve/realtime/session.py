@@ -182,7 +182,7 @@ class RealtimeSession:
             case "session.update":
                 before = self.session.get("turn_detection")
                 asked = self._check_voice_lock(event.get("session"))
-                self.session = updated_session(self.session, event.get("session"))
+                self.session = updated_session(self.session, event.get("session"), stage_voices=self.ctx.stage_voices)
                 self.edge.configure(self.session)
                 self.voice_asked = asked
                 if self.session.get("turn_detection") != before:
