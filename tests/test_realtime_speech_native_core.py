@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import trio
@@ -224,3 +225,13 @@ async def test_a_g711_answer_keeps_every_sample_of_the_answer(served: Served) ->
     sent = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
     assert [e["type"] for e in events if e["type"] not in DELTAS] == AUDIO_SEQUENCE
     assert len(sent) == REALTIME_RATE // 10 // 3  # the toy's 0.1 s answer at 8 kHz, its filter's tail included
+
+
+async def test_the_voice_page_asks_for_input_transcription_only_from_a_pipeline_with_asr(
+    served: Served, nursery: trio.Nursery
+) -> None:
+    with_asr = await start_server(nursery, SpeechNativeFake(("chat", "transcription", "realtime")))
+    async with httpx.AsyncClient() as client:
+        without = (await client.get(f"{served.url}/voice.json")).json()
+        with_it = (await client.get(f"{with_asr.url}/voice.json")).json()
+    assert (without["transcribes"], with_it["transcribes"]) == (False, True)
