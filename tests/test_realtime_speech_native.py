@@ -6,7 +6,8 @@ brought to 16 kHz as the server does, and the second turn's is ``generate``'s on
 conversation through the checkpoint's chat template (system = instructions, the user's audio, the
 answer as text, a text item, the next audio). The answer streams in the GA order, in PCM16 and
 G.711; a text-only session skips the talker; barge-in over server VAD cancels the answer, every stage
-lets it go, and the client truncates it; input transcription without an ASR stage is an error event.
+lets it go, and the client truncates it; input transcription without an ASR stage (``serves`` without
+``transcription``) is an error event.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from toys.qwen3_omni_reference import (  # noqa: E402
     reference_generate,
     reference_processor,
 )
-from toys.realtime_omni import TALKER_TOKENS, as_heard, serve_qwen3_omni, spoken  # noqa: E402
+from toys.realtime_omni import GREEDY, NO_ASR, TALKER_TOKENS, as_heard, serve_qwen3_omni, spoken  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -67,7 +68,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(checkpoint: Path) -> Any:
-    with serve_qwen3_omni(checkpoint) as running:
+    with serve_qwen3_omni(checkpoint, (*GREEDY, NO_ASR)) as running:
         yield running
 
 

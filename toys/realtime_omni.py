@@ -63,9 +63,11 @@ def as_heard(pcm16: bytes) -> np.ndarray:
     return model_resample(pcm16_to_float(pcm16), REALTIME_RATE, AUDIO_RATE)
 
 
+NO_ASR = 'serves=["chat", "realtime"]'  # the pipeline without input transcription
 CLIENT_OVERRIDES = (
     "talker.factory.do_sample=false",
-    "thinker.factory.max_new_tokens=64",  # long enough an answer to speak over, short enough a turn
+    "thinker.factory.max_new_tokens=32",
+    "talker.factory.min_new_tokens=80",  # every answer long enough (6.4 s) to speak over, short enough a turn
     "talker.factory.max_new_tokens=96",
 )
 

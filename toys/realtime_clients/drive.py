@@ -46,6 +46,7 @@ def write_settings(folder: Path, http_url: str, say: Callable[[str], bytes] | No
     ``say``: how a sentence becomes PCM16 24 kHz speech (default: the server's own voice)."""
     args: dict[str, Any] = {"ws_url": http_url.replace("http", "ws", 1) + "/v1/realtime", "http_url": http_url}
     args["text"] = TEXT
+    args["model"] = httpx.get(f"{http_url}/voice.json", timeout=30).json()["model"]  # the name the server answers to
     for name, text in SAID.items():
         pcm = bytes(2 * RATE // 5) + (say(text) if say is not None else _server_says(http_url, text))
         (folder / f"{name}.pcm").write_bytes(pcm)
