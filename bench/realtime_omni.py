@@ -4,7 +4,8 @@ End of speech → first answer audio, as a client of ``python -m omnitrio serve`
 streams each spoken turn in real time (20 ms chunks) with server VAD (the session default: OpenAI's
 500 ms of silence), and times the first ``response.output_audio.delta`` of each answer from the last
 voiced sample of its speech (:func:`bench.realtime_turn.turns`, the cascade bench's own measurement),
-at 1 and 4 concurrent sessions. Two servers, one after the other:
+at 1 and 4 concurrent sessions, after one turn that warms the server up (not measured). Two servers,
+one after the other:
 
 * ``qwen3-omni``: ``--config configs/qwen3-omni.toml --model DIR`` on a medium random checkpoint
   (:func:`toys.qwen3_omni_checkpoint.write_checkpoint`, ``size="medium"``), the turn's audio heard by the
@@ -51,6 +52,9 @@ async def measure(
     results: dict[str, Any] = {"settings": settings, "args": args}
     times: list[TurnTimes] = []
     try:
+        await turns(
+            url, port, clips[:1], None, 1, 1, 20, f"{name}_warm_up", []
+        )  # first answers load lazily: not measured
         for count in sessions:
             label = f"{name}_sessions_{count}"
             results[f"sessions_{count}"] = await turns(url, port, clips, None, count, turn_count, 20, label, times)
