@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -345,9 +346,12 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def start_server(settings: list[str], event_dir: Path | None = None) -> tuple[subprocess.Popen[str], int]:
-    """The server as a user starts it, recording its timeline events into ``event_dir`` when given."""
-    command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0", *(f"--set={s}" for s in settings)]
+def start_server(
+    settings: list[str], event_dir: Path | None = None, args: Sequence[str] = ()
+) -> tuple[subprocess.Popen[str], int]:
+    """The server as a user starts it (``args``: more of its command line, e.g. ``--config``), recording
+    its timeline events into ``event_dir`` when given."""
+    command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0", *args, *(f"--set={s}" for s in settings)]
     env = {**os.environ, **({"OMNITRIO_EVENT_DIR": str(event_dir)} if event_dir is not None else {})}
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=env)
     assert server.stderr is not None

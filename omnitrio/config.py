@@ -29,6 +29,7 @@ from omnitrio.replicas import REPLICAS_KEY
 DEFAULT_MODEL_ARGS = ("responder.factory.model_path",)  # what `--model FILE.gguf` sets unless a config says
 
 SERVED_TASKS = ("chat", "speech", "transcription", "realtime")
+REALTIME_ANSWERS = ("cascade", "speech-native")
 
 
 class FactoryArgs:
@@ -165,6 +166,12 @@ class PipelineConfig:
     """The tasks the server offers for this pipeline: any of ``"chat"``, ``"speech"``,
     ``"transcription"``, ``"realtime"`` (see ``omnitrio.serve``); the other routes answer 404
     naming these.  ``None`` offers every route."""
+    realtime_answer: str = "cascade"
+    """How a realtime session's turn is answered (one of :data:`REALTIME_ANSWERS`): ``"cascade"``
+    transcribes the turn and answers its transcript with the ``chat`` task (ASR → LLM → TTS);
+    ``"speech-native"`` hands the turn's audio to a model that hears it and speaks its answer
+    (``omnitrio.serve.realtime.speech_native``). Input transcription needs ``"transcription"`` in
+    ``serves`` either way; a speech-native pipeline answers without it."""
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:
@@ -342,6 +349,8 @@ def validate(config: PipelineConfig) -> None:
         raise ConfigError(f"default_timeout: must be > 0, got {config.default_timeout}")
     if config.serves is not None and not set(config.serves) <= set(SERVED_TASKS):
         raise ConfigError(f"serves: must name tasks from {list(SERVED_TASKS)}, got {config.serves!r}")
+    if config.realtime_answer not in REALTIME_ANSWERS:
+        raise ConfigError(f"realtime_answer: must be one of {list(REALTIME_ANSWERS)}, got {config.realtime_answer!r}")
     if not config.terminal_stages:
         raise ConfigError("stages: no stage is terminal; set terminal=true on the stage whose result is returned")
     if config.terminal_stages_fn is not None:

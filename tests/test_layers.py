@@ -240,8 +240,9 @@ def test_serve_imports_go_from_transports_and_routes_to_the_realtime_core_to_sha
 
 
 def test_the_realtime_core_reaches_the_answering_pipeline_only_through_its_answering_interface() -> None:
-    """Only the cascade (an ``Answering``), server VAD and input transcription call the pipeline."""
-    allowed = {"cascade.py", "listen.py", "transcribe.py"}
+    """Only the answering base (each ``Answering`` builds its inputs), server VAD and input transcription
+    call the pipeline."""
+    allowed = {"answering.py", "listen.py", "transcribe.py"}
     calls = re.compile(r"\.pipeline\.(stream|abort|submit)\(")
     crossings = [
         path.name for path in sorted((PACKAGE / "serve" / "realtime").glob("*.py")) if calls.search(path.read_text())

@@ -137,7 +137,7 @@ async def test_one_process_per_stage_speaks_what_generate_speaks(
         for prompt in PROMPTS:
             got = await answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
             assert_equal_to_generate(got, references[prompt], tokenizer)
-    assert processes == {"frontend", "thinker", "talker", "code2wav"}
+    assert {"frontend", "thinker", "talker", "code2wav"} <= processes  # and the realtime front (ingress, listen)
 
 
 async def test_eight_concurrent_requests_each_equal_their_solo_answer(

@@ -68,15 +68,18 @@ class Server:
 
 
 @contextlib.contextmanager
-def served(args: Sequence[str] = (), *, env: dict[str, str] | None = None) -> Iterator[Server]:
-    """``python -m omnitrio serve --port 0 ARGS`` until the block ends; then SIGINT, as a user stops it."""
+def served(
+    args: Sequence[str] = (), *, env: dict[str, str] | None = None, timeout: float = START_TIMEOUT
+) -> Iterator[Server]:
+    """``python -m omnitrio serve --port 0 ARGS`` until the block ends (``timeout``: seconds it has to
+    start); then SIGINT, as a user stops it."""
     with tempfile.TemporaryDirectory(prefix="omnitrio-page-") as folder:
         log_path = Path(folder) / "server.log"
         with open(log_path, "w") as log:
             command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0", *args]
             process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            deadline = time.monotonic() + START_TIMEOUT
+            deadline = time.monotonic() + timeout
             while (found := re.search(r"serving .* on (http://127\.0\.0\.1:\d+)", log_path.read_text())) is None:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not start:\n{log_path.read_text()[-2000:]}")

@@ -44,7 +44,9 @@ from omnitrio.serve.context import (
     ServeContext,
     ServedPipeline,
     new_id,
+    realtime_answer_of,
     served_tasks,
+    stage_voices_of,
 )
 from omnitrio.serve.limits import ServeLimits
 from omnitrio.serve.origins import browser_middleware
@@ -96,6 +98,8 @@ def create_app(
         max_body_bytes=limits.max_body_bytes,
         request_timeout=request_timeout,
         realtime_audio_lead=realtime_audio_lead,
+        realtime_answer=realtime_answer_of(pipeline),
+        stage_voices=stage_voices_of(pipeline),
         limits=limits,
     )
     metrics = api_metrics(pipeline.metrics_registry)

@@ -52,6 +52,8 @@ class ServeContext:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT_S
     realtime_audio_lead: float = DEFAULT_LEAD  # seconds of audio a realtime client may hold ahead of playback
+    realtime_answer: str = "cascade"  # how realtime turns are answered (PipelineConfig.realtime_answer)
+    stage_voices: bool = False  # the pipeline's stages check voice names (PipelineConfig.stage_voices)
     created: int = attrs.field(factory=lambda: int(time.time()))
     limits: ServeLimits = attrs.field(factory=ServeLimits)
 
@@ -79,6 +81,16 @@ def served_tasks(pipeline: Any, serves: Iterable[str] | None) -> tuple[str, ...]
     if unknown:
         raise ValueError(f"serves names unknown tasks {unknown}; known: {list(ROUTES)}")
     return tuple(task for task in ROUTES if task in serves)
+
+
+def realtime_answer_of(pipeline: Any) -> str:
+    """The pipeline config's ``realtime_answer`` (``"cascade"`` when the pipeline has no config)."""
+    return str(getattr(getattr(pipeline, "config", None), "realtime_answer", "cascade"))
+
+
+def stage_voices_of(pipeline: Any) -> bool:
+    """The pipeline config's ``stage_voices`` (False when the pipeline has no config)."""
+    return bool(getattr(getattr(pipeline, "config", None), "stage_voices", False))
 
 
 def new_id(prefix: str) -> str:

@@ -2,7 +2,8 @@
 
 The page (``static/voice.js``) holds one realtime session with this server, over WebRTC when the
 server offers it (``/v1/realtime/calls``) and over the WebSocket otherwise. It learns what to do from
-``GET /voice.json``: ``{"model", "webrtc": bool, "api_key": bool, "voices": [...]}``; with
+``GET /voice.json``: ``{"model", "webrtc": bool, "api_key": bool, "voices": [...], "transcribes": bool}``
+(``transcribes``: the pipeline has an ASR stage for input transcription, which the page then asks for); with
 ``api_key`` true it mints a short-lived key (``/v1/realtime/client_secrets``) from the key typed
 into it. The page, its files and ``/voice.json`` need no key: they hold nothing but the page.
 Same-origin, so the WebSocket needs no ``--allowed-origin`` (:mod:`.origins`).
@@ -40,6 +41,6 @@ async def _index(request: Request) -> Response:
 
 async def _config(ctx: ServeContext, keys: ApiKeys, webrtc: bool, request: Request) -> Response:
     offered = "realtime" in ctx.serves
-    return JSONResponse(
-        {"model": ctx.pipeline.name, "webrtc": webrtc and offered, "api_key": bool(keys), "voices": list(VOICES)}
-    )
+    transcribes = "transcription" in ctx.serves
+    body = {"model": ctx.pipeline.name, "webrtc": webrtc and offered, "api_key": bool(keys), "voices": list(VOICES)}
+    return JSONResponse({**body, "transcribes": transcribes})

@@ -15,9 +15,9 @@ from common import Turns, error, report, run
 
 async def main(args: dict[str, Any]) -> None:
     agent = RealtimeAgent(name="assistant", instructions="Answer briefly.")
-    runner = RealtimeRunner(agent, config={"model_settings": {"model_name": "omnitrio-speech"}})
+    runner = RealtimeRunner(agent, config={"model_settings": {"model_name": args["model"]}})
     turns = Turns(errors_are_the_clients=True)
-    session = await runner.run(model_config={"url": args["ws_url"] + "?model=omnitrio-speech", "api_key": "unused"})
+    session = await runner.run(model_config={"url": args["ws_url"] + "?model=" + args["model"], "api_key": "unused"})
     async with session:
 
         async def read() -> None:

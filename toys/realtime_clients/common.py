@@ -1,7 +1,8 @@
 """What every client script shares (stdlib only: each runs in its client's own venv).
 
 A script is run as ``python toys/realtime_clients/NAME.py ARGS.json``; the JSON file names the server
-(``ws_url``, ``http_url``) and the three turns: ``text`` (a user message), ``spoken`` and
+(``ws_url``, ``http_url``, and ``model``, the name its pipeline answers to) and the three turns: ``text``
+(a user message), ``spoken`` and
 ``long`` (PCM16 24 kHz files of speech, with ``*_end_s``: where their speech ends), and ``barge``
 (said over the answer to ``long``, its speech starting at ``barge_start_s``). It prints JSON
 lines on stdout (:func:`report`): ``{"kind": "event", "type"}`` for each server event it saw,

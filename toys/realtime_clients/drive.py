@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +41,25 @@ def voiced_span(pcm: bytes) -> tuple[float, float]:
     return float(loud[0]) / RATE, float(loud[-1] + 1) / RATE
 
 
-def write_settings(folder: Path, http_url: str) -> Path:
-    """The run settings for a server at ``http_url``, the speech files beside them in ``folder``."""
+def write_settings(folder: Path, http_url: str, say: Callable[[str], bytes] | None = None) -> Path:
+    """The run settings for a server at ``http_url``, the speech files beside them in ``folder``;
+    ``say``: how a sentence becomes PCM16 24 kHz speech (default: the server's own voice)."""
     args: dict[str, Any] = {"ws_url": http_url.replace("http", "ws", 1) + "/v1/realtime", "http_url": http_url}
     args["text"] = TEXT
+    args["model"] = httpx.get(f"{http_url}/voice.json", timeout=30).json()["model"]  # the name the server answers to
     for name, text in SAID.items():
-        body = {"model": "omnitrio-speech", "input": text, "voice": "default", "response_format": "pcm"}
-        pcm = bytes(2 * RATE // 5) + httpx.post(f"{http_url}/v1/audio/speech", json=body, timeout=60).content
+        pcm = bytes(2 * RATE // 5) + (say(text) if say is not None else _server_says(http_url, text))
         (folder / f"{name}.pcm").write_bytes(pcm)
         start, end = voiced_span(pcm)
         args.update({name: str(folder / f"{name}.pcm"), f"{name}_start_s": start, f"{name}_end_s": end})
     path = folder / "settings.json"
     path.write_text(json.dumps(args))
     return path
+
+
+def _server_says(http_url: str, text: str) -> bytes:
+    body = {"model": "omnitrio-speech", "input": text, "voice": "default", "response_format": "pcm"}
+    return httpx.post(f"{http_url}/v1/audio/speech", json=body, timeout=60).content
 
 
 def run_client(script: str, settings: Path) -> list[dict[str, Any]]:

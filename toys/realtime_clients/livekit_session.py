@@ -32,7 +32,7 @@ async def main(args: dict[str, Any]) -> None:
     players: set[asyncio.Task[None]] = set()
     async with aiohttp.ClientSession() as http:
         model = openai.realtime.RealtimeModel(
-            base_url=args["http_url"] + "/v1", api_key="unused", model="omnitrio-speech", http_session=http
+            base_url=args["http_url"] + "/v1", api_key="unused", model=args["model"], http_session=http
         )
         session = model.session()
         session.on("openai_server_event_received", turns.received)

@@ -14,7 +14,7 @@ from common import Turns, run
 async def main(args: dict[str, Any]) -> None:
     client = openai.AsyncOpenAI(base_url=args["http_url"] + "/v1", api_key="unused")
     turns = Turns()
-    async with client.realtime.connect(model="omnitrio-speech") as connection:
+    async with client.realtime.connect(model=args["model"]) as connection:
 
         async def read() -> None:
             async for event in connection:

@@ -11,30 +11,27 @@ nothing (noise, a cough) is not answered.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
-from omnitrio.serve.context import ServeContext
-from omnitrio.serve.output import Delta, Output
-from omnitrio.serve.realtime.answering import AnswerRequest
+from omnitrio.serve.realtime.answering import AnswerRequest, PipelineAnswering
 from omnitrio.serve.realtime.conversation import messages_of
 from omnitrio.serve.realtime.settings import max_tokens
 from omnitrio.serve.realtime.tools import chat_tools
 
 
-class Cascade:
+class Cascade(PipelineAnswering):
     """Answers through the pipeline's ``chat`` task (see the module docstring)."""
 
-    def __init__(self, ctx: ServeContext) -> None:
-        self.ctx = ctx
+    needs_transcripts = True
 
     async def ready(self, request: AnswerRequest) -> bool:
         for item in request.context:
             await item.transcribed.wait()
         return request.turn is None or bool(request.turn.heard)
 
-    async def answer(self, request: AnswerRequest, output: Output, send: Callable[[Delta], None]) -> None:
+    def inputs(self, request: AnswerRequest) -> dict[str, Any]:
         session = request.session
-        inputs = {
+        return {
             "task": "chat",
             "messages": messages_of(request.context, session.get("instructions") or ""),
             # The responder may keep the session's conversation between turns; another context is not it.
@@ -44,12 +41,3 @@ class Cascade:
             "speed": session["audio"]["output"].get("speed", 1.0),
             **chat_tools(session),
         }
-        async with self.ctx.pipeline.stream(request.request_id, inputs, timeout=self.ctx.request_timeout) as messages:
-            async for message in messages:
-                for delta in output.add(message):
-                    send(delta)
-        for delta in output.finish():
-            send(delta)
-
-    async def release(self, request_id: str) -> None:
-        await self.ctx.pipeline.abort(request_id, wait=True)

@@ -6,7 +6,8 @@ has each append decoded and resampled by one stateful :class:`~omnitrio.serve.te
 (a new one when the input format changes); one whose ``audio.output.format`` is G.711 gets every
 ``response.output_audio.delta`` resampled and encoded on its way to the socket, by one stateful
 :class:`~omnitrio.serve.telephony.TelephonyEncoder` per response (kept until that response's
-``response.output_audio.done``). A response keeps the output format it started with.
+``response.output_audio.done``, just before which :meth:`EdgeAudio.tail` gives the samples its
+filter still held, as one last delta). A response keeps the output format it started with.
 
 Audio inside items (``conversation.item.create`` input audio parts, ``conversation.item.retrieve``)
 stays PCM16 24 kHz whatever the session's formats.
@@ -65,3 +66,13 @@ class EdgeAudio:
             case "response.output_audio.done":
                 self._encoders.pop(event["response_id"], None)
         return event
+
+    def tail(self, event: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Before a ``response.output_audio.done``: the response's last G.711 delta (what its encoder
+        still held), or None (PCM16 output, nothing held, or another event)."""
+        encoder = self._encoders.get(event["response_id"]) if event["type"] == "response.output_audio.done" else None
+        encoded = encoder.flush() if encoder is not None else b""
+        if not encoded:
+            return None
+        ids = {key: event[key] for key in ("response_id", "item_id", "output_index", "content_index")}
+        return {"type": "response.output_audio.delta", **ids, "delta": base64.b64encode(encoded).decode()}

@@ -194,6 +194,7 @@ class Host(Protocol):
     answering: Answering
     conversation: Conversation
     metrics: RealtimeMetrics
+    voice_asked: Any  # the voice name the client last set
 
     async def emit(self, event: dict[str, Any], response: Response | None = None) -> None: ...
 
@@ -278,6 +279,7 @@ async def _produce(host: Host, response: Response, output: Output, deltas: trio.
                 turn=turn,
                 session_id=session["id"] if own and response.in_conversation else None,
                 audio=response.audio,
+                voice=host.voice_asked,
             )
             if not await host.answering.ready(request):
                 return  # nothing was said (noise, a cough): an empty answer
@@ -353,7 +355,7 @@ async def _finish_message(host: Host, response: Response, output: Output, status
         content["transcript"] = (
             output.transcript if status == "completed" else heard_text(item.spoken, len(item.audio) // 2)
         )
-        await host.emit({"type": "response.output_audio.done", **ids})
+        await host.emit({"type": "response.output_audio.done", **ids}, response)  # its G.711 tail plays or not
         await host.emit({"type": "response.output_audio_transcript.done", **ids, "transcript": content["transcript"]})
         part = {"type": "audio", "transcript": content["transcript"]}
     else:

@@ -62,6 +62,7 @@ from omnitrio.serve.realtime.settings import (
     turn_detection,
     updated_session,
 )
+from omnitrio.serve.realtime.speech_native import SpeechNative
 from omnitrio.serve.realtime.transcribe import transcribe, transcript_of
 from omnitrio.serve.realtime.transport import ClientAudio, ClientEvent, RealtimeTransport, Unreadable
 from omnitrio.serve.realtime.turn import (
@@ -80,6 +81,8 @@ from omnitrio.serve.realtime.turn import (
 
 OUTBOX_SIZE = 64
 RELEASE_TIMEOUT = 10.0  # how long an interrupted response's release is watched, for the metric
+ANSWERINGS: dict[str, type[Cascade | SpeechNative]] = {"cascade": Cascade, "speech-native": SpeechNative}
+"""Each ``PipelineConfig.realtime_answer`` and the :class:`~.answering.Answering` it names."""
 # OpenAI's words: LiveKit ignores this error by them (its cancel on speech_started races the server's own).
 CANCEL_NOT_ACTIVE = "Cancellation failed: no active response found"
 
@@ -103,8 +106,7 @@ class RealtimeSession:
     def __init__(self, ctx: ServeContext, transport: RealtimeTransport) -> None:
         self.ctx = ctx
         self.transport = transport
-        # The one answering pipeline today; a speech-native one is to be chosen by the pipeline's config.
-        self.answering: Answering = Cascade(ctx)
+        self.answering: Answering = ANSWERINGS[ctx.realtime_answer](ctx)  # as the pipeline's config says
         self.lead = ctx.realtime_audio_lead
         self.metrics = realtime_metrics(ctx.pipeline.metrics_registry)
         self.session = default_session(new_id("sess"), ctx.pipeline.name)
@@ -147,6 +149,9 @@ class RealtimeSession:
         async for event, response in self._outbox_receive:
             if response is not None and not response.plays(event["type"]):
                 continue  # barge-in or truncation: audio of a silenced response is not played
+            tail = self.edge.tail(event)
+            if tail is not None and response is not None and response.plays(tail["type"]):
+                await self.transport.send({"event_id": new_id("event"), **tail})
             outgoing = self.edge.outgoing(event, None if response is None else response.session)
             if outgoing is not None and wanted(outgoing, self.session):
                 await self.transport.send(outgoing)
@@ -177,12 +182,14 @@ class RealtimeSession:
             case "session.update":
                 before = self.session.get("turn_detection")
                 asked = self._check_voice_lock(event.get("session"))
-                self.session = updated_session(self.session, event.get("session"))
+                self.session = updated_session(self.session, event.get("session"), stage_voices=self.ctx.stage_voices)
                 self.edge.configure(self.session)
                 self.voice_asked = asked
                 if self.session.get("turn_detection") != before:
                     self._listen()
                 await self.emit({"type": "session.updated", "session": self.session})
+                if transcribes_input(self.session) and not self._can_transcribe():
+                    await self._error(_no_transcription(self.ctx))
             case "input_audio_buffer.append":
                 self._append(self.edge.incoming(event))
             case "input_audio_buffer.commit":
@@ -249,9 +256,18 @@ class RealtimeSession:
         return item
 
     def _transcribe(self, item: Item, *, report: bool | None = None) -> None:
+        """Transcribe ``item`` when the answering needs it or the client asked (and the pipeline can);
+        else it has no transcript (``transcribed`` set, ``heard`` None)."""
         assert self._nursery is not None
-        report = transcribes_input(self.session) if report is None else report
+        report = transcribes_input(self.session) and self._can_transcribe() if report is None else report
+        if not (report or self.answering.needs_transcripts):
+            item.transcribed.set()
+            return
         self._nursery.start_soon(partial(transcribe, self, item, report=report))
+
+    def _can_transcribe(self) -> bool:
+        """Whether the pipeline has an ASR stage for input transcription (it serves ``transcription``)."""
+        return "transcription" in self.ctx.serves
 
     async def _commit(self, audio: bytes, item: Item | None = None) -> Item:
         """Make ``audio`` a user item (``item``: one prepared for it) and tell the client."""
@@ -423,3 +439,13 @@ class RealtimeSession:
                 code="cannot_update_voice",
             )
         return asked
+
+
+def _no_transcription(ctx: ServeContext) -> EventError:
+    return EventError(
+        f"input audio transcription needs an ASR stage, and pipeline {ctx.pipeline.name!r} has none (it does not"
+        " serve 'transcription'; add an ASR stage and 'transcription' to its serves); the session goes on"
+        " without input transcripts",
+        "session.audio.input.transcription",
+        code="transcription_not_served",
+    )

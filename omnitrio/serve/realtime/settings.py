@@ -231,8 +231,10 @@ def decode_audio_append(event: Mapping[str, Any], param: str = "audio", *, pcm16
     return data
 
 
-def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
-    """``current`` with a ``session.update``'s ``session`` applied; ``current`` is not changed."""
+def updated_session(current: Mapping[str, Any], update: Any, *, stage_voices: bool = False) -> dict[str, Any]:
+    """``current`` with a ``session.update``'s ``session`` applied; ``current`` is not changed.
+    ``stage_voices``: the pipeline's stages know their voices (``PipelineConfig.stage_voices``): any
+    voice name is kept as given, for the pipeline to choose its speaker by (or refuse)."""
     if not isinstance(update, Mapping):
         raise EventError("session.update needs a 'session' object", "session", code="missing_required_parameter")
     if update.get("type", "realtime") != "realtime":
@@ -243,7 +245,7 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
             case _ if key in _FIXED or (value is None and key not in NULL_IS_A_VALUE):
                 continue
             case "audio":
-                _merge_audio(session, value)
+                _merge_audio(session, value, stage_voices)
             case "input_audio_format" | "output_audio_format":
                 if not isinstance(value, str) or value not in _BETA_FORMATS:
                     supported = ", ".join(repr(name) for name in _BETA_FORMATS)
@@ -253,7 +255,9 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
             case "turn_detection":
                 _set_turn_detection(session, value, "session.turn_detection")
             case "voice":
-                session["voice"] = session["audio"]["output"]["voice"] = _checked_voice(value, "session.voice")
+                session["voice"] = session["audio"]["output"]["voice"] = _checked_voice(
+                    value, "session.voice", stage_voices
+                )
             case "speed":
                 session["audio"]["output"]["speed"] = _checked_speed(value, "session.speed")
             case "input_audio_transcription":
@@ -279,7 +283,7 @@ def updated_session(current: Mapping[str, Any], update: Any) -> dict[str, Any]:
     return session
 
 
-def _merge_audio(session: dict[str, Any], audio: Any) -> None:
+def _merge_audio(session: dict[str, Any], audio: Any, stage_voices: bool = False) -> None:
     if not isinstance(audio, Mapping):
         raise EventError("session.audio must be an object", "session.audio")
     for direction in ("input", "output"):
@@ -298,7 +302,7 @@ def _merge_audio(session: dict[str, Any], audio: Any) -> None:
                 case "turn_detection" if direction == "input":
                     _set_turn_detection(session, value, param)
                 case "voice" if direction == "output":
-                    session["voice"] = session["audio"]["output"]["voice"] = _checked_voice(value, param)
+                    session["voice"] = session["audio"]["output"]["voice"] = _checked_voice(value, param, stage_voices)
                 case "speed" if direction == "output":
                     session["audio"]["output"]["speed"] = _checked_speed(value, param)
                 case "transcription" if direction == "input":
@@ -405,8 +409,11 @@ def _checked_speed(value: Any, param: str) -> float:
     raise EventError(f"{param} must be a number from {MIN_SPEED} to {MAX_SPEED}, got {value!r}", param)
 
 
-def _checked_voice(value: Any, param: str) -> str:
-    """The voice that plays for ``value``: every accepted name plays the pipeline's one voice, ``default``."""
+def _checked_voice(value: Any, param: str, stage_voices: bool = False) -> str:
+    """The voice that plays for ``value``: every accepted name plays the pipeline's one voice, ``default``;
+    with ``stage_voices``, any non-empty name, as given."""
+    if stage_voices and isinstance(value, str) and value:
+        return value
     if isinstance(value, str) and value in VOICES:
         return PLAYED_VOICE
     raise EventError(

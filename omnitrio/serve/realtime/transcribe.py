@@ -1,9 +1,11 @@
 """Transcribing a committed user audio item, for the conversation and (when asked) for the client.
 
-Every committed audio item is transcribed by one pipeline request (task ``transcription``, quick
-decoding): the responder needs the text of what the user said, this turn and every later one. An
-item whose transcript is known already (``semantic_vad`` transcribed the turn to judge it) is not
-transcribed again.
+A committed audio item is transcribed by one pipeline request (task ``transcription``, quick
+decoding) when the session's answering needs it (the cascade: the responder needs the text of what
+the user said, this turn and every later one; a speech-native model hears the audio itself) or the
+client asked for it and the pipeline serves ``transcription`` (the session decides: see
+``RealtimeSession._transcribe``). An item whose transcript is known already (``semantic_vad``
+transcribed the turn to judge it) is not transcribed again.
 When the session has ``audio.input.transcription`` set, the client also gets, after the item's
 ``conversation.item.added``, ``conversation.item.input_audio_transcription.delta`` then
 ``.completed`` with the final transcript, or ``.failed`` with the error.

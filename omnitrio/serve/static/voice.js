@@ -27,7 +27,7 @@ const State = Object.freeze({
 const $ = (id) => document.getElementById(id);
 
 let session = null;
-let config = { model: "", webrtc: false, api_key: false, voices: ["default"] };
+let config = { model: "", webrtc: false, api_key: false, voices: ["default"], transcribes: true };
 
 function setState(name) {
   stats.state = name;
@@ -108,7 +108,8 @@ function sessionUpdate() {
     session: {
       type: "realtime",
       audio: {
-        input: { transcription: { model: "whisper-1" }, turn_detection: detection },
+        // A pipeline without ASR (a speech-native model) has no transcript of what was said.
+        input: { transcription: config.transcribes ? { model: "whisper-1" } : null, turn_detection: detection },
         output: { voice: $("voice").value },
       },
     },

@@ -1,0 +1,51 @@
+"""The official ``openai`` SDK's realtime client, unchanged, talking to Qwen3-Omni (speech-native) on a tiny checkpoint.
+
+The client (``toys/realtime_clients/openai_sdk.py``, in the project's venv) goes through a text turn, a
+spoken turn (Piper's speech fed through its audio input in real time), a barge-in over a spoken answer
+and the answer to what the barge-in said (:mod:`toys.realtime_clients.common`); these tests judge what it
+reported. What the tiny model says is random: each answer is judged by its audio and status, not its words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("piper", reason="the turns' speech comes from the speech extra's Piper voice")
+
+from tests.realtime_sdk_types import ga_event_types
+from toys.qwen3_omni_checkpoint import write_checkpoint
+from toys.realtime_clients.drive import turn
+from toys.realtime_omni import client_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+SCRIPT = "openai_sdk"
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("omni-client")
+    return client_run(SCRIPT, write_checkpoint(folder / "tiny", size="tiny"), folder)
+
+
+def test_the_client_reports_no_error(seen: list[dict[str, Any]]) -> None:
+    assert [line["message"] for line in seen if line["kind"] == "error"] == []
+
+
+def test_the_client_sees_only_events_of_the_ga_protocol(seen: list[dict[str, Any]]) -> None:
+    assert {line["type"] for line in seen if line["kind"] == "event"} - ga_event_types() == set()
+
+
+@pytest.mark.parametrize("step", ["text", "spoken", "follow_up"])
+def test_each_turn_is_answered_with_speech(seen: list[dict[str, Any]], step: str) -> None:
+    answer = turn(seen, step)
+    assert answer["status"] == "completed" and answer["audio_bytes"] > 0
+
+
+def test_speaking_over_an_answer_cancels_it(seen: list[dict[str, Any]]) -> None:
+    barge_in = turn(seen, "barge_in")
+    assert (barge_in["status"], barge_in["reason"]) == ("cancelled", "turn_detected")
+    assert barge_in.get("audio_deltas_after_speech_started", 0) == 0

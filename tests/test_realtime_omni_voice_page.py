@@ -1,0 +1,131 @@
+"""The voice page at ``/``, in a real browser (Debian's chromium under Playwright), talking to Qwen3-Omni on a
+tiny checkpoint: the model hears the microphone's turn and speaks; speaking over its answer stops it.
+
+The microphone is a WAV of Piper's speech (:func:`toys.realtime_omni.spoken`). The pipeline has no ASR
+stage, so the page asks for no input transcription (``/voice.json``'s ``transcribes``) and shows no error.
+Both transports the page has, the WebSocket and WebRTC. What the tiny model says is random: answers are
+judged by their audio, not their words.
+"""
+
+from __future__ import annotations
+
+import wave
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("piper", reason="the microphone's speech comes from the speech extra's Piper voice")
+playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
+
+from toys.browser import RATE, Server, ensure_chromium, launch_args  # noqa: E402
+from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TURN = 90_000  # ms a turn may take on a loaded machine
+TRANSPORTS = ["websocket", "webrtc"]
+QUESTION = "What is the capital of France?"
+INTERRUPTION = "Stop. Wait a moment please."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    reason = ensure_chromium()
+    if reason is not None:
+        pytest.skip(reason)
+    checkpoint = write_checkpoint(tmp_path_factory.mktemp("omni-page") / "tiny", size="tiny")
+    with serve_qwen3_omni(checkpoint, CLIENT_OVERRIDES) as running:
+        yield running
+
+
+def microphone_wav(path: Path, parts: list[str | float]) -> Path:
+    """A mono 24 kHz WAV of ``parts``: each string said by Piper, each number that many seconds of silence."""
+    pcm = b"".join(
+        spoken(part, silence_before=0.0) if isinstance(part, str) else bytes(2 * int(part * RATE)) for part in parts
+    )
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(pcm)
+    return path
+
+
+@pytest.fixture(scope="module")
+def microphones(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("microphone")
+    return {
+        "question": microphone_wav(folder / "question.wav", [0.5, QUESTION, 4.0]),
+        # The question, then, while its answer plays, the interruption.
+        "interruption": microphone_wav(folder / "interruption.wav", [0.5, QUESTION, 1.6, INTERRUPTION, 4.0]),
+    }
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as running:
+        yield running
+
+
+@contextmanager
+def voice_page(playwright: Any, microphone: Path, url: str) -> Iterator[Any]:
+    browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(microphone))
+    try:
+        page = browser.new_page()
+        page.goto(url)
+        yield page
+    finally:
+        browser.close()
+
+
+def start(page: Any, transport: str) -> None:
+    page.click("summary")
+    page.select_option("#transport", transport)
+    page.click("#talk")
+
+
+def stats(page: Any) -> dict[str, Any]:
+    return page.evaluate("window.voiceStats")  # type: ignore[no-any-return]
+
+
+def wait_for(page: Any, condition: str, timeout: int = TURN) -> None:
+    try:
+        page.wait_for_function(f"(() => {{ const s = window.voiceStats; return {condition}; }})()", timeout=timeout)
+    except playwright_api.TimeoutError:
+        shown = {key: value for key, value in stats(page).items() if key != "events"}
+        events = [kind for kind in stats(page)["events"] if not kind.endswith(".delta")]
+        raise AssertionError(f"not {condition} after {timeout} ms: {shown}, events {events}") from None
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_spoken_question_is_answered_with_speech(
+    server: Server, microphones: dict[str, Path], playwright: Any, transport: str
+) -> None:
+    with voice_page(playwright, microphones["question"], server.url) as page:
+        start(page, transport)
+        wait_for(page, "s.latencies.length > 0 && s.events.includes('response.done') && s.state === 'LISTENING'")
+        seen = stats(page)
+    assert seen["transport"] == transport and seen["errors"] == []
+    if transport == "websocket":
+        assert max(seen["played"].values()) > 0  # the answer's audio reached the speakers
+    else:
+        assert seen["events"].index("output_audio_buffer.started") < seen["events"].index("output_audio_buffer.stopped")
+    assert 0 < seen["latencies"][0]["ms"] < TURN
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_speaking_over_the_answer_stops_it(
+    server: Server, microphones: dict[str, Path], playwright: Any, transport: str
+) -> None:
+    with voice_page(playwright, microphones["interruption"], server.url) as page:
+        start(page, transport)
+        wait_for(page, "Object.keys(s.truncated).length > 0 || (s.cut && s.cut.length > 0)")
+        seen = stats(page)
+    assert seen["errors"] == []
+    assert "input_audio_buffer.speech_started" in seen["events"]
