@@ -5,8 +5,9 @@ and an image prompt the thinker's ids are ``generate``'s, the transcript is thei
 streamed pcm16 has the length of ``generate``'s waveform and matches it (≥ 80 dB, the figure the code2wav
 stage holds against transformers' whole decode: float rounding flips a rare sample by 1 LSB; a different
 talker code would change whole frames), inline and with one process per stage.  Concurrent requests
-each equal their solo answer; a text-only request never reaches the talker or code2wav; an abort in
-the middle of the audio leaves no request held by any stage and nothing in /dev/shm.
+each equal their solo answer; a text-only request never reaches the talker or code2wav and leaves no
+request held at any stage; an abort in the middle of the audio leaves no request held by any stage and
+nothing in /dev/shm.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ async def test_one_process_per_stage_speaks_what_generate_speaks(
         for prompt in PROMPTS:
             got = await answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
             assert_equal_to_generate(got, references[prompt], tokenizer)
-    assert processes == {"frontend", "thinker", "talker", "code2wav"}
+    assert processes == {"main", "listen", "frontend", "thinker", "talker", "code2wav"}
 
 
 async def test_eight_concurrent_requests_each_equal_their_solo_answer(
@@ -166,6 +167,23 @@ async def test_text_only_request_never_reaches_talker_or_code2wav(
     assert {"thinker", "decode"} <= stages and not stages & {"talker", "code2wav"}
 
 
+async def settled(pipeline: Pipeline, seconds: float = 30) -> None:
+    """Return once the pipeline holds no request and no stage holds any; fail after ``seconds``."""
+    with trio.fail_after(seconds):
+        while True:
+            health = await pipeline.health()
+            held = {name: s["active_requests"] for name, s in health["stages"].items() if s["active_requests"]}
+            if health["requests"] == 0 and not held:
+                return
+            await trio.sleep(0.05)
+
+
+async def test_a_text_only_request_leaves_no_request_held_at_any_stage(inline: Pipeline, messages: Any) -> None:
+    got = await answer(inline, "t", chat_inputs(messages["text"], audio=False, max_tokens=THINKER_TOKENS))
+    assert set(got["results"]) == {"decode"}
+    await settled(inline)
+
+
 def _shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
@@ -179,11 +197,5 @@ async def test_abort_in_the_middle_of_the_audio_frees_every_stage(checkpoint: Pa
             async for message in stream:
                 if isinstance(message, StreamMessage) and message.modality == "audio":
                     break  # leaving the stream early aborts the request
-        with trio.fail_after(30):
-            while True:
-                health = await pipeline.health()
-                held = {name: s["active_requests"] for name, s in health["stages"].items() if s["active_requests"]}
-                if health["requests"] == 0 and not held:
-                    break
-                await trio.sleep(0.05)
+        await settled(pipeline)
     assert _shm() <= before
