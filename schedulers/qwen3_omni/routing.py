@@ -16,7 +16,9 @@
   "deepstack_image_embeds", "image_grid_thw", "audio_feature_lengths", "max_new_tokens", "temperature",
   "speaker", "talker", "want_audio"}`` (absent media are ``None``);
 * :func:`route_thinker` / :func:`terminal_stages`: ``decode`` always, ``talker`` / ``code2wav`` too when
-  the request asks for audio, so a text-only request never runs the talker or code2wav.
+  the request asks for audio, so a text-only request never runs the talker or code2wav;
+  :func:`route_thinker` is also the thinker's ``stream_done_to_fn``: its end of stream goes only where
+  its stream and result go (an end of stream alone would start a request at the talker that nothing ends).
 """
 
 from __future__ import annotations
