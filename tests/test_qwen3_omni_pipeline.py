@@ -138,7 +138,7 @@ async def test_one_process_per_stage_speaks_what_generate_speaks(
         for prompt in PROMPTS:
             got = await answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
             assert_equal_to_generate(got, references[prompt], tokenizer)
-    assert processes == {"main", "listen", "frontend", "thinker", "talker", "code2wav"}
+    assert {"frontend", "thinker", "talker", "code2wav"} <= processes  # and the realtime front (ingress, listen)
 
 
 async def test_eight_concurrent_requests_each_equal_their_solo_answer(
@@ -204,4 +204,54 @@ async def test_abort_in_the_middle_of_the_audio_frees_every_stage(checkpoint: Pa
                 if isinstance(message, StreamMessage) and message.modality == "audio":
                     break  # leaving the stream early aborts the request
         await settled(pipeline)
-    assert _shm() <= before
+    assert _shm() <= before  # no segment of this pipeline's processes is left
+
+
+def test_model_dir_sets_every_stage_and_names_the_model(checkpoint: Path, config: PipelineConfig) -> None:
+    assert config.name == checkpoint.name
+    readers = [s for s in config.stages if s.factory_path.startswith("schedulers.qwen3_omni.")]
+    dirs = {stage.factory.values.get("model_dir") for stage in readers if stage.name not in {"aggregate", "ingress"}}
+    assert dirs == {str(checkpoint.resolve())}  # every stage that reads the checkpoint
+
+
+def test_check_validates_the_checkpoint_for_every_stage(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from omnitrio.cli import main
+
+    assert main(["check", "--model", str(checkpoint), str(CONFIG)]) == 0
+
+
+def _misplace_a_tensor(directory: Path) -> str:
+    import json
+
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    weights = index["weight_map"]
+    name = next(k for k in weights if k.startswith("talker."))
+    wrong = next(shard for shard in sorted(set(weights.values())) if shard != weights[name])
+    weights[name] = wrong  # the index says a shard holds a tensor it does not
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    return f"{wrong}: the index"
+
+
+def _remove_a_shard(directory: Path) -> str:
+    shard = sorted(directory.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    return f"{shard.name}: missing"
+
+
+def _another_models_config(directory: Path) -> str:
+    (directory / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
+    return "config.json: model_type is 'llama'"
+
+
+@pytest.mark.parametrize("damage", [_misplace_a_tensor, _remove_a_shard, _another_models_config])
+def test_check_names_the_file_at_fault(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: Any
+) -> None:
+    import shutil
+
+    from omnitrio.cli import main
+
+    broken = shutil.copytree(checkpoint, tmp_path / "broken")
+    expected = damage(broken)
+    assert main(["check", "--model", str(broken), str(CONFIG)]) == 2
+    assert expected in capsys.readouterr().err

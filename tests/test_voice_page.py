@@ -56,7 +56,9 @@ def server() -> Iterator[Server]:
 def microphones(server: Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("microphone")
     return {
-        "question": speech_wav(server, folder / "question.wav", [0.5, QUESTION, 4.0], key=KEY),
+        # Chromium's fake microphone plays from capture, before a WebRTC call connects: the silence first
+        # keeps the question whole however long the connection takes.
+        "question": speech_wav(server, folder / "question.wav", [3.0, QUESTION, 4.0], key=KEY),
         "silence": speech_wav(server, folder / "silence.wav", [1.0], key=KEY),
         "interruption": speech_wav(server, folder / "interruption.wav", [10.0, INTERRUPTION, 4.0], key=KEY),
     }
