@@ -1,5 +1,6 @@
 """Realtime clients, unchanged, talking to Qwen3-Omni (speech-native) on a tiny checkpoint: the official
-``openai`` SDK, pipecat's ``OpenAIRealtimeLLMService`` and livekit-plugins-openai's realtime session.
+``openai`` SDK, openai-agents' ``RealtimeRunner``, pipecat's ``OpenAIRealtimeLLMService`` and
+livekit-plugins-openai's realtime session.
 
 Each client (``toys/realtime_clients/SCRIPT.py``, in its venv: :data:`toys.realtime_clients.drive.SCRIPTS`)
 goes through a text turn, a spoken turn (Piper's speech fed through its audio input in real time), a
@@ -32,7 +33,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("omni-checkpoint") / "tiny", size="tiny")
 
 
-@pytest.fixture(scope="module", params=["openai_sdk", "pipecat_service", "livekit_session"])
+@pytest.fixture(scope="module", params=["openai_sdk", "agents_runner", "pipecat_service", "livekit_session"])
 def seen(
     request: pytest.FixtureRequest, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> list[dict[str, Any]]:

@@ -64,7 +64,9 @@ def server() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def question(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return speech_wav(server, tmp_path_factory.mktemp("microphone") / "question.wav", [0.5, QUESTION, 4.0], key=KEY)
+    # Chromium's fake microphone plays from capture, before a WebRTC call connects: the silence first
+    # keeps the question whole however long the connection takes.
+    return speech_wav(server, tmp_path_factory.mktemp("microphone") / "question.wav", [3.0, QUESTION, 4.0], key=KEY)
 
 
 @pytest.fixture(scope="module")
