@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the microphone's speech comes from the speech extra's Piper voice")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
 
+from tests.test_voice_page import stats, wait_for  # noqa: E402  (the cascade page test's readers of window.voiceStats)
 from toys.browser import RATE, Server, ensure_chromium, launch_args  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken  # noqa: E402
@@ -88,19 +89,6 @@ def start(page: Any, transport: str) -> None:
     page.click("summary")
     page.select_option("#transport", transport)
     page.click("#talk")
-
-
-def stats(page: Any) -> dict[str, Any]:
-    return page.evaluate("window.voiceStats")  # type: ignore[no-any-return]
-
-
-def wait_for(page: Any, condition: str, timeout: int = TURN) -> None:
-    try:
-        page.wait_for_function(f"(() => {{ const s = window.voiceStats; return {condition}; }})()", timeout=timeout)
-    except playwright_api.TimeoutError:
-        shown = {key: value for key, value in stats(page).items() if key != "events"}
-        events = [kind for kind in stats(page)["events"] if not kind.endswith(".delta")]
-        raise AssertionError(f"not {condition} after {timeout} ms: {shown}, events {events}") from None
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
