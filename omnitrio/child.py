@@ -6,13 +6,19 @@ stdin, so the caller's ``__main__`` is never re-imported.  The child builds its 
 then sends ``Ready`` — or ``StartupFailed`` with its traceback, and exits non-zero.  It
 serves until the parent sends ``Shutdown``, or until the parent process is gone (its
 pidfd becomes readable): an orphan removes the pipeline's shared memory and socket
-directory on its way out.  A child one of whose schedulers outlived its
-``scheduler_stop_timeout`` exits at once after that clean-up (``os._exit``), whatever
-that scheduler's thread is doing.
+directory on its way out.
+
+Once its stages have stopped and its sockets and shared memory are gone, a child leaves at
+once (:func:`leave`): its ``atexit`` hooks run (logging's flush, finalizers such as a
+temporary directory's), then ``os._exit``.  It never waits for threads still running (a
+scheduler that outlived its ``scheduler_stop_timeout``, a pool worker mid-compute) nor for
+the interpreter's teardown, which frees torch, transformers and the models module by module
+at a cost of CPU seconds that, on a loaded machine, can outlast the parent's stop grace.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pickle
@@ -20,6 +26,7 @@ import shutil
 import signal
 import sys
 import traceback
+from typing import NoReturn
 
 import attrs
 import trio
@@ -59,29 +66,38 @@ def entry() -> None:
     raw = sys.stdin.buffer.read()
     path, _, blob = raw.partition(b"\n")
     sys.path[:0] = [p for p in json.loads(path) if p not in sys.path]
-    main(pickle.loads(blob))
+    leave(main(pickle.loads(blob)))
 
 
-def main(spec: ChildSpec) -> None:
-    """Serve ``spec.process``'s stages until told to stop."""
+def main(spec: ChildSpec) -> int:
+    """Serve ``spec.process``'s stages until told to stop; the exit status: 0 once stopped, 1 after
+    a start-up failure (already reported to the parent).  Scheduler threads left behind (see
+    :mod:`omnitrio.bridge`) may still run when it returns."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     sys.setswitchinterval(0.001)  # a Python-heavy scheduler thread must not stall the IO loop for 5 ms
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        stuck = trio.run(_serve, spec)
+        trio.run(_serve, spec)
     except BaseExceptionGroup as group:
         if isinstance(collapse(group), SystemExit):
-            sys.exit(1)  # a start-up failure, already reported to the parent
+            return 1
         raise
-    if stuck:  # its sockets and shared memory are gone; only the scheduler threads left behind remain
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    return 0
 
 
-async def _serve(spec: ChildSpec) -> bool:
-    """Serve until told to stop; whether a stage's scheduler thread was left running (see
-    :mod:`omnitrio.bridge`)."""
+def leave(code: int) -> NoReturn:
+    """End this stage process now: run the ``atexit`` hooks, flush stdio, ``os._exit(code)``.
+
+    Only for a process whose pipeline state is already released (see the module docstring).
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+async def _serve(spec: ChildSpec) -> None:
+    """Serve until told to stop."""
     replicas = Replicas.of(spec.config.processes, spec.homes)
     board = Switchboard(spec.process, spec.homes, replicas)
     stages: dict[str, Stage] = {}
@@ -134,7 +150,6 @@ async def _serve(spec: ChildSpec) -> bool:
     finally:
         if recorder is not None:
             recorder.close()
-    return any(stage.abandoned for stage in stages.values())
 
 
 def startup_report(exc: BaseException) -> str:
