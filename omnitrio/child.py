@@ -1,8 +1,8 @@
 """A stage process: what runs inside one spawned interpreter of a pipeline.
 
-The parent (:mod:`omnitrio.children`) starts ``python -c "from omnitrio.child import entry;
-entry()"`` and writes its ``sys.path`` and a pickled :class:`ChildSpec` to the child's
-stdin, so the caller's ``__main__`` is never re-imported.  The child builds its stages,
+The parent (:mod:`omnitrio.children`) starts :data:`ENTRY` with ``python -c`` and writes its
+``sys.path`` and a pickled :class:`ChildSpec` to the child's stdin, so the caller's ``__main__``
+is never re-imported (or has :mod:`omnitrio.forkserver` fork one that runs :func:`main`).  The child builds its stages,
 then sends ``Ready`` — or ``StartupFailed`` with its traceback, and exits non-zero.  It
 serves until the parent sends ``Shutdown``, or until the parent process is gone (its
 pidfd becomes readable): an orphan removes the pipeline's shared memory and socket
@@ -25,6 +25,7 @@ import pickle
 import shutil
 import signal
 import sys
+import time
 import traceback
 from typing import NoReturn
 
@@ -34,7 +35,15 @@ import trio
 from omnitrio.bridge import LoopIdle
 from omnitrio.config import PipelineConfig
 from omnitrio.errors import StartupError, collapse
-from omnitrio.events import flush_periodically, recorder_from_env
+from omnitrio.events import (
+    PROCESS_FACTORIES_IMPORTED,
+    PROCESS_INTERPRETER_UP,
+    PROCESS_LISTENING,
+    PROCESS_READY,
+    PROCESS_RUNTIME_IMPORTED,
+    flush_periodically,
+    recorder_from_env,
+)
 from omnitrio.factory import build_stages, start_stages
 from omnitrio.health import Figures
 from omnitrio.replicas import Replicas
@@ -44,8 +53,8 @@ from omnitrio.topology import MAIN, Topology
 from omnitrio.transport import wire
 from omnitrio.transport.relay import remove_segments
 
-ENTRY = "from omnitrio.child import entry; entry()"
-"""The ``python -c`` program the parent starts."""
+ENTRY = "import time; t = time.monotonic_ns(); from omnitrio.child import entry; entry(t)"
+"""The ``python -c`` program the parent starts (``t``: when the interpreter ran its first line)."""
 
 
 @attrs.frozen
@@ -61,23 +70,27 @@ class ChildSpec:
     """0 when no parent process is watched (a Ray actor: Ray ends it with its owner)."""
 
 
-def entry() -> None:
+def entry(interpreter_up_ns: int) -> None:
     """``python -c`` entry: read the parent's sys.path and the spec from stdin, then serve."""
+    imported_ns = time.monotonic_ns()
     raw = sys.stdin.buffer.read()
     path, _, blob = raw.partition(b"\n")
     sys.path[:0] = [p for p in json.loads(path) if p not in sys.path]
-    leave(main(pickle.loads(blob)))
+    leave(main(pickle.loads(blob), (interpreter_up_ns, imported_ns)))
 
 
-def main(spec: ChildSpec) -> int:
+def main(spec: ChildSpec, began: tuple[int, int] | None = None) -> int:
     """Serve ``spec.process``'s stages until told to stop; the exit status: 0 once stopped, 1 after
     a start-up failure (already reported to the parent).  Scheduler threads left behind (see
-    :mod:`omnitrio.bridge`) may still run when it returns."""
+    :mod:`omnitrio.bridge`) may still run when it returns.
+
+    ``began``: when this process's interpreter ran its first line and when it had imported the
+    runtime (``time.monotonic_ns()``), for its start-up events."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     sys.setswitchinterval(0.001)  # a Python-heavy scheduler thread must not stall the IO loop for 5 ms
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        trio.run(_serve, spec)
+        trio.run(_serve, spec, began)
     except BaseExceptionGroup as group:
         if isinstance(collapse(group), SystemExit):
             return 1
@@ -96,7 +109,7 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-async def _serve(spec: ChildSpec) -> None:
+async def _serve(spec: ChildSpec, began: tuple[int, int] | None) -> None:
     """Serve until told to stop."""
     replicas = Replicas.of(spec.config.processes, spec.homes)
     board = Switchboard(spec.process, spec.homes, replicas)
@@ -117,6 +130,9 @@ async def _serve(spec: ChildSpec) -> None:
                     pass
 
     recorder = recorder_from_env(spec.process)
+    if recorder is not None and began is not None:
+        recorder.emit_at(began[0], None, None, PROCESS_INTERPRETER_UP)
+        recorder.emit_at(began[1], None, None, PROCESS_RUNTIME_IMPORTED)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(board.run)
@@ -126,6 +142,7 @@ async def _serve(spec: ChildSpec) -> None:
                 if process != spec.process:
                     board.peer_up(process, address)
             if recorder is not None:
+                recorder.emit(None, None, PROCESS_LISTENING)
                 nursery.start_soon(flush_periodically, recorder)
             try:
                 mine = replicas.stages_in(board.group)
@@ -134,6 +151,8 @@ async def _serve(spec: ChildSpec) -> None:
                 plans = Topology.compile(spec.config, mine).plans
                 options = {"scheduler_nice": spec.config.scheduler_nice, "loop_idle": loop_idle}
                 stages.update(build_stages(plans, spec.config, board, recorder, **options))
+                if recorder is not None:
+                    recorder.emit(None, None, PROCESS_FACTORIES_IMPORTED)
                 await start_stages(nursery, stages.values())
             except BaseException as exc:  # report why, then exit non-zero
                 if isinstance(exc, trio.Cancelled):
@@ -144,6 +163,8 @@ async def _serve(spec: ChildSpec) -> None:
                 nursery.cancel_scope.cancel()
                 raise SystemExit(1) from None
             board.send_control(MAIN, wire.Ready(spec.process, os.getpid(), own))
+            if recorder is not None:
+                recorder.emit(None, None, PROCESS_READY, process=spec.process)
             nursery.start_soon(_exit_with_parent, spec, shutdown)
             await shutdown.wait()
             nursery.cancel_scope.cancel()
