@@ -193,7 +193,7 @@ def test_the_runtime_has_no_import_circle_even_through_type_only_imports() -> No
 
 def test_importing_the_realtime_session_core_loads_no_server() -> None:
     probe = (
-        "import sys, omnitrio.serve.realtime.settings\n"
+        "import sys, omnitrio.serve.realtime.session_config\n"
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('hypercorn', 'starlette')"
         " or m in ('omnitrio.serve.app', 'omnitrio.serve.server'))))"
     )

@@ -71,7 +71,7 @@ _HOMES = {
     "serve": "omnitrio.serve.server",
 }
 """Where each public name lives: loaded on first use, so importing a submodule (the socket-free
-``realtime.settings``) loads neither the app nor hypercorn."""
+``realtime.session_config``) loads neither the app nor hypercorn."""
 
 __all__ = ["BindError", "bind_socket", "create_app", "serve"]
 

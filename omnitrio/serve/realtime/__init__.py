@@ -4,7 +4,7 @@ Nothing here imports a transport (:mod:`omnitrio.serve.websocket`, :mod:`omnitri
 app or the server; transports import this package. Importing the package loads none of its modules.
 
 - :mod:`.session`: :class:`~.session.RealtimeSession`, the session itself (reader, writer, turns).
-- :mod:`.settings`: the session's configuration (``session.update``) and client-event parsing.
+- :mod:`.session_config`: the session's configuration (``session.update``) and client-event parsing.
 - :mod:`.transport`: what a transport gives the session (:class:`~.transport.RealtimeTransport`).
 - :mod:`.protocol`: GA and beta spellings of the events.
 - :mod:`.turn`: what the session does with each VAD event; :mod:`.listen`: server VAD through the

@@ -19,7 +19,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from omnitrio.serve.realtime.settings import audio_format, decode_audio_append
+from omnitrio.serve.realtime.session_config import audio_format, decode_audio_append
 from omnitrio.serve.telephony import G711Law, TelephonyDecoder, TelephonyEncoder, g711_law
 
 _PCM = "audio/pcm"
