@@ -51,8 +51,7 @@ Where things are (imports go down this list, never up; ``tests/test_layers.py`` 
 - What all of them share: :mod:`.context` (the served pipeline, ids, body reads), :mod:`.output`
   (a pipeline's stream folded into fields), :mod:`.openai_types` (request checks, voices),
   :mod:`.api_errors`, :mod:`.api_metrics`, :mod:`.limits`, :mod:`.admission`, :mod:`.auth`,
-  :mod:`.origins`, :mod:`.connections`, and audio: :mod:`.audio` (PCM, WAV, resampling) and
-  :mod:`.telephony` (G.711).
+  :mod:`.origins`, :mod:`.connections`, and :mod:`.audio` (PCM, WAV, resampling).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ app or the server; transports import this package. Importing the package loads n
 - :mod:`.turn`: what the session does with each VAD event; :mod:`.listen`: server VAD through the
   pipeline's ASR stage; :mod:`.interruption` and :mod:`.backchannel`: speech over an answer;
   :mod:`.idle`: the idle timeout.
-- :mod:`.input_buffer`: the input audio buffer; :mod:`.formats`: the audio formats at the edge.
+- :mod:`.input_buffer`: the input audio buffer; :mod:`.formats`: the audio formats at the edge, and
+  :mod:`.g711`: the G.711 codec and resampling streams they use for telephony.
 - :mod:`.conversation`: the conversation's items; :mod:`.transcribe`: transcripts of user audio.
 - :mod:`.response`: one response from preparation to ``response.done``; :mod:`.response_create`:
   what ``response.create`` may ask; :mod:`.pacing`: audio sent no faster than it plays;
