@@ -43,7 +43,8 @@ Where things are (imports go down this list, never up; ``tests/test_layers.py`` 
 
 - :mod:`.server` (hypercorn, the listening socket) and :mod:`.app` (the Starlette app: every route,
   the lifespan, health and metrics).
-- The transports of a realtime session, :mod:`.websocket` (``WS /v1/realtime``) and :mod:`.webrtc`
+- :mod:`.transports`, the two transports of a realtime session:
+  :mod:`.transports.websocket` (``WS /v1/realtime``) and :mod:`.transports.webrtc`
   (``POST /v1/realtime/calls``); :mod:`.routes`, the OpenAI HTTP routes (chat, speech,
   transcription, models, client secrets) and SSE; :mod:`.page`, the voice page (``GET /``, ``static/``).
 - :mod:`.realtime`: the realtime session core, socket-free (session, settings, turns, responses,

@@ -1,7 +1,7 @@
 """The realtime session core: one OpenAI Realtime session, whatever transport carries it.
 
-Nothing here imports a transport (:mod:`omnitrio.serve.websocket`, :mod:`omnitrio.serve.webrtc`), the
-app or the server; transports import this package. Importing the package loads none of its modules.
+Nothing here imports a transport (:mod:`omnitrio.serve.transports`), the app or the server;
+transports import this package. Importing the package loads none of its modules.
 
 - :mod:`.session`: :class:`~.session.RealtimeSession`, the session itself (reader, writer, turns).
 - :mod:`.session_config`: the session's configuration (``session.update``) and client-event parsing.
