@@ -49,15 +49,13 @@ from omnitrio.serve.realtime.idle import IdleTimeout
 from omnitrio.serve.realtime.input_buffer import InputBuffer
 from omnitrio.serve.realtime.listen import TurnListener
 from omnitrio.serve.realtime.metrics import realtime_metrics
-from omnitrio.serve.realtime.protocol import wanted
+from omnitrio.serve.realtime.protocol import EventError, parse_event, wanted
 from omnitrio.serve.realtime.response import Response, respond
 from omnitrio.serve.realtime.response_create import requested_response
 from omnitrio.serve.realtime.session_config import (
-    EventError,
     TurnDetection,
     asked_voice,
     default_session,
-    parse_event,
     transcribes_input,
     turn_detection,
     updated_session,
