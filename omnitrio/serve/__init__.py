@@ -43,16 +43,17 @@ Where things are (imports go down this list, never up; ``tests/test_layers.py`` 
 
 - :mod:`.server` (hypercorn, the listening socket) and :mod:`.app` (the Starlette app: every route,
   the lifespan, health and metrics).
-- :mod:`.transports`, the two transports of a realtime session:
+- :mod:`.transports`, the two transports of a realtime session, each with its routes:
   :mod:`.transports.websocket` (``WS /v1/realtime``) and :mod:`.transports.webrtc`
   (``POST /v1/realtime/calls``); :mod:`.routes`, the OpenAI HTTP routes (chat, speech,
   transcription, models, client secrets) and SSE; :mod:`.page`, the voice page (``GET /``, ``static/``).
 - :mod:`.realtime`: the realtime session core, socket-free (session, settings, turns, responses,
   conversation, protocol events, pacing, tools).
-- What all of them share: :mod:`.context` (the served pipeline, ids, body reads), :mod:`.output`
-  (a pipeline's stream folded into fields), :mod:`.openai_types` (request checks, voices),
-  :mod:`.api_errors`, :mod:`.api_metrics`, :mod:`.limits`, :mod:`.admission`, :mod:`.auth`,
-  :mod:`.origins`, :mod:`.connections`, and :mod:`.audio` (PCM, WAV, resampling).
+- What all of them share: :mod:`.context` (the served pipeline, ids, body reads, error answers),
+  :mod:`.output` (a pipeline's stream folded into fields), :mod:`.openai_types` (request checks,
+  voices), :mod:`.model_names` (the model names each route answers to), :mod:`.api_errors`,
+  :mod:`.api_metrics`, :mod:`.limits`, :mod:`.admission`, :mod:`.auth`, :mod:`.origins`,
+  :mod:`.connections`, and :mod:`.audio` (PCM, WAV, resampling).
 """
 
 from __future__ import annotations

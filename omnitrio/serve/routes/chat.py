@@ -29,9 +29,9 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError, bad_request
 from omnitrio.serve.audio import REALTIME_RATE, AudioFormatError, b64, decode_audio_file, encode_wav
 from omnitrio.serve.context import ServeContext, new_id, read_body
+from omnitrio.serve.model_names import check_model
 from omnitrio.serve.openai_types import ChatRequest, check_chat, decode_json, logit_bias
 from omnitrio.serve.output import Delta, Output
-from omnitrio.serve.routes.models import check_model
 from omnitrio.serve.routes.sse import SSE_DONE, SSE_MEDIA_TYPE, Emitter, WatchedResponse, json_bytes, sse_event
 
 
