@@ -1,5 +1,6 @@
 """One OpenAI Realtime session, over any transport (:mod:`.transport`; ``WS /v1/realtime``
-is :mod:`.websocket`).
+is :mod:`~omnitrio.serve.transports.websocket`, ``POST /v1/realtime/calls``
+:mod:`~omnitrio.serve.transports.webrtc`).
 
 A session is one nursery: a reader that applies client events in order, a writer that is the
 only task sending to the transport (every server event goes through its bounded channel), the turn
@@ -116,7 +117,7 @@ class RealtimeSession:
         self.speculative: Response | None = None  # prepared ahead of speech_stopped
         self.listening: _Listening | None = None
         self.idle = IdleTimeout(lambda: self.input.appended, self._idle_timeout)
-        self.voice_asked: Any = "default"  # the voice name the client last set (every name plays one voice)
+        self.voice_asked: Any = "default"  # the voice name the client last set (what the pipeline is asked for)
         self._outbox, self._outbox_receive = trio.open_memory_channel[tuple[dict[str, Any], Response | None]](
             OUTBOX_SIZE
         )

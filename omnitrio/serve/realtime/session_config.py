@@ -34,9 +34,12 @@ The rest of OpenAI's GA session is checked here too: ``output_modalities`` (``["
 is an :class:`~.protocol.EventError` naming its ``param``. :mod:`.protocol` renders a session for a GA
 or a beta client.
 
-The pipeline has one voice. ``voice`` may be ``"default"`` or any of OpenAI's voice names (the same
-list the HTTP endpoints take); each plays that one voice, so the session reads back ``"default"``:
-what plays, not the name asked for.
+Voices come from the pipeline. A pipeline whose stages know their voices (``stage_voices`` of
+:func:`updated_session`, from ``PipelineConfig.stage_voices``: a checkpoint's speakers) takes any
+non-empty name as given and reads it back; the pipeline answers one it does not have with an error.
+Any other pipeline has one voice: ``voice`` may be ``"default"`` or any of OpenAI's voice names (the
+same list the HTTP endpoints take); each plays that one voice, so the session reads back
+``"default"``: what plays, not the name asked for.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from omnitrio.serve.realtime.protocol import BETA_FORMATS, EventError
 
 _PCM = {"type": "audio/pcm", "rate": REALTIME_RATE}
 _FIXED = frozenset({"id", "object", "model"})
-PLAYED_VOICE = "default"  # the pipeline has one voice; every voice name a client may send selects it
+PLAYED_VOICE = "default"  # a pipeline of one voice: every voice name a client may send selects it
 NULL_IS_A_VALUE = frozenset(
     {"turn_detection", "transcription", "noise_reduction", "tracing", "prompt"}
     | {"input_audio_transcription", "input_audio_noise_reduction"}  # the beta spellings
