@@ -40,8 +40,7 @@ async def chat_completions(ctx: ServeContext, request: Request) -> WatchedRespon
     body = decode_json(await read_body(request, ctx.max_body_bytes), ChatRequest)
     check_model(ctx, "chat", body.model)
     # A pipeline whose stages know their voices (PipelineConfig.stage_voices) answers an unknown one itself.
-    stage_voices = bool(getattr(getattr(ctx.pipeline, "config", None), "stage_voices", False))
-    modalities = check_chat(body, stage_voices=stage_voices)
+    modalities = check_chat(body, stage_voices=ctx.stage_voices)
     await trio.to_thread.run_sync(check_input_audio, body.messages)
     audio = body.audio
     inputs = {
