@@ -204,6 +204,7 @@ def test_importing_the_realtime_session_core_loads_no_server() -> None:
 SERVE_LAYERS = (
     # (layer, its modules by prefix); a module imports serve modules of its own part or of a lower layer only
     (0, ("context", "output", "openai_types", "api_errors", "api_metrics", "limits", "admission", "auth")),
+    (0, ("model_names",)),
     (0, ("origins", "connections", "audio")),
     (1, ("realtime",)),
     (2, ("transports.websocket",)),
