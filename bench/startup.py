@@ -74,7 +74,7 @@ def run_one(pipeline: str, model: str, out: Path) -> None:
         config = chain4_config()
         import bench.startup_stages  # noqa: F401 — the caller imports what it validates, as load() does
     else:
-        from omnitrio.config import load
+        from omnitrio.config_loading import load
 
         config = load(ROOT / "configs" / "qwen3-omni.toml", model=Path(model))
     loaded = time.perf_counter()
