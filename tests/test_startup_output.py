@@ -1,0 +1,57 @@
+"""What a user sees on the server's stderr while Qwen3-Omni starts: no known-harmless library noise
+(transformers' rope check not knowing the keys Qwen3-Omni's rotary embedding reads), while a real
+warning of the same check still reaches the user, once per stage process that reads the checkpoint
+rather than once per stage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from toys.signal_exit import serve_and_signal
+
+pytestmark = pytest.mark.timeout(600)
+
+ROOT = Path(__file__).resolve().parent.parent
+ROPE_CHECK = "Unrecognized keys in `rope_parameters`"
+READERS = 4
+"""The stage processes of configs/qwen3-omni.toml that read the checkpoint's configuration."""
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_omni(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from toys.qwen3_omni_checkpoint import write_checkpoint
+
+    torch.set_num_threads(1)
+    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
+
+
+async def start_and_stop(model: Path, tmp_path: Path) -> str:
+    serve = ["--config", str(ROOT / "configs" / "qwen3-omni.toml"), "--model", str(model)]
+    exits = await serve_and_signal(serve, signal.SIGTERM, tmp_path, kinds=())
+    assert exits.server_code == 0, exits.stderr
+    return exits.stderr
+
+
+async def test_starting_qwen3_omni_prints_no_known_harmless_warning(tiny_qwen3_omni: Path, tmp_path: Path) -> None:
+    stderr = await start_and_stop(tiny_qwen3_omni, tmp_path)
+    assert "omnitrio: pipeline ready" in stderr
+    assert ROPE_CHECK not in stderr
+
+
+async def test_a_real_warning_of_the_same_check_still_reaches_the_user(tiny_qwen3_omni: Path, tmp_path: Path) -> None:
+    model = tmp_path / "odd"
+    shutil.copytree(tiny_qwen3_omni, model)
+    config = json.loads((model / "config.json").read_text())
+    config["code2wav_config"]["rope_parameters"]["odd_rope_key"] = 1
+    (model / "config.json").write_text(json.dumps(config))
+    stderr = await start_and_stop(model, tmp_path)
+    warned = [line for line in stderr.splitlines() if ROPE_CHECK in line]
+    assert warned and all("odd_rope_key" in line for line in warned), stderr
+    assert len(warned) <= READERS, warned
