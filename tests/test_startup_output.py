@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 
-from toys.signal_exit import serve_and_signal
+from toys.served import open_server
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,9 +33,10 @@ def tiny_qwen3_omni(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 async def start_and_stop(model: Path, tmp_path: Path) -> str:
     serve = ["--config", str(ROOT / "configs" / "qwen3-omni.toml"), "--model", str(model)]
-    exits = await serve_and_signal(serve, signal.SIGTERM, tmp_path, kinds=())
-    assert exits.server_code == 0, exits.stderr
-    return exits.stderr
+    async with open_server(serve, tmp_path) as served:
+        pass
+    assert served.process.returncode == 0, served.stderr
+    return served.stderr
 
 
 async def test_starting_qwen3_omni_prints_no_known_harmless_warning(tiny_qwen3_omni: Path, tmp_path: Path) -> None:

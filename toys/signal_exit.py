@@ -1,7 +1,7 @@
 """Serve a config, put requests in flight, signal the server, and watch every stage process leave.
 
-:func:`serve_and_signal` starts ``python -m omnitrio serve`` in a subprocess (on a free port, its
-``TMPDIR`` a directory of the caller's), waits until it serves, reads every stage process's pid from
+:func:`serve_and_signal` starts ``python -m omnitrio serve`` in a subprocess (:mod:`toys.served`),
+waits until it serves, reads every stage process's pid from
 ``/health``, starts the requests it is asked for — streamed chat answers with audio, transcriptions,
 speech, realtime sessions streaming audio — and once each has begun (a first chunk, a session
 created and audio sent) sends the signal.  It reports, per stage process, the seconds from the
@@ -16,10 +16,7 @@ from __future__ import annotations
 import base64
 import io
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 import wave
 from pathlib import Path
@@ -30,9 +27,9 @@ import numpy as np
 import trio
 
 from omnitrio.client import OmnitrioClient, open_realtime
+from toys.served import open_server
 
 KINDS = ("chat", "transcription", "speech", "realtime")
-SERVING = re.compile(r"omnitrio: serving .* on (http://\S+) ")
 
 
 @attrs.frozen
@@ -77,63 +74,33 @@ async def serve_and_signal(
     startup_timeout: float = 600,
 ) -> Exits:
     """Serve, start ``each`` requests of every kind in ``kinds``, signal, watch (module docstring)."""
-    env = {**os.environ, "TMPDIR": str(tmpdir)}
-    command = [sys.executable, "-m", "omnitrio", "serve", "--port", "0", "--graceful-timeout", "0", *serve_args]
-    began = time.perf_counter()
-    server = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE, env=env)
-    assert server.stderr is not None
-    lines: list[str] = []
-    url: list[str] = []
-    serving = trio.Event()
-
-    async def read_stderr() -> None:
-        async for line in _lines(server.stderr):
-            lines.append(line)
-            if (found := SERVING.search(line)) and not url:
-                url.append(found.group(1))
-                serving.set()
-
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read_stderr)
-            with trio.fail_after(startup_timeout):
-                async with trio.open_nursery() as race:
-                    race.start_soon(_set_when_done, server, serving)
-                    await serving.wait()
-                    race.cancel_scope.cancel()
-            if not url:
-                raise RuntimeError("the server exited before serving:\n" + "\n".join(lines))
-            async with OmnitrioClient(url[0]) as client:
-                health = await client.health()
-                healthy_s = time.perf_counter() - began
-                pids = {entry["process"]: entry["pid"] for entry in health["stages"].values()}
-                pids = {name: pid for name, pid in pids.items() if pid != server.pid}
-                started = trio.Semaphore(0)
-                requests = trio.open_nursery()
-                async with requests as busy:
-                    for kind in kinds:
-                        for _ in range(each):
-                            busy.start_soon(_request, client, url[0], kind, started)
-                    for _ in range(len(kinds) * each):
-                        await started.acquire()
-                    gone: dict[str, float | None] = dict.fromkeys(pids)
-                    async with trio.open_nursery() as watching:
-                        for name, pid in pids.items():
-                            await watching.start(_watch, name, pid, gone)
-                        signalled = time.perf_counter()
-                        server.send_signal(signum)
-                        with trio.move_on_after(120):
-                            await server.wait()
-                        with trio.move_on_after(10):
-                            while None in gone.values():
-                                await trio.sleep(0.05)
-                        watching.cancel_scope.cancel()
-                    busy.cancel_scope.cancel()
-            nursery.cancel_scope.cancel()
-    finally:
-        if server.returncode is None:
-            server.kill()
-            await server.wait()
+    async with open_server(serve_args, tmpdir, startup_timeout=startup_timeout) as served:
+        server = served.process
+        async with OmnitrioClient(served.url) as client:
+            health = await client.health()
+            healthy_s = time.perf_counter() - served.began
+            pids = {entry["process"]: entry["pid"] for entry in health["stages"].values()}
+            pids = {name: pid for name, pid in pids.items() if pid != server.pid}
+            started = trio.Semaphore(0)
+            async with trio.open_nursery() as busy:
+                for kind in kinds:
+                    for _ in range(each):
+                        busy.start_soon(_request, client, served.url, kind, started)
+                for _ in range(len(kinds) * each):
+                    await started.acquire()
+                gone: dict[str, float | None] = dict.fromkeys(pids)
+                async with trio.open_nursery() as watching:
+                    for name, pid in pids.items():
+                        await watching.start(_watch, name, pid, gone)
+                    signalled = time.perf_counter()
+                    server.send_signal(signum)
+                    with trio.move_on_after(120):
+                        await server.wait()
+                    with trio.move_on_after(10):
+                        while None in gone.values():
+                            await trio.sleep(0.05)
+                    watching.cancel_scope.cancel()
+                busy.cancel_scope.cancel()
     processes = {name: None if at is None else at - signalled for name, at in gone.items()}
     shm = [f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith(f"omnitrio-{server.pid}-")]
     return Exits(
@@ -141,24 +108,10 @@ async def serve_and_signal(
         healthy_s=healthy_s,
         processes=processes,
         server_code=server.returncode,
-        killed=[line for line in lines if "killed it" in line],
+        killed=[line for line in served.lines if "killed it" in line],
         leftovers=shm + [str(path) for path in tmpdir.glob("omnitrio-*")],
-        stderr="\n".join(lines),
+        stderr=served.stderr,
     )
-
-
-async def _lines(stream: Any) -> Any:
-    buffer = b""
-    async for chunk in stream:
-        buffer += chunk
-        *whole, buffer = buffer.split(b"\n")
-        for line in whole:
-            yield line.decode(errors="replace")
-
-
-async def _set_when_done(server: trio.Process, event: trio.Event) -> None:
-    await server.wait()
-    event.set()
 
 
 async def _watch(name: str, pid: int, gone: dict[str, float | None], *, task_status: Any) -> None:
