@@ -80,7 +80,7 @@ PROCESS_LISTENING = "process_listening"  # its socket bound and its peers named
 PROCESS_FACTORIES_IMPORTED = "process_factories_imported"  # every factory its stages name imported
 STAGE_BUILD_BEGAN = "stage_build_began"
 STAGE_BUILT = "stage_built"  # the factory returned its scheduler (models loaded)
-STAGE_WARM = "stage_warm"  # the scheduler warmed up: the stage serves
+STAGE_WARM = "stage_warm"  # warmed: what the scheduler says it warmed; the stage serves
 PROCESS_READY = "process_ready"  # process (the stage process, as it says so; the caller, as it hears it)
 PIPELINE_READY = "pipeline_ready"  # open_pipeline yields
 

@@ -92,4 +92,5 @@ async def start_stages(nursery: trio.Nursery, stages: Iterable[Stage]) -> None:
 async def _start_stage(nursery: trio.Nursery, stage: Stage) -> None:
     await nursery.start(stage.run)
     if stage.recorder is not None:
-        stage.recorder.emit(None, stage.name, STAGE_WARM)
+        warmed = [str(path) for path in getattr(stage.scheduler, "warmed", ())]
+        stage.recorder.emit(None, stage.name, STAGE_WARM, warmed=warmed)
