@@ -5,8 +5,9 @@ drives :class:`~schedulers.qwen2_5_omni.token2wav.stage.Token2WavScheduler` dire
 outbox) on random codes, one torch thread:
 
 * **snr_db**: the streamed audio against transformers' whole decode of the same codes, speaker and seed,
-  per chunking ``first/chunk/past/future`` (DiT blocks of 24 mel frames = 12 codes) and BigVGAN context and
-  lag (mel frames); ``whole`` is a request that does not stream (it equals transformers bit for bit).
+  per chunking ``first..steady/past/future`` (DiT blocks of 24 mel frames = 12 codes; chunks grow by the
+  ramp factor from the first to the steady size) and BigVGAN context and lag (mel frames); ``whole`` is a
+  request that does not stream (it equals transformers bit for bit).
 * **first_audio_ms**: the first chunk's window of codes reaches an idle stage; the time until its first
   audio (the window's 36 DiT evaluations and BigVGAN).  A user waits for the talker's codes on top of it.
 * **audio_per_wall_s**: ``c`` requests (1 and 8) of ``--codes`` codes each, all codes there (a talker far
@@ -52,17 +53,19 @@ from schedulers.qwen2_5_omni.token2wav.windows import Schedule  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "qwen2_5_omni_token2wav.json"
 SAMPLE_RATE = 24_000
 SAMPLES_PER_CODE = 480
-# (first, chunk, past, future) in DiT blocks, (context, lag) in mel frames; the first row is the stage's default
-CHUNKINGS: list[tuple[int, int, int, int, int, int]] = [
-    (1, 3, 2, 1, 24, 12),
-    (3, 3, 2, 1, 24, 12),
-    (1, 2, 2, 1, 24, 12),
-    (1, 1, 2, 1, 24, 12),
-    (1, 3, 1, 1, 24, 12),
-    (1, 3, 2, 0, 24, 12),
-    (1, 3, 2, 1, 24, 0),
-    (1, 3, 2, 1, 12, 0),
-    (2, 4, 4, 2, 24, 12),
+# (first, steady chunk, past, future) in DiT blocks, (context, lag) in mel frames, ramp factor; the first row is
+# the stage's default, the second the release's streaming (3 blocks, 2 past, 1 future)
+CHUNKINGS: list[tuple[int, int, int, int, int, int, float]] = [
+    (1, 8, 2, 1, 24, 12, 2.0),
+    (3, 3, 2, 1, 24, 12, 1.0),
+    (1, 3, 2, 1, 24, 12, 2.0),
+    (1, 2, 2, 1, 24, 12, 2.0),
+    (1, 1, 2, 1, 24, 12, 1.0),
+    (1, 8, 1, 1, 24, 12, 2.0),
+    (1, 8, 2, 0, 24, 12, 2.0),
+    (1, 8, 2, 1, 24, 0, 2.0),
+    (1, 8, 2, 1, 12, 0, 2.0),
+    (2, 8, 4, 2, 24, 12, 2.0),
 ]
 
 
@@ -91,10 +94,10 @@ def snr_table(model_dir: Path, lengths: list[int]) -> dict[str, dict[int, float]
             whole = reference(codes[None], conditioning=speaker.cond, reference_mel=speaker.ref_mel)
         stream = SpeechStream(Schedule(24, 2), condition, NoiseStream(length, model.mel_dim), model.points, whole=True)
         table.setdefault("whole", {})[length] = snr_db(whole, decode(model, stream, codes))
-        for first, chunk, past, future, context, lag in CHUNKINGS:
-            schedule = Schedule(model.block_size, model.repeats, first, chunk, past, future, context, lag)
+        for first, chunk, past, future, context, lag, ramp in CHUNKINGS:
+            schedule = Schedule(model.block_size, model.repeats, first, chunk, past, future, context, lag, ramp)
             stream = SpeechStream(schedule, condition, NoiseStream(length, model.mel_dim), model.points, whole=False)
-            name = f"{first}/{chunk}/{past}/{future} blocks, vocoder {context}/{lag} frames"
+            name = f"{first}..{chunk}/{past}/{future} blocks x{ramp:g}, vocoder {context}/{lag}"
             table.setdefault(name, {})[length] = snr_db(whole, decode(model, stream, codes))
     return table
 

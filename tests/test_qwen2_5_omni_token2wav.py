@@ -83,8 +83,8 @@ def generate(
 
 @pytest.fixture(scope="module")
 def answer(reference: Any, tiny: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes and audio of a 150-token answer (Chelsie, seed 0): 300 mel frames, 12.5 DiT blocks."""
-    return generate(reference, tiny, "Tell me about the river and the town.", tokens=150)
+    """Codes and audio of a 100-token answer (Chelsie, seed 0): 200 mel frames, 8.3 DiT blocks, 4 chunks."""
+    return generate(reference, tiny, "Tell me about the river and the town.", tokens=100)
 
 
 @pytest.fixture
@@ -193,7 +193,7 @@ def test_concurrent_requests_share_forwards_and_equal_their_solo_audio(
 ) -> None:
     codes = answer[0]
     voices = {"a": Voice("Chelsie", 0), "b": Voice("Ethan", 5), "c": Voice("Chelsie", 9), "d": Voice("Ethan", 0, False)}
-    lengths = {"a": 150, "b": 120, "c": 97, "d": 60}
+    lengths = {"a": 100, "b": 90, "c": 77, "d": 60}
     solo = {rid: speak(scheduler, rid, codes[: lengths[rid]], voice) for rid, voice in voices.items()}
     model = scheduler.model
     batches: list[int] = []
@@ -288,16 +288,18 @@ def test_the_noise_drawn_frame_by_frame_is_the_whole_draw() -> None:
         noise.frames(39, 41)
 
 
-def test_chunks_cover_the_sequence_on_block_boundaries() -> None:
-    schedule = Schedule(block_size=24, repeats=2)  # first chunk 1 block, then 3; 2 blocks past, 1 future
-    total = 300
-    chunks = [chunk for i in range(6) if (chunk := schedule.chunk(i, total, total)) is not None]
-    assert [(c.start, c.end) for c in chunks] == [(0, 24), (24, 96), (96, 168), (168, 240), (240, 300)]
-    assert [(c.window_start, c.window_end) for c in chunks] == [(0, 48), (0, 120), (48, 192), (120, 264), (192, 300)]
+def test_chunks_grow_and_cover_the_sequence_on_block_boundaries() -> None:
+    schedule = Schedule(block_size=24, repeats=2)  # 1, 2, 4, then 8 blocks; 2 blocks past, 1 future
+    total = 500
+    chunks = [chunk for i in range(9) if (chunk := schedule.chunk(i, total, total)) is not None]
+    assert [(c.start, c.end) for c in chunks] == [(0, 24), (24, 72), (72, 168), (168, 360), (360, 500)]
+    assert [(c.window_start, c.window_end) for c in chunks] == [(0, 48), (0, 96), (24, 192), (120, 384), (312, 500)]
     assert [c.last for c in chunks] == [False] * 4 + [True]
-    assert schedule.chunk(1, received=119, total=None) is None  # its future block has not arrived yet
-    assert schedule.chunk(1, received=120, total=None) == chunks[1]
-    assert schedule.chunk(0, 300, 300, whole=True) == Chunk(0, 0, 300, 0, 300, last=True)
+    assert schedule.chunk(2, received=191, total=None) is None  # its future block has not arrived yet
+    assert schedule.chunk(2, received=192, total=None) == chunks[2]
+    assert schedule.chunk(0, total, total, whole=True) == Chunk(0, 0, total, 0, total, last=True)
+    release = Schedule(24, 2, first_chunk_blocks=3, chunk_blocks=3)
+    assert [release.chunk_start(i) for i in range(4)] == [0, 72, 144, 216]
 
 
 def test_too_little_future_context_is_audibly_wrong(tiny: Path, answer: tuple[torch.Tensor, torch.Tensor]) -> None:

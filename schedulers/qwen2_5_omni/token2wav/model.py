@@ -143,17 +143,19 @@ class Token2Wav:
         return [velocity[index : index + 1, :length] for index, length in enumerate(lengths)]
 
     def _block_diff(self, hidden: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """The DiT's block distance of each key from each query; past a row's length, keys are out of every
-        layer's reach but for the padded queries themselves (whose output is dropped)."""
-        block_diff = self.dit._create_block_diff(hidden)
+        """The DiT's block distance of each key from each query (``_create_block_diff``'s values), as float
+        and broadcast over rows and heads where it can be (each layer compares it with its reach, so an
+        integer tensor per head would be converted and compared per head).  Past a row's length, keys are
+        out of every layer's reach but for the padded queries themselves (whose output is dropped)."""
         frames = hidden.shape[1]
+        blocks = torch.arange(frames, device=hidden.device) // self.block_size
+        block_diff = (blocks[None, :] - blocks[:, None]).to(torch.float32)[None, None]  # [1, 1, query, key]
         if min(lengths) == frames:
             return block_diff
         positions = torch.arange(frames, device=hidden.device)
         padded = positions[None, :] >= torch.tensor(lengths, device=hidden.device)[:, None]  # [rows, keys]
         beyond = padded[:, None, :] & ~padded[:, :, None]  # a real query, a padded key
-        far = torch.full((), frames, dtype=block_diff.dtype, device=hidden.device)
-        return torch.where(beyond[:, None], far, block_diff[:, :1]).expand_as(block_diff)
+        return torch.where(beyond[:, None], float(frames), block_diff)
 
     @torch.inference_mode()
     def vocode(self, mels: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -42,6 +42,7 @@ from schedulers.qwen2_5_omni.token2wav.windows import (
     DEFAULT_FIRST_CHUNK_BLOCKS,
     DEFAULT_FUTURE_BLOCKS,
     DEFAULT_PAST_BLOCKS,
+    DEFAULT_RAMP_FACTOR,
     DEFAULT_VOCODER_CONTEXT,
     DEFAULT_VOCODER_LAG,
     Schedule,
@@ -50,7 +51,7 @@ from schedulers.vocoder import StreamingVocoderBase
 
 STAGE = "token2wav"
 SAMPLE_RATE = 24_000
-DEFAULT_CALL_COST_FRAMES = 96
+DEFAULT_CALL_COST_FRAMES = 32
 # Frames (rows x padded length) per DiT forward: on CPU a batch that outgrows the caches is no faster than
 # its rows apart; an accelerator wants the whole batch.
 CPU_MAX_FORWARD_FRAMES = 2304
@@ -285,6 +286,7 @@ def create_token2wav_stage(
     model_dir: str | None = None,
     first_chunk_blocks: int = DEFAULT_FIRST_CHUNK_BLOCKS,
     chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
+    ramp_factor: float = DEFAULT_RAMP_FACTOR,
     past_blocks: int = DEFAULT_PAST_BLOCKS,
     future_blocks: int = DEFAULT_FUTURE_BLOCKS,
     vocoder_context: int = DEFAULT_VOCODER_CONTEXT,
@@ -314,6 +316,7 @@ def create_token2wav_stage(
         future_blocks=future_blocks,
         vocoder_context=vocoder_context,
         vocoder_lag=vocoder_lag,
+        ramp_factor=ramp_factor,
     )
     return Token2WavScheduler(
         model,

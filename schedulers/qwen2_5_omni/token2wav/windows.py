@@ -5,8 +5,10 @@ mel frames per code), then BigVGAN over the whole mel.  The release streams it i
 :class:`Schedule` says how, in mel frames:
 
 * chunk ``k`` covers mel frames ``[start, end)``: the first ``first_chunk_blocks`` DiT blocks (``block_size``
-  frames each, from the configuration), then ``chunk_blocks`` blocks each; the last chunk ends where the
-  codes end.  Chunk boundaries are block boundaries, so a chunk's audio never depends on how the talker
+  frames each, from the configuration), each next chunk ``ramp_factor`` times the last, up to
+  ``chunk_blocks`` (a small first chunk for the first audio; large later ones spend less of the DiT on
+  context: a window computes ``past + chunk + future`` blocks to keep ``chunk``); the last chunk ends
+  where the codes end.  Chunk boundaries are block boundaries, so a chunk's audio never depends on how the talker
   split its codes;
 * the DiT runs on the chunk's *window*: ``past_blocks`` blocks before it and ``future_blocks`` blocks after
   it (cut at the sequence's ends), with that window's slice of the request's noise; the chunk's frames are
@@ -26,10 +28,13 @@ whole decode.  Pure arithmetic: nothing here touches a model or a tensor.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 DEFAULT_FIRST_CHUNK_BLOCKS = 1
-DEFAULT_CHUNK_BLOCKS = 3
+DEFAULT_CHUNK_BLOCKS = 8
+DEFAULT_RAMP_FACTOR = 2.0
 DEFAULT_PAST_BLOCKS = 2
 DEFAULT_FUTURE_BLOCKS = 1
 DEFAULT_VOCODER_CONTEXT = 24
@@ -71,8 +76,11 @@ class Schedule:
     future_blocks: int = DEFAULT_FUTURE_BLOCKS
     vocoder_context: int = DEFAULT_VOCODER_CONTEXT
     vocoder_lag: int = DEFAULT_VOCODER_LAG
+    ramp_factor: float = DEFAULT_RAMP_FACTOR
 
     def __attrs_post_init__(self) -> None:
+        if isinstance(self.ramp_factor, bool) or not isinstance(self.ramp_factor, int | float) or self.ramp_factor < 1:
+            raise ValueError(f"token2wav: ramp_factor must be a number >= 1, got {self.ramp_factor!r}")
         for name in ("block_size", "repeats", "first_chunk_blocks", "chunk_blocks"):
             _count(name, getattr(self, name), 1)
         for name in ("past_blocks", "future_blocks", "vocoder_context", "vocoder_lag"):
@@ -80,9 +88,19 @@ class Schedule:
         if self.block_size % self.repeats:
             raise ValueError(f"token2wav: block_size {self.block_size} is not a multiple of repeats {self.repeats}")
 
+    def chunk_blocks_of(self, index: int) -> int:
+        """DiT blocks of chunk ``index``: the first chunk's, grown by ``ramp_factor`` per chunk up to
+        ``chunk_blocks``."""
+        size = self.first_chunk_blocks
+        for _ in range(index):
+            if size >= self.chunk_blocks:
+                return self.chunk_blocks
+            size = min(self.chunk_blocks, math.ceil(size * self.ramp_factor))
+        return size
+
     def chunk_start(self, index: int) -> int:
         """First mel frame of chunk ``index`` when the sequence is long enough."""
-        return self.block_size * (self.first_chunk_blocks + self.chunk_blocks * (index - 1)) if index else 0
+        return self.block_size * sum(self.chunk_blocks_of(i) for i in range(index))
 
     def chunk(self, index: int, received: int, total: int | None, *, whole: bool = False) -> Chunk | None:
         """Chunk ``index`` if it is ready, given ``received`` mel frames so far and ``total`` once the stream
@@ -94,8 +112,7 @@ class Schedule:
         start = self.chunk_start(index)
         if total is not None and start >= total:
             return None
-        size = self.first_chunk_blocks if index == 0 else self.chunk_blocks
-        end = start + self.block_size * size
+        end = start + self.block_size * self.chunk_blocks_of(index)
         window_end = end + self.block_size * self.future_blocks
         if total is not None:
             end, window_end = min(end, total), min(window_end, total)
@@ -110,6 +127,7 @@ __all__ = [
     "DEFAULT_FIRST_CHUNK_BLOCKS",
     "DEFAULT_FUTURE_BLOCKS",
     "DEFAULT_PAST_BLOCKS",
+    "DEFAULT_RAMP_FACTOR",
     "DEFAULT_VOCODER_CONTEXT",
     "DEFAULT_VOCODER_LAG",
     "Chunk",
