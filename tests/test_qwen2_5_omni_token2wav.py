@@ -315,3 +315,12 @@ def test_too_little_future_context_is_audibly_wrong(tiny: Path, answer: tuple[to
     wav = answer[1]
     assert snr_db(wav, streamed()) >= MIN_STREAMED_SNR_DB
     assert snr_db(wav, streamed(future_blocks=0)) < 50
+
+
+def test_warm_up_decodes_once_and_keeps_nothing(tiny: Path, answer: tuple[torch.Tensor, torch.Tensor]) -> None:
+    stage = create_token2wav_stage(model_dir=str(tiny))
+    stage.warm_up_serving_thread()
+    assert stage.active_streams == 0 and set(stage._conditions) == {"Chelsie", "Ethan"}
+    with running(stage):
+        codes, wav = answer
+        assert np.array_equal(speak(stage, "r", codes, Voice("Chelsie", 0, stream=False)), wav.numpy())

@@ -36,7 +36,7 @@ from schedulers.qwen2_5_omni.checkpoint import Speakers, preflight, require_mode
 from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, Voice
 from schedulers.qwen2_5_omni.token2wav.model import Row, SpeakerCondition, Token2Wav
 from schedulers.qwen2_5_omni.token2wav.noise import NoiseStream
-from schedulers.qwen2_5_omni.token2wav.stream import SpeechStream
+from schedulers.qwen2_5_omni.token2wav.stream import SpeechStream, decode
 from schedulers.qwen2_5_omni.token2wav.windows import (
     DEFAULT_CHUNK_BLOCKS,
     DEFAULT_FIRST_CHUNK_BLOCKS,
@@ -89,7 +89,15 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         self._conditions: dict[str, SpeakerCondition] = {}
 
     def warm_up_serving_thread(self) -> None:
+        """Every speaker's conditioning, and one block of codes decoded: the first request pays no first-run
+        cost."""
         torch.set_num_threads(1)
+        for name in self.voices:
+            self._condition(name)
+        condition = self._condition(self.voices.names[0])
+        noise = NoiseStream(0, self.model.mel_dim)
+        stream = SpeechStream(self.schedule, condition, noise, self.model.points, whole=True)
+        decode(self.model, stream, torch.zeros(self.schedule.block_size // self.schedule.repeats, dtype=torch.long))
 
     # -- StreamingVocoderBase hooks --------------------------------------------------
 
@@ -155,13 +163,18 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         if state is not None:
             state.release()
 
-    def _open(self, request_id: str, voice: Voice) -> SpeechStream:
-        speaker = self.voices.lookup(voice.speaker)
+    def _condition(self, name: str) -> SpeakerCondition:
+        speaker = self.voices.lookup(name)
         condition = self._conditions.get(speaker.name)
         if condition is None:
             condition = self._conditions[speaker.name] = self.model.condition(speaker)
+        return condition
+
+    def _open(self, request_id: str, voice: Voice) -> SpeechStream:
         noise = NoiseStream(int(voice.seed), self.model.mel_dim)
-        state = SpeechStream(self.schedule, condition, noise, self.model.points, whole=not voice.stream)
+        state = SpeechStream(
+            self.schedule, self._condition(voice.speaker), noise, self.model.points, whole=not voice.stream
+        )
         self._stream_states[request_id] = state
         return state
 
