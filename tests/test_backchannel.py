@@ -18,7 +18,7 @@ from omnitrio.serve.realtime.interruption import JUDGE_TIMEOUT
 from omnitrio.serve.realtime.listen import TurnListener
 from omnitrio.serve.realtime.pacing import Pacer
 from omnitrio.serve.realtime.response import ResponseState
-from omnitrio.serve.realtime.settings import turn_detection
+from omnitrio.serve.realtime.session_config import turn_detection
 from omnitrio.serve.realtime.turn import Heard, Notice, SpeechPaused, SpeechStarted, VadEvent
 from tests.test_realtime_turn import RESUMING, core, playing, speech_over_the_answer
 

@@ -43,7 +43,8 @@ Where things are (imports go down this list, never up; ``tests/test_layers.py`` 
 
 - :mod:`.server` (hypercorn, the listening socket) and :mod:`.app` (the Starlette app: every route,
   the lifespan, health and metrics).
-- The transports of a realtime session, :mod:`.websocket` (``WS /v1/realtime``) and :mod:`.webrtc`
+- :mod:`.transports`, the two transports of a realtime session:
+  :mod:`.transports.websocket` (``WS /v1/realtime``) and :mod:`.transports.webrtc`
   (``POST /v1/realtime/calls``); :mod:`.routes`, the OpenAI HTTP routes (chat, speech,
   transcription, models, client secrets) and SSE; :mod:`.page`, the voice page (``GET /``, ``static/``).
 - :mod:`.realtime`: the realtime session core, socket-free (session, settings, turns, responses,
@@ -51,8 +52,7 @@ Where things are (imports go down this list, never up; ``tests/test_layers.py`` 
 - What all of them share: :mod:`.context` (the served pipeline, ids, body reads), :mod:`.output`
   (a pipeline's stream folded into fields), :mod:`.openai_types` (request checks, voices),
   :mod:`.api_errors`, :mod:`.api_metrics`, :mod:`.limits`, :mod:`.admission`, :mod:`.auth`,
-  :mod:`.origins`, :mod:`.connections`, and audio: :mod:`.audio` (PCM, WAV, resampling) and
-  :mod:`.telephony` (G.711).
+  :mod:`.origins`, :mod:`.connections`, and :mod:`.audio` (PCM, WAV, resampling).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ _HOMES = {
     "serve": "omnitrio.serve.server",
 }
 """Where each public name lives: loaded on first use, so importing a submodule (the socket-free
-``realtime.settings``) loads neither the app nor hypercorn."""
+``realtime.session_config``) loads neither the app nor hypercorn."""
 
 __all__ = ["BindError", "bind_socket", "create_app", "serve"]
 

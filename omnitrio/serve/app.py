@@ -56,8 +56,8 @@ from omnitrio.serve.routes.client_secrets import ClientSecrets, client_secrets_r
 from omnitrio.serve.routes.models import is_accepted, model_card, model_cards, unknown_model
 from omnitrio.serve.routes.speech import create_speech
 from omnitrio.serve.routes.transcription import create_transcription
-from omnitrio.serve.webrtc.calls import WebRTCCalls, available
-from omnitrio.serve.websocket import realtime_endpoint
+from omnitrio.serve.transports.webrtc.calls import WebRTCCalls, available
+from omnitrio.serve.transports.websocket import realtime_endpoint
 
 
 def create_app(

@@ -39,7 +39,7 @@ import trio
 from omnitrio.messages import StreamMessage
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServedPipeline
-from omnitrio.serve.realtime.settings import TurnDetection
+from omnitrio.serve.realtime.session_config import TurnDetection
 from omnitrio.serve.realtime.turn import (
     MS,
     Heard,

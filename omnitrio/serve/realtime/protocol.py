@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from omnitrio.serve.realtime.settings import beta_session, ga_session
+from omnitrio.serve.realtime.session_config import beta_session, ga_session
 
 BETA_NAMES = {
     "response.output_audio.delta": "response.audio.delta",

@@ -52,7 +52,7 @@ from omnitrio.serve.realtime.metrics import realtime_metrics
 from omnitrio.serve.realtime.protocol import wanted
 from omnitrio.serve.realtime.response import Response, respond
 from omnitrio.serve.realtime.response_create import requested_response
-from omnitrio.serve.realtime.settings import (
+from omnitrio.serve.realtime.session_config import (
     EventError,
     TurnDetection,
     asked_voice,
