@@ -147,3 +147,24 @@ def picture(seed: int, height: int = 56, width: int = 56) -> Any:
     from PIL import Image
 
     return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype(np.uint8))
+
+
+def left_padded(caches: list[Any]) -> tuple[Any, torch.Tensor]:
+    """One transformers ``DynamicCache`` holding the batch-1 ``caches`` as rows, each right-aligned (left
+    padding), and the ``[B, width]`` attention mask that hides the padding: a stand-in for the kit's KV
+    batch in tests of the model wrappers."""
+    from transformers.cache_utils import DynamicCache
+
+    lengths = [cache.get_seq_length() for cache in caches]
+    width = max(lengths)
+    batch = DynamicCache()
+    for layer in range(len(caches[0].layers)):
+        keys, values = [], []
+        for cache in caches:
+            k, v = cache.layers[layer].keys, cache.layers[layer].values
+            pad = width - k.shape[-2]
+            keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+            values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+        batch.update(torch.cat(keys), torch.cat(values), layer)
+    mask = (torch.arange(width)[None] >= torch.tensor([width - n for n in lengths])[:, None]).long()
+    return batch, mask
