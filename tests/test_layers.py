@@ -204,6 +204,7 @@ def test_importing_the_realtime_session_core_loads_no_server() -> None:
 SERVE_LAYERS = (
     # (layer, its modules by prefix); a module imports serve modules of its own part or of a lower layer only
     (0, ("context", "output", "openai_types", "api_errors", "api_metrics", "limits", "admission", "auth")),
+    (0, ("model_names",)),
     (0, ("origins", "connections", "audio")),
     (1, ("realtime",)),
     (2, ("transports.websocket",)),
@@ -251,3 +252,37 @@ def test_the_realtime_core_reaches_the_answering_pipeline_only_through_its_answe
         path.name for path in sorted((PACKAGE / "serve" / "realtime").glob("*.py")) if calls.search(path.read_text())
     ]
     assert set(crossings) <= allowed, crossings
+
+
+QWEN3_OMNI = ROOT / "schedulers" / "qwen3_omni"
+QWEN3_OMNI_PARTS = ("front", "thinker", "talker", "code2wav")
+RETIRED_TOYS = ("toys", "schedulers.ar.talker", "schedulers.ar.vocoder")
+
+
+def family_part(module: str, family: str, parts: tuple[str, ...]) -> str | None:
+    """Which part folder of a model family ``module`` lies in, or None for the family level and elsewhere."""
+    rest = module.removeprefix(family + ".").split(".")[0] if module.startswith(family + ".") else None
+    return rest if rest in parts else None
+
+
+def test_no_part_of_qwen3_omni_imports_another_part() -> None:
+    """front, thinker, talker and code2wav share only what lives at the family level (checkpoint, graph)."""
+    family = "schedulers.qwen3_omni"
+    crossings = []
+    for path in sorted(QWEN3_OMNI.rglob("*.py")):
+        here = family_part(module_name(path), family, QWEN3_OMNI_PARTS)
+        for name in sorted(all_imports(path)):
+            there = family_part(name, family, QWEN3_OMNI_PARTS)
+            if here is not None and there is not None and there != here:
+                crossings.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert crossings == []
+
+
+def test_qwen3_omni_imports_no_toy() -> None:
+    crossings = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(QWEN3_OMNI.rglob("*.py"))
+        for name in sorted(all_imports(path))
+        if any(name == toy or name.startswith(toy + ".") for toy in RETIRED_TOYS)
+    ]
+    assert crossings == []

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from omnitrio.serve.realtime.g711 import G711Law, TelephonyDecoder, TelephonyEncoder, g711_law
-from omnitrio.serve.realtime.session_config import audio_format, decode_audio_append
+from omnitrio.serve.realtime.protocol import decode_audio_append
+from omnitrio.serve.realtime.session_config import audio_format
 
 _PCM = "audio/pcm"
 

@@ -1,6 +1,6 @@
-"""The transports of a realtime session, side by side.
+"""The transports of a realtime session, side by side, each with its routes.
 
-- :mod:`.websocket`: ``WS /v1/realtime``.
+- :mod:`.websocket`: ``WS /v1/realtime`` (and the answer to a plain HTTP request there).
 - :mod:`.webrtc`: ``POST /v1/realtime/calls`` and its hang-up (needs aiortc).
 
 Each gives one :class:`~omnitrio.serve.realtime.session.RealtimeSession` a

@@ -1,4 +1,10 @@
-"""``WS /v1/realtime``: the WebSocket transport of a realtime session.
+"""``WS /v1/realtime``: the WebSocket transport of a realtime session, and its routes.
+
+:func:`websocket_routes` serves ``/v1/realtime``: a WebSocket upgrade runs one
+:class:`~omnitrio.serve.realtime.session.RealtimeSession` over a :class:`WebSocketTransport`
+(404 to the upgrade when the pipeline does not serve realtime; a ``?model=`` it does not serve is
+refused with an ``error`` event and a 1008 close); a plain HTTP request there answers 426 saying to
+connect with a WebSocket, or 400 naming what was wrong with its upgrade headers.
 
 Each text frame is one client event; binary frames are :class:`~.realtime.transport.Unreadable`. A
 frame past ``max_event_bytes`` ends the connection: an ``error`` event (``event_too_large``) naming
@@ -10,12 +16,18 @@ Server events are rendered for the protocol the client asked for at connect (GA,
 from __future__ import annotations
 
 import json
-import uuid
+from functools import partial
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from omnitrio.serve.context import ServeContext
+from omnitrio.serve.api_errors import ApiError
+from omnitrio.serve.api_metrics import ApiMetrics
+from omnitrio.serve.context import ServeContext, error_response, new_id
+from omnitrio.serve.model_names import is_accepted, unknown_model
 from omnitrio.serve.realtime.protocol import render, wants_beta
 from omnitrio.serve.realtime.session import RealtimeSession
 from omnitrio.serve.realtime.transport import ClientEvent, Incoming, Unreadable
@@ -49,9 +61,7 @@ class WebSocketTransport:
     async def _refuse_too_large(self, size: int, limit: int) -> None:
         why = f"an event of {size} bytes is over this server's limit of {limit} bytes (max_event_bytes)"
         error = {"type": "invalid_request_error", "code": "event_too_large", "message": why, "param": None}
-        await self.send(
-            {"type": "error", "event_id": f"event-{uuid.uuid4().hex}", "error": {**error, "event_id": None}}
-        )
+        await self.send({"type": "error", "event_id": new_id("event"), "error": {**error, "event_id": None}})
         await self.close(1009, why[:120])
 
     async def send(self, event: dict[str, Any]) -> None:
@@ -74,3 +84,58 @@ async def realtime_endpoint(ctx: ServeContext, websocket: WebSocket) -> None:
     """Accept ``websocket``, then run one :class:`~.realtime.session.RealtimeSession` over it until it ends."""
     await websocket.accept()
     await RealtimeSession(ctx, WebSocketTransport(websocket, max_event_bytes=ctx.limits.max_event_bytes)).run()
+
+
+def websocket_routes(ctx: ServeContext, metrics: ApiMetrics) -> list[BaseRoute]:
+    """``/v1/realtime``: the WebSocket session, and the answer to a plain HTTP request there."""
+    return [
+        Route("/v1/realtime", partial(_realtime_over_http, ctx), methods=["GET"]),
+        WebSocketRoute("/v1/realtime", partial(_realtime, ctx, metrics)),
+    ]
+
+
+async def _realtime(ctx: ServeContext, metrics: ApiMetrics, websocket: WebSocket) -> None:
+    """The realtime session, or a 404 answer to the upgrade when the pipeline does not serve realtime.
+
+    A ``?model=`` the route does not serve is refused as OpenAI refuses it: the socket opens, one
+    ``error`` event (``invalid_request_error``, ``model_not_found``, naming the served model) is
+    sent, and the socket closes with 1008 (policy violation)."""
+    try:
+        ctx.require("realtime")
+    except ApiError as error:
+        metrics.count("realtime_session", "client_error")
+        await websocket.send_denial_response(error_response(error))
+        return
+    model = websocket.query_params.get("model")
+    if model is not None and not is_accepted(ctx, "realtime", model):
+        metrics.count("realtime_session", "client_error")
+        refusal = unknown_model(ctx, "realtime", model)
+        await websocket.accept()
+        await websocket.send_text(json.dumps({"type": "error", "event_id": new_id("event"), **refusal.body()}))
+        await websocket.close(1008, f"model {model!r} not found"[:120])
+        return
+    metrics.count("realtime_session", "ok")
+    await realtime_endpoint(ctx, websocket)
+
+
+async def _realtime_over_http(ctx: ServeContext, request: Request) -> Response:
+    """A request that reached ``/v1/realtime`` without a WebSocket upgrade: say what to do instead."""
+    ctx.require("realtime")
+    upgrade = request.headers.get("upgrade")
+    connection = request.headers.get("connection", "")
+    match upgrade:
+        case None:
+            error = ApiError(
+                426,
+                "/v1/realtime is a WebSocket endpoint: connect with a WebSocket client "
+                f"(ws://{request.url.netloc}/v1/realtime), not a plain HTTP request",
+                code="upgrade_required",
+                headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+            )
+        case str() if upgrade.strip().lower() != "websocket":
+            error = ApiError(400, f"the Upgrade header is {upgrade!r}; /v1/realtime needs 'Upgrade: websocket'")
+        case _:
+            error = ApiError(
+                400, f"a WebSocket upgrade needs the header 'Connection: Upgrade'; the request had {connection!r}"
+            )
+    return error_response(error)
