@@ -4,7 +4,9 @@
   its torchvision video processor (its constructor insists on one; the CPU torch pin has no torchvision);
 * :func:`reference_answer`: ``Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`` greedy (thinker
   and talker), recording the talker's codes as ``generate`` hands them to token2wav;
-* :func:`clip`, :func:`picture`: media whose content the tiny checkpoints' answers depend on.
+* :func:`clip`, :func:`picture`: media whose content the tiny checkpoints' answers depend on;
+* the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`) and
+  ``model`` (transformers' model of it: :func:`reference_model`): a test module imports the functions.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from typing import Any
 
 import attrs
 import numpy as np
+import pytest
 import torch
+
+from schedulers.qwen2_5_omni.tiny import write_checkpoint
 
 TOKEN_NAMES = (
     "image_token",
@@ -30,6 +35,31 @@ TOKEN_NAMES = (
     "audio_bos_token",
     "audio_eos_token",
 )
+
+
+@pytest.fixture(scope="session", name="tiny")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2.5-Omni checkpoint (read only: tests never change it)."""
+    return write_checkpoint(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
+
+
+@pytest.fixture(scope="session", name="model")
+def reference_model(tiny: Path) -> Any:
+    """``Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny)``, float32, eval, one torch thread."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    torch.set_num_threads(1)
+    return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
+
+
+def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One user turn of transformers-style chat ``parts``."""
+    return [{"role": "user", "content": list(parts)}]
+
+
+def text(words: str) -> dict[str, Any]:
+    """A text part."""
+    return {"type": "text", "text": words}
 
 
 def reference_processor(model_dir: Path) -> Any:

@@ -21,13 +21,13 @@ import torch
 from schedulers.omni.inputs import resample
 from schedulers.qwen2_5_omni.front.encoders import AudioTower, VisionTower
 from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT, Preprocessor
-from schedulers.qwen2_5_omni.tiny import write_checkpoint
-from tests.qwen2_5_omni_reference import clip, picture, reference_inputs, reference_processor
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
+from tests.qwen2_5_omni_reference import (
+    clip,
+    picture,
+    reference_inputs,
+    reference_processor,
+    tiny_checkpoint,  # noqa: F401  (fixture tiny)
+)
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,12 @@ import pytest
 import torch
 
 from schedulers.qwen2_5_omni.front.processor import OmniProcessor, audio_token_count
-from schedulers.qwen2_5_omni.tiny import write_checkpoint
-from tests.qwen2_5_omni_reference import clip, picture, reference_processor
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
+from tests.qwen2_5_omni_reference import (
+    clip,
+    picture,
+    reference_processor,
+    tiny_checkpoint,  # noqa: F401  (fixture tiny)
+)
 
 
 @pytest.fixture(scope="module")

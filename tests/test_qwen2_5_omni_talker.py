@@ -18,26 +18,21 @@ from transformers.cache_utils import DynamicCache
 from schedulers.qwen2_5_omni.talker.codec_sampling import CodecSampler, CodecSampling, choose_codes
 from schedulers.qwen2_5_omni.talker.model import TalkerModel
 from schedulers.qwen2_5_omni.talker.prompt import TalkerText
-from schedulers.qwen2_5_omni.tiny import write_checkpoint
-from tests.qwen2_5_omni_reference import (
+from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures model, tiny)
     Answer,
     clip,
     left_padded,
     picture,
     reference_answer,
     reference_inputs,
+    reference_model,
     reference_processor,
+    text,
+    tiny_checkpoint,
+    user,
 )
 
 GREEDY = CodecSampling(do_sample=False)
-
-
-def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": list(parts)}]
-
-
-def text(words: str) -> dict[str, Any]:
-    return {"type": "text", "text": words}
 
 
 PROMPTS = {
@@ -46,19 +41,6 @@ PROMPTS = {
     "image": user({"type": "image", "image": picture(0)}, text("Describe it.")),
     "ends by eos": user(text("leaf morning hill")),  # the tiny thinker says <|im_end|> at its 29th token
 }
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def model(tiny: Path) -> Any:
-    from transformers import Qwen2_5OmniForConditionalGeneration
-
-    torch.set_num_threads(1)
-    return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
 
 
 @pytest.fixture(scope="module")

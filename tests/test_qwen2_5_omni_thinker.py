@@ -17,18 +17,20 @@ import torch
 from schedulers.qwen2_5_omni.front.encoders import AudioTower, VisionTower
 from schedulers.qwen2_5_omni.front.processor import OmniProcessor
 from schedulers.qwen2_5_omni.thinker.model import Prefill, PromptInputs, ThinkerLM
-from schedulers.qwen2_5_omni.tiny import write_checkpoint
-from tests.qwen2_5_omni_reference import clip, left_padded, media, picture, reference_answer, reference_processor
+from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures model, tiny)
+    clip,
+    left_padded,
+    media,
+    picture,
+    reference_answer,
+    reference_model,
+    reference_processor,
+    text,
+    tiny_checkpoint,
+    user,
+)
 
 TOKENS = 12
-
-
-def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": list(parts)}]
-
-
-def text(words: str) -> dict[str, Any]:
-    return {"type": "text", "text": words}
 
 
 PROMPTS = {
@@ -73,19 +75,6 @@ class Ours:
             ids.append(int(step.logits[0].argmax()))
             length += 1
         return ids, states
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def model(tiny: Path) -> Any:
-    from transformers import Qwen2_5OmniForConditionalGeneration
-
-    torch.set_num_threads(1)
-    return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
 
 
 @pytest.fixture(scope="module")
