@@ -1,4 +1,6 @@
-"""A request id aborted mid-request is usable again at once, at every scheduler family, in both modes.
+"""A request id aborted mid-request is usable again at once, at every scheduler family, in both modes;
+so is one that completed while a side stage still worked on it (completion lets every stage go), and
+an input for an id a stage still holds from another life is an error its caller sees.
 
 The runtime releases an aborted id everywhere before it may be reused; what makes reuse work at a
 scheduler is that the in-order ``abort`` message in its inbox ends the old life there, so a stage
@@ -8,19 +10,32 @@ that accepts stream data before its payload takes the new life's first chunks as
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
-from omnitrio import CompleteMessage, PipelineConfig, RequestAborted, StageConfig, StreamMessage, open_pipeline
+from omnitrio import (
+    CompleteMessage,
+    FactoryArgs,
+    PipelineConfig,
+    RequestAborted,
+    RequestFailed,
+    StageConfig,
+    StreamMessage,
+    open_pipeline,
+)
+from omnitrio.caller import Submission
 from tests.pipelines import settled, until_held
 
 R = "tests.reuse_stages"
 AR = "tests.reuse_ar_stages"
 SEED = "toys.seed.ch4_stream_stages"
+TOYS = "toys.stages"
 DEADLINE = 60  # a hang fails the test instead of the suite
 CHUNKS_BEFORE_ABORT = 20
 
@@ -221,4 +236,92 @@ async def test_session_command_id_aborted_mid_append_runs_again(process: bool) -
             assert (result["op"], result["ticks"], ticks) == ("append", 3, 3)
             closed = await pipeline.submit("close", None, metadata=command("close"))
             assert closed["appends"] == [400, 3]
+            await settled(pipeline)
+
+
+# -- completion lets every stage go; a clash is an error ---------------------------------------------
+
+ROUTES = "tests.route_stages"
+
+
+def side_branch(process: bool, gate: Path) -> PipelineConfig:
+    """split → fast (terminal) and → side (a gate the test opens) → side_t (terminal); the request's
+    inputs name the terminals it waits for."""
+    return PipelineConfig(
+        terminal_stages_fn=f"{ROUTES}.terminals_from_inputs",
+        stages=[
+            stage("split", f"{TOYS}.create_echo", process, next=["fast", "side"]),
+            stage("fast", f"{TOYS}.create_echo", process, terminal=True),
+            StageConfig(
+                name="side",
+                process="p_side" if process else None,
+                factory_path=f"{ROUTES}.create_gate",
+                factory=FactoryArgs(fifo=str(gate)),
+                next="side_t",
+            ),
+            stage("side_t", f"{TOYS}.create_echo", process, terminal=True),
+        ],
+    )
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Path:
+    """A named pipe for the side stage's gate."""
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    return fifo
+
+
+def open_gate(fifo: Path) -> None:
+    """Let one waiting payload through the gate (blocks until the stage reads)."""
+    with open(fifo, "wb") as gate:
+        gate.write(b"x")
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["inline", "processes"])
+async def test_completion_releases_a_side_stage_still_working_and_the_id_runs_again_at_once(
+    process: bool, gate: Path
+) -> None:
+    async with open_pipeline(side_branch(process, gate)) as pipeline:
+        with trio.fail_after(DEADLINE):
+            first = await pipeline.submit("r1", {"terminals": ["fast"]})
+            assert first == {"raw_inputs": {"terminals": ["fast"]}}
+            await settled(pipeline)  # side still computes the first life; its stage let go of it
+            async with trio.open_nursery() as nursery:
+                second: list[Any] = []
+
+                async def again() -> None:
+                    second.append(await pipeline.submit("r1", {"terminals": ["side_t"]}))
+
+                nursery.start_soon(again)
+                await trio.to_thread.run_sync(open_gate, gate)  # the first life's compute ends, unheard
+                await trio.to_thread.run_sync(open_gate, gate)  # the second life's
+            assert second == [{"raw_inputs": {"terminals": ["side_t"]}}]
+            await settled(pipeline)
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["inline", "processes"])
+async def test_an_input_for_an_id_a_stage_still_holds_from_another_life_fails_naming_stage_and_id(
+    process: bool, gate: Path
+) -> None:
+    async with open_pipeline(side_branch(process, gate)) as pipeline:
+        with trio.fail_after(DEADLINE):
+            leaked = pipeline.coordinator.open(Submission("r1", {"terminals": ["side_t"]}))
+            await until_held(pipeline, "side")
+            leaked.close(RequestAborted("r1"))  # the coordinator forgets it; side still holds it
+            with pytest.raises(RequestFailed) as info:
+                await pipeline.submit("r1", {"terminals": ["side_t"]})
+            assert info.value.stage == "side"
+            assert "'r1'" in info.value.error_message and "still holds" in info.value.error_message
+            await trio.to_thread.run_sync(open_gate, gate)  # the leaked life's compute ends
+            await settled(pipeline)  # the clash let the earlier life go too
+            async with trio.open_nursery() as nursery:  # and the id works again
+                again: list[Any] = []
+
+                async def submit() -> None:
+                    again.append(await pipeline.submit("r1", {"terminals": ["side_t"]}))
+
+                nursery.start_soon(submit)
+                await trio.to_thread.run_sync(open_gate, gate)
+            assert again == [{"raw_inputs": {"terminals": ["side_t"]}}]
             await settled(pipeline)
