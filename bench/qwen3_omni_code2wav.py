@@ -1,6 +1,6 @@
 """Time to first audio and real-time factor of the Qwen3-Omni code2wav stage, per chunk size.
 
-Drives :class:`~schedulers.qwen3_omni.code2wav.Qwen3OmniCode2WavScheduler` directly (its thread, inbox,
+Drives :class:`~schedulers.qwen3_omni.code2wav.stage.Qwen3OmniCode2WavScheduler` directly (its thread, inbox,
 outbox) on random codes, with the models of :mod:`toys.qwen3_omni_code2wav` (``tiny``, ``medium``;
 ``--release`` adds the released model's shape, ~200 M parameters), one torch thread:
 
@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, StreamItem  # noqa: E402
-from schedulers.qwen3_omni.code2wav import Qwen3OmniCode2WavScheduler  # noqa: E402
-from schedulers.qwen3_omni.code2wav_model import Code2WavRunner, decode_whole  # noqa: E402
-from schedulers.qwen3_omni.code2wav_plan import Chunking  # noqa: E402
+from schedulers.qwen3_omni.code2wav.model import Code2WavRunner, decode_whole  # noqa: E402
+from schedulers.qwen3_omni.code2wav.stage import Qwen3OmniCode2WavScheduler  # noqa: E402
+from schedulers.qwen3_omni.code2wav.windows import Chunking  # noqa: E402
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen3_omni_code2wav.json"

@@ -2,7 +2,7 @@
 
 For each size, a random checkpoint is written (toys/qwen3_omni_checkpoint.py) and transformers'
 ``generate`` produces one thinker stream per request (toys/qwen3_omni_talker_feed.py); the talker stage
-(:class:`schedulers.qwen3_omni.talker.TalkerScheduler`, greedy, ``min_new_tokens = max_new_tokens`` so
+(:class:`schedulers.qwen3_omni.talker.stage.TalkerScheduler`, greedy, ``min_new_tokens = max_new_tokens`` so
 every request speaks exactly ``--frames`` + 1 talker tokens) is then fed all streams at once and timed
 from the first chunk to the last result.  The split of the wall time between the talker's forwards and
 the code predictor's is measured in the same run (the code predictor runs inside the stage: the figure
@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, StreamItem  # noqa: E402
-from schedulers.qwen3_omni.codec_sampling import TalkerSampling  # noqa: E402
-from schedulers.qwen3_omni.talker import TalkerScheduler  # noqa: E402
-from schedulers.qwen3_omni.talker_model import TalkerModel  # noqa: E402
+from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling  # noqa: E402
+from schedulers.qwen3_omni.talker.model import TalkerModel  # noqa: E402
+from schedulers.qwen3_omni.talker.stage import TalkerScheduler  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor  # noqa: E402
 from toys.qwen3_omni_talker_feed import reference_run  # noqa: E402

@@ -2,7 +2,7 @@
 
 For each checkpoint size (random ``tiny`` and ``medium`` ones, :mod:`toys.qwen3_omni_checkpoint`), ``batch``
 requests with random text prompts of ``--prompt`` tokens are added to one
-:class:`~schedulers.qwen3_omni.thinker_engine.ThinkerEngine` at once and decoded greedily, ``--tokens`` each
+:class:`~schedulers.qwen3_omni.thinker.engine.ThinkerEngine` at once and decoded greedily, ``--tokens`` each
 (eos ignored); tokens per second is every generated token over the wall time of all steps (prefills
 included).  ``generate`` (thinker only, batch 1, one request after the other) is the reference line.
 One torch thread.  Rounds alternate and medians are kept; on a shared machine the figures are loaded.
@@ -28,9 +28,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from schedulers.qwen3_omni.thinker_engine import ThinkerEngine, ThinkerRequest  # noqa: E402
-from schedulers.qwen3_omni.thinker_model import ThinkerLM  # noqa: E402
-from schedulers.qwen3_omni.thinker_sampling import Sampler, SamplingDefaults  # noqa: E402
+from schedulers.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerRequest  # noqa: E402
+from schedulers.qwen3_omni.thinker.model import ThinkerLM  # noqa: E402
+from schedulers.qwen3_omni.thinker.sampling import Sampler, SamplingDefaults  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model  # noqa: E402
 from toys.qwen3_omni_thinker import thinker_scheduler  # noqa: E402

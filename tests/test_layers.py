@@ -193,7 +193,7 @@ def test_the_runtime_has_no_import_circle_even_through_type_only_imports() -> No
 
 def test_importing_the_realtime_session_core_loads_no_server() -> None:
     probe = (
-        "import sys, omnitrio.serve.realtime.settings\n"
+        "import sys, omnitrio.serve.realtime.session_config\n"
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('hypercorn', 'starlette')"
         " or m in ('omnitrio.serve.app', 'omnitrio.serve.server'))))"
     )
@@ -204,18 +204,22 @@ def test_importing_the_realtime_session_core_loads_no_server() -> None:
 SERVE_LAYERS = (
     # (layer, its modules by prefix); a module imports serve modules of its own part or of a lower layer only
     (0, ("context", "output", "openai_types", "api_errors", "api_metrics", "limits", "admission", "auth")),
-    (0, ("origins", "connections", "audio", "telephony")),
+    (0, ("model_names",)),
+    (0, ("origins", "connections", "audio")),
     (1, ("realtime",)),
-    (2, ("websocket",)),
-    (2, ("webrtc",)),
+    (2, ("transports.websocket",)),
+    (2, ("transports.webrtc",)),
     (2, ("routes",)),
     (2, ("page",)),
     (3, ("app", "server")),
 )
 
 
+SERVE_PACKAGES = ("omnitrio.serve", "omnitrio.serve.transports")  # packages that hold parts, not a part
+
+
 def serve_part(module: str) -> tuple[int, int] | None:
-    """The layer of an ``omnitrio.serve`` module and which part of it, or None for the package itself."""
+    """The layer of an ``omnitrio.serve`` module and which part of it, or None for a package of parts."""
     name = module.removeprefix("omnitrio.serve.")
     for index, (layer, prefixes) in enumerate(SERVE_LAYERS):
         if any(name == p or name.startswith(p + ".") for p in prefixes):
@@ -226,7 +230,7 @@ def serve_part(module: str) -> tuple[int, int] | None:
 def test_serve_imports_go_from_transports_and_routes_to_the_realtime_core_to_shared_helpers() -> None:
     paths = {module_name(p): p for p in (PACKAGE / "serve").rglob("*.py")}
     for name in paths:
-        assert name == "omnitrio.serve" or serve_part(name) is not None, f"{name} has no layer in SERVE_LAYERS"
+        assert name in SERVE_PACKAGES or serve_part(name) is not None, f"{name} has no layer in SERVE_LAYERS"
     upward = []
     for name, path in sorted(paths.items()):
         here = serve_part(name)
@@ -248,3 +252,37 @@ def test_the_realtime_core_reaches_the_answering_pipeline_only_through_its_answe
         path.name for path in sorted((PACKAGE / "serve" / "realtime").glob("*.py")) if calls.search(path.read_text())
     ]
     assert set(crossings) <= allowed, crossings
+
+
+QWEN3_OMNI = ROOT / "schedulers" / "qwen3_omni"
+QWEN3_OMNI_PARTS = ("front", "thinker", "talker", "code2wav")
+RETIRED_TOYS = ("toys", "schedulers.ar.talker", "schedulers.ar.vocoder")
+
+
+def family_part(module: str, family: str, parts: tuple[str, ...]) -> str | None:
+    """Which part folder of a model family ``module`` lies in, or None for the family level and elsewhere."""
+    rest = module.removeprefix(family + ".").split(".")[0] if module.startswith(family + ".") else None
+    return rest if rest in parts else None
+
+
+def test_no_part_of_qwen3_omni_imports_another_part() -> None:
+    """front, thinker, talker and code2wav share only what lives at the family level (checkpoint, graph)."""
+    family = "schedulers.qwen3_omni"
+    crossings = []
+    for path in sorted(QWEN3_OMNI.rglob("*.py")):
+        here = family_part(module_name(path), family, QWEN3_OMNI_PARTS)
+        for name in sorted(all_imports(path)):
+            there = family_part(name, family, QWEN3_OMNI_PARTS)
+            if here is not None and there is not None and there != here:
+                crossings.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert crossings == []
+
+
+def test_qwen3_omni_imports_no_toy() -> None:
+    crossings = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(QWEN3_OMNI.rglob("*.py"))
+        for name in sorted(all_imports(path))
+        if any(name == toy or name.startswith(toy + ".") for toy in RETIRED_TOYS)
+    ]
+    assert crossings == []

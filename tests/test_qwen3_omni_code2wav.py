@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StreamItem
-from schedulers.qwen3_omni.code2wav import Qwen3OmniCode2WavScheduler, create_code2wav_stage
-from schedulers.qwen3_omni.code2wav_model import Code2WavRunner, decode_whole, geometry, to_pcm16
-from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Geometry
+from schedulers.qwen3_omni.code2wav.model import Code2WavRunner, decode_whole, geometry, to_pcm16
+from schedulers.qwen3_omni.code2wav.stage import Qwen3OmniCode2WavScheduler, create_code2wav_stage
+from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Geometry
 from tests.scheduler_harness import TIMEOUT, done, new, put_atomically, running
 from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes

@@ -13,7 +13,13 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from schedulers.qwen3_omni.codec_sampling import TalkerSampling, first_codes, processed_scores, suppressed_mask, warped
+from schedulers.qwen3_omni.talker.codec_sampling import (
+    TalkerSampling,
+    first_codes,
+    processed_scores,
+    suppressed_mask,
+    warped,
+)
 
 VOCAB, EOS = 1056, 34
 

@@ -14,13 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from schedulers.qwen3_omni.encoders import (  # noqa: E402
+from schedulers.qwen3_omni.front.encoders import (  # noqa: E402
     AudioTower,
     VisionTower,
     create_audio_encoder_stage,
     create_image_encoder_stage,
 )
-from schedulers.qwen3_omni.processor import OmniProcessor  # noqa: E402
+from schedulers.qwen3_omni.front.processor import OmniProcessor  # noqa: E402
 from tests.scheduler_harness import by_id, new, put_atomically, running, take  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model, sample_clip, sample_image  # noqa: E402
@@ -141,7 +141,7 @@ def test_image_stage_answers_with_embeds_deepstack_and_grid(tiny: Path, thinker:
 
 
 def test_a_stage_loads_only_its_towers_weights(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import schedulers.qwen3_omni.encoders as encoders
+    import schedulers.qwen3_omni.front.encoders as encoders
 
     prefixes: list[str] = []
     real = encoders.load_weights

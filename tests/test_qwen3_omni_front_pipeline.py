@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from omnitrio import CompleteMessage, open_pipeline  # noqa: E402
 from omnitrio.cli import main  # noqa: E402
-from omnitrio.config import load  # noqa: E402
+from omnitrio.config_loading import load  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     load_reference_model,
@@ -31,7 +31,7 @@ from toys.qwen3_omni_reference import (  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
-R = "schedulers.qwen3_omni.routing"
+R = "schedulers.qwen3_omni.graph"
 CONFIG = f"""
 name = "qwen3-omni-front"
 serves = ["chat"]
@@ -39,7 +39,7 @@ model_args = ["preprocess.factory.model_dir", "audio_encoder.factory.model_dir",
 
 [[stages]]
 name = "preprocess"
-factory_path = "schedulers.qwen3_omni.frontend.create_preprocess_stage"
+factory_path = "schedulers.qwen3_omni.front.preprocess.create_preprocess_stage"
 next = ["audio_encoder", "image_encoder", "aggregate"]
 route_fn = "{R}.route_preprocess"
 [stages.project_payload]
@@ -49,17 +49,17 @@ aggregate = "{R}.project_to_aggregate"
 
 [[stages]]
 name = "audio_encoder"
-factory_path = "schedulers.qwen3_omni.encoders.create_audio_encoder_stage"
+factory_path = "schedulers.qwen3_omni.front.encoders.create_audio_encoder_stage"
 next = "aggregate"
 
 [[stages]]
 name = "image_encoder"
-factory_path = "schedulers.qwen3_omni.encoders.create_image_encoder_stage"
+factory_path = "schedulers.qwen3_omni.front.encoders.create_image_encoder_stage"
 next = "aggregate"
 
 [[stages]]
 name = "aggregate"
-factory_path = "schedulers.qwen3_omni.frontend.create_aggregate_stage"
+factory_path = "schedulers.qwen3_omni.front.aggregate.create_aggregate_stage"
 wait_for = ["preprocess", "audio_encoder", "image_encoder"]
 wait_for_fn = "{R}.wait_for_aggregate"
 merge_fn = "{R}.merge_aggregate"

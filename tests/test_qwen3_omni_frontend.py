@@ -1,4 +1,4 @@
-"""Qwen3-Omni's preprocessing stage and per-request graph (schedulers.qwen3_omni.frontend / .routing).
+"""Qwen3-Omni's preprocessing stage and per-request graph (schedulers.qwen3_omni.front.preprocess / .graph).
 
 Chat inputs as the HTTP layer hands them become what transformers' processor makes of the same messages;
 voices map to the checkpoint's speakers; a request waits only for the encoders it uses.
@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from omnitrio.contract import OmniRequest, StagePayload  # noqa: E402
-from schedulers.qwen3_omni import routing  # noqa: E402
-from schedulers.qwen3_omni.frontend import Preprocessor, create_preprocess_stage, resolve_speaker  # noqa: E402
+from schedulers.qwen3_omni import graph  # noqa: E402
+from schedulers.qwen3_omni.front.preprocess import Preprocessor, create_preprocess_stage, resolve_speaker  # noqa: E402
 from tests.scheduler_harness import new, running, take  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
@@ -68,7 +68,7 @@ def test_audio_and_image_parts_become_what_the_processor_makes(tiny: Path, prepr
     assert torch.equal(data["input_ids"], expected["input_ids"][0])
     for key in ("input_features", "feature_attention_mask", "pixel_values", "image_grid_thw"):
         assert torch.equal(data[key], expected[key]), key
-    assert data["encoders"] == [routing.AUDIO_ENCODER, routing.IMAGE_ENCODER]
+    assert data["encoders"] == [graph.AUDIO_ENCODER, graph.IMAGE_ENCODER]
     assert (data["max_new_tokens"], data["temperature"], data["want_audio"]) == (7, 0.0, False)
 
 
@@ -121,25 +121,25 @@ def _payload(data: dict[str, Any], inputs: Any = None) -> StagePayload:
 
 
 @pytest.mark.parametrize(
-    "encoders", [[], [routing.AUDIO_ENCODER], [routing.IMAGE_ENCODER], [routing.AUDIO_ENCODER, routing.IMAGE_ENCODER]]
+    "encoders", [[], [graph.AUDIO_ENCODER], [graph.IMAGE_ENCODER], [graph.AUDIO_ENCODER, graph.IMAGE_ENCODER]]
 )
 def test_aggregate_waits_only_for_the_encoders_a_request_uses(encoders: list[str]) -> None:
     payload = _payload({"encoders": encoders})
-    assert routing.route_preprocess("r1", payload) == [*encoders, routing.AGGREGATE]
-    for source in (routing.PREPROCESS, *encoders):
-        assert routing.wait_for_aggregate("r1", source, payload) == [routing.PREPROCESS, *encoders]
+    assert graph.route_preprocess("r1", payload) == [*encoders, graph.AGGREGATE]
+    for source in (graph.PREPROCESS, *encoders):
+        assert graph.wait_for_aggregate("r1", source, payload) == [graph.PREPROCESS, *encoders]
 
 
 def test_merge_builds_the_thinkers_input(preprocessor: Preprocessor) -> None:
     data = preprocessor(_chat({"type": "image", "image": sample_image()}, modalities=("text", "audio")))
-    pre = routing.project_to_aggregate(_payload(data))
-    image = routing.project_to_image_encoder(_payload(data))
+    pre = graph.project_to_aggregate(_payload(data))
+    image = graph.project_to_image_encoder(_payload(data))
     assert set(image.data) == {"pixel_values", "image_grid_thw", "encoders"}
     encoded = {"image_embeds": torch.ones(2, 32), "deepstack_image_embeds": [torch.zeros(2, 32)]}
-    merged = routing.merge_aggregate(
+    merged = graph.merge_aggregate(
         {
-            routing.PREPROCESS: pre,
-            routing.IMAGE_ENCODER: _payload({**encoded, "image_grid_thw": data["image_grid_thw"]}),
+            graph.PREPROCESS: pre,
+            graph.IMAGE_ENCODER: _payload({**encoded, "image_grid_thw": data["image_grid_thw"]}),
         }
     ).data
     assert torch.equal(merged["input_ids"], data["input_ids"])
@@ -150,7 +150,7 @@ def test_merge_builds_the_thinkers_input(preprocessor: Preprocessor) -> None:
 
 def test_text_only_requests_never_reach_the_talker() -> None:
     text, spoken = _chat(), _chat(modalities=("text", "audio"))
-    assert routing.terminal_stages("r1", text) == [routing.DECODE]
-    assert routing.terminal_stages("r1", spoken) == [routing.DECODE, routing.CODE2WAV]
-    assert routing.route_thinker("r1", _payload({"want_audio": False})) == [routing.DECODE]
-    assert routing.route_thinker("r1", _payload({"want_audio": True})) == [routing.DECODE, routing.TALKER]
+    assert graph.chat_terminal_stages("r1", text) == [graph.DECODE]
+    assert graph.chat_terminal_stages("r1", spoken) == [graph.DECODE, graph.CODE2WAV]
+    assert graph.route_thinker("r1", _payload({"want_audio": False})) == [graph.DECODE]
+    assert graph.route_thinker("r1", _payload({"want_audio": True})) == [graph.DECODE, graph.TALKER]

@@ -1,4 +1,4 @@
-"""schedulers.qwen3_omni.processor gives what transformers' Qwen3OmniMoeProcessor gives, without video.
+"""schedulers.qwen3_omni.front.processor gives what transformers' Qwen3OmniMoeProcessor gives, without video.
 
 The reference is ``Qwen3OmniMoeProcessor`` itself, assembled from the same checkpoint directory without
 its video processor (toys.qwen3_omni_reference.reference_processor), called on the same text and media.
@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from schedulers.qwen3_omni.processor import OmniProcessor, audio_token_count  # noqa: E402
+from schedulers.qwen3_omni.front.processor import OmniProcessor, audio_token_count  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import reference_processor, sample_clip, sample_image  # noqa: E402
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage
-from schedulers.qwen3_omni.codec_sampling import TalkerSampling
-from schedulers.qwen3_omni.talker import TalkerScheduler, create_talker_stage
-from schedulers.qwen3_omni.talker_model import TalkerModel
+from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling
+from schedulers.qwen3_omni.talker.model import TalkerModel
+from schedulers.qwen3_omni.talker.stage import TalkerScheduler, create_talker_stage
 from tests.scheduler_harness import chunk, done, new, running
 from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor, sample_messages

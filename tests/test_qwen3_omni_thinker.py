@@ -18,8 +18,8 @@ import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.qwen3_omni import checkpoint as checkpoint_module
-from schedulers.qwen3_omni.thinker import ThinkerScheduler, create_thinker_stage
-from schedulers.qwen3_omni.thinker_sampling import Sampler, SamplingDefaults
+from schedulers.qwen3_omni.thinker.sampling import Sampler, SamplingDefaults
+from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler, create_thinker_stage
 from tests.scheduler_harness import running
 from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor

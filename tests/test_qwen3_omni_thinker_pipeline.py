@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from omnitrio import CompleteMessage, StreamMessage, open_pipeline
-from omnitrio.config import from_dict
+from omnitrio.config_loading import from_dict
 from omnitrio.pipeline import Pipeline
 from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor
@@ -33,14 +33,14 @@ async def pipeline(checkpoint: Path) -> AsyncIterator[Pipeline]:
             "stages": [
                 {
                     "name": "thinker",
-                    "factory_path": "schedulers.qwen3_omni.thinker.create_thinker_stage",
+                    "factory_path": "schedulers.qwen3_omni.thinker.stage.create_thinker_stage",
                     "factory": {"model_dir": model_dir, "max_new_tokens": 32},
                     "next": "decode",
                     "stream_to": ["decode"],
                 },
                 {
                     "name": "decode",
-                    "factory_path": "schedulers.qwen3_omni.text_decode.create_decode_stage",
+                    "factory_path": "schedulers.qwen3_omni.thinker.text_decode.create_decode_stage",
                     "factory": {"model_dir": model_dir},
                     "terminal": True,
                     "can_accept_stream_before_payload": True,

@@ -17,7 +17,7 @@ import trio.testing
 from omnitrio.serve.realtime.backchannel import FalseInterruptions
 from omnitrio.serve.realtime.input_buffer import InputBuffer
 from omnitrio.serve.realtime.response import Response, ResponseState
-from omnitrio.serve.realtime.settings import TurnDetection, default_session, turn_detection
+from omnitrio.serve.realtime.session_config import TurnDetection, default_session, turn_detection
 from omnitrio.serve.realtime.turn import (
     MS,
     Began,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from schedulers.qwen3_omni.thinker import ThinkerScheduler, create_thinker_stage
+from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler, create_thinker_stage
 
 
 def thinker_payload(reference: Any, inputs: Any, **knobs: Any) -> dict[str, Any]:

@@ -38,7 +38,7 @@ import trio
 from omnitrio.messages import StreamMessage
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServedPipeline
-from omnitrio.serve.realtime.settings import TurnDetection
+from omnitrio.serve.realtime.session_config import TurnDetection
 from omnitrio.serve.realtime.turn import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnJudged, VadEvent
 
 PAUSE_LEAD_MS = 400  # start preparing the answer when this much silence is still needed to end the turn

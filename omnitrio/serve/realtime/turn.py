@@ -38,7 +38,7 @@ from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.realtime.input_buffer import InputBuffer
 from omnitrio.serve.realtime.interruption import Interruptions
 from omnitrio.serve.realtime.response import Response
-from omnitrio.serve.realtime.settings import TurnDetection
+from omnitrio.serve.realtime.session_config import TurnDetection
 
 MS = REALTIME_RATE // 1000  # samples per millisecond at the API rate
 IDLE_KEEP_SAMPLES = 5 * REALTIME_RATE  # with server VAD, heard input older than this is dropped between turns

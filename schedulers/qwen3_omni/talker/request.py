@@ -9,7 +9,7 @@ A request moves through :class:`Phase` in order (it may skip to ``SPOKEN``):
 * ``SPOKEN``: its codes are done (``codec_eos``, ``max_new_tokens``, or no audio wanted); it ends once
   the thinker's stream and payload are both in.
 
-:func:`parse_prompt` validates the ``prompt`` chunk, whose fields :mod:`schedulers.qwen3_omni.thinker`
+:func:`parse_prompt` validates the ``prompt`` chunk, whose fields :mod:`schedulers.qwen3_omni.thinker.stage`
 documents (it is what the thinker stage sends the talker).
 """
 
@@ -23,8 +23,8 @@ import torch
 
 from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers._idsets import Life
-from schedulers.qwen3_omni.codec_sampling import TalkerSampling
-from schedulers.qwen3_omni.talker_prompt import TextFeed
+from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling
+from schedulers.qwen3_omni.talker.prompt import TextFeed
 
 KNOBS = frozenset(attrs.fields_dict(TalkerSampling))
 

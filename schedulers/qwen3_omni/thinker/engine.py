@@ -33,8 +33,8 @@ import torch
 
 from omnitrio.contract import StageOverloaded
 from schedulers.qwen3_omni.batch_kv import BatchKV
-from schedulers.qwen3_omni.thinker_model import PromptInputs, ThinkerLM
-from schedulers.qwen3_omni.thinker_sampling import Sampler
+from schedulers.qwen3_omni.thinker.model import PromptInputs, ThinkerLM
+from schedulers.qwen3_omni.thinker.sampling import Sampler
 
 FinishReason = Literal["stop", "length"]
 

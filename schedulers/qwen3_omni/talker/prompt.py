@@ -23,7 +23,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from schedulers.qwen3_omni.talker_model import TalkerModel
+from schedulers.qwen3_omni.talker.model import TalkerModel
 
 ASSISTANT_PREFIX = 3
 """Projected rows of the assistant turn before the first answer token (``<|im_start|>assistant\\n``)."""

@@ -42,8 +42,8 @@ import torch
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload
 from schedulers.ar.step_loop import StepLoop
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen3_omni.thinker_engine import Event, Failed, Prompt, ThinkerEngine, ThinkerRequest, Token
-from schedulers.qwen3_omni.thinker_sampling import Sampler, SamplingDefaults
+from schedulers.qwen3_omni.thinker.engine import Event, Failed, Prompt, ThinkerEngine, ThinkerRequest, Token
+from schedulers.qwen3_omni.thinker.sampling import Sampler, SamplingDefaults
 
 
 @attrs.define(eq=False)
@@ -276,11 +276,11 @@ def create_thinker_stage(
 
     ``eos_token_id`` defaults to the checkpoint's ``im_end_token_id`` (what ``generate``'s
     ``thinker_eos_token_id`` is for the released model); a request without a temperature samples as the
-    checkpoint's ``generation_config.json`` says, greedy when it says nothing (:mod:`.thinker_sampling`)."""
+    checkpoint's ``generation_config.json`` says, greedy when it says nothing (:mod:`.sampling`)."""
     from transformers import GenerationConfig
 
     from schedulers.qwen3_omni.checkpoint import load_config, load_weights
-    from schedulers.qwen3_omni.thinker_model import ThinkerLM
+    from schedulers.qwen3_omni.thinker.model import ThinkerLM
 
     torch.set_num_threads(1)
     model_dir = require_model_dir(model_dir)

@@ -7,7 +7,7 @@ payload ``{"num_frames": N}``, which ends the request.  What a consumer of this 
   in order, then one ``result`` ``{"num_samples", "num_frames", "sample_rate"}``.  Joined, the pcm is
   transformers' whole-utterance decode (``Qwen3OmniMoeCode2Wav.chunked_decode``, what ``generate``
   returns) of the same codes: exactly as long, and equal to it up to float rounding, converted as
-  clip to [-1, 1], × 32767, round to nearest (:mod:`schedulers.qwen3_omni.code2wav_plan` says why).
+  clip to [-1, 1], × 32767, round to nearest (:mod:`schedulers.qwen3_omni.code2wav.windows` says why).
 * The first audio leaves once ``first_chunk_frames`` frames have arrived; later windows grow by
   ``ramp_factor`` up to ``chunk_frames``; the samples do not depend on how the talker split its chunks.
 * Decoding runs whenever the inbox is empty, in steps: the windows that are ready, of every request,
@@ -32,8 +32,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
 from schedulers._idsets import Life
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen3_omni.code2wav_model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
-from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Window
+from schedulers.qwen3_omni.code2wav.model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
+from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Window
 from schedulers.vocoder import StreamingVocoderBase
 
 STAGE = "code2wav"

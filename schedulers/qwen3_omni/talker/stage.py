@@ -16,7 +16,7 @@ What a caller may rely on:
 
 * **Equal to transformers**: the prompt, each step's input and every code are what
   ``Qwen3OmniMoeForConditionalGeneration.generate(return_audio=True)`` builds and chooses (see
-  :mod:`.talker_prompt`, :mod:`.codec_sampling`, :mod:`.code_predictor`); greedy
+  :mod:`.prompt`, :mod:`.codec_sampling`, :mod:`.code_predictor`); greedy
   (``do_sample=False``, which makes the code predictor greedy too) gives its codes exactly.
 * **Streaming**: a request prefills as soon as the thinker forwarded its first answer token and
   steps while the thinker is still decoding; a step whose text has not come yet sits that request out
@@ -24,7 +24,8 @@ What a caller may rely on:
 * **Continuous batching**: each loop turn prefills the requests that became ready (one forward each)
   and steps up to ``max_batch_size`` decoding requests in one talker forward, then runs the code
   predictor for all of them in one batched call.  Each request has its own KV cache
-  (:class:`~.batched_kv.BatchedKV`), freed the moment its codes are done, it fails, or it is aborted.
+  (:class:`~schedulers.qwen3_omni.batched_kv.BatchedKV`), freed the moment its codes are done, it
+  fails, or it is aborted.
 * **Abort** (``abort()`` from any thread, or the in-order ``abort`` message) drops the request's
   outputs and frees its state; late chunks of that life are dropped (:mod:`schedulers._idsets`).
   A failing forward fails the requests in it; the others carry on.
@@ -44,11 +45,11 @@ from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, 
 from schedulers._idsets import Admission, Life, RequestLedger
 from schedulers.qwen3_omni.batched_kv import BatchedKV
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen3_omni.code_predictor import CodePredictor
-from schedulers.qwen3_omni.codec_sampling import TalkerSampling, first_codes, suppressed_mask
-from schedulers.qwen3_omni.talker_model import TalkerModel
-from schedulers.qwen3_omni.talker_prompt import TextFeed
-from schedulers.qwen3_omni.talker_request import Phase, TalkerRequest, parse_prompt
+from schedulers.qwen3_omni.talker.code_predictor import CodePredictor
+from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_codes, suppressed_mask
+from schedulers.qwen3_omni.talker.model import TalkerModel
+from schedulers.qwen3_omni.talker.prompt import TextFeed
+from schedulers.qwen3_omni.talker.request import Phase, TalkerRequest, parse_prompt
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeCode2Wav,
 )
 
-from schedulers.qwen3_omni.code2wav_plan import Chunking, CodeStream, Geometry, Window
+from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Geometry, Window
 
 DEFAULT_CALL_COST_FRAMES = 8
 # Frames per convolution forward: on CPU a batch whose activations outgrow the caches decodes slower than

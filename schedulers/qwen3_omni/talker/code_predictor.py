@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from schedulers.qwen3_omni.codec_sampling import sample_rows
-from schedulers.qwen3_omni.talker_model import TalkerModel
+from schedulers.qwen3_omni.talker.codec_sampling import sample_rows
+from schedulers.qwen3_omni.talker.model import TalkerModel
 
 
 class CodePredictor:

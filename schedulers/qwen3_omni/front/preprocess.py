@@ -11,9 +11,10 @@ Inputs are what the HTTP layer hands a chat pipeline (:mod:`omnitrio.serve`): ``
 * video parts are refused: ``ValueError`` (a 400), as is any other malformed input, naming the part.
 
 ``audio.voice`` picks the talker's speaker (:func:`resolve_speaker`).  The output payload (see
-:mod:`.routing` for what each branch receives) holds ``input_ids`` ``Long[P]`` (placeholders expanded),
-the audio features / pixels when there are any, ``encoders`` (the encoder stages this request needs),
-and the knobs ``max_new_tokens``, ``temperature``, ``speaker``, ``want_audio``, ``talker``.
+:mod:`schedulers.qwen3_omni.graph` for what each branch receives) holds ``input_ids`` ``Long[P]``
+(placeholders expanded), the audio features / pixels when there are any, ``encoders`` (the encoder
+stages this request needs), and the knobs ``max_new_tokens``, ``temperature``, ``speaker``,
+``want_audio``, ``talker``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import torch
 from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers.omni.inputs import decode_audio, read_image_url
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
-from schedulers.qwen3_omni.processor import OmniProcessor
-from schedulers.qwen3_omni.routing import AUDIO_ENCODER, IMAGE_ENCODER
+from schedulers.qwen3_omni.front.processor import OmniProcessor
+from schedulers.qwen3_omni.graph import AUDIO_ENCODER, IMAGE_ENCODER
 from schedulers.simple import SimpleScheduler
 
 # OpenAI's voice names (and "default") all mean the checkpoint's default speaker.
@@ -188,11 +189,6 @@ def create_preprocess_stage(
         return payload
 
     return SimpleScheduler(preprocess, max_concurrency=max_concurrency)
-
-
-def create_aggregate_stage() -> SimpleScheduler:
-    """The fan-in point: ``merge_fn`` (:func:`.routing.merge_aggregate`) built the thinker's input."""
-    return SimpleScheduler(lambda payload: payload)
 
 
 create_preprocess_stage.preflight = preflight  # type: ignore[attr-defined]

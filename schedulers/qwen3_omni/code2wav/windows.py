@@ -20,7 +20,7 @@ A :class:`CodeStream` reproduces exactly that signal, chunk by chunk, as codes a
   a later frame would change), and the 555 samples a window cannot finish are emitted by the next window,
   or never (the segment's end), as in the reference;
 * the transformer before the convolutions keeps its state across windows (the decoder's KV cache, see
-  :mod:`schedulers.qwen3_omni.code2wav_model`), and the convolutions re-read ``conv_context_frames`` of
+  :mod:`schedulers.qwen3_omni.code2wav.model`), and the convolutions re-read ``conv_context_frames`` of
   its output before each window: their whole receptive field, so every emitted sample is the reference's
   up to float rounding.
 
