@@ -19,10 +19,10 @@ payload.
 What may still hold the request (:meth:`Lingering.after`): every stage neither settled nor
 cut off by the routes (:mod:`omnitrio.reach`); a cut-off stage only when a stream may
 have reached it — from a stage still reachable that streams to it without a ``next`` edge,
-from such a stage in turn, or from a routing stage that streamed to it and then left it
-out while another stage could still send it its payload (that stage reports it,
-``streamed``).  A routing stage lets go itself of a stream it sent to a stage its route
-cut off.
+from such a stage in turn, or from a routing stage that streamed to it (or ended its stream
+there) and then left it out while another stage could still send it its payload (that
+stage reports it, ``streamed``).  A routing stage lets go itself of a stream it sent to a
+stage its route cut off.
 """
 
 from __future__ import annotations

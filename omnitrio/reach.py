@@ -9,8 +9,9 @@ routed this request elsewhere (its ``route_fn`` left it out).  A stage only stre
 reach (``stream_to``, no ``next`` edge to it) is cut off when every stage streaming to it
 is.  The entry stage, and a stage nothing sends or streams to (one a scheduler admits by
 itself), are never cut off.  A routing stage sends neither its end of stream nor its
-result to a stage its route cut off, and lets go of any stream it had sent there
-(:meth:`RouteSkips.choice`), so nothing is held where the route did not go.
+result to a stage its route alone cuts off, and lets go of any stream it had sent there
+(:meth:`RouteSkips.choice`), so nothing is held where the route did not go; a stage it
+left out that another stage may still send a payload to gets the end of its stream.
 
 A stage with a ``route_fn`` reports what its route left out (:attr:`RouteChoice.reported`)
 only when that can matter: when a terminal the left-out targets reach is not one the
@@ -157,8 +158,8 @@ class RouteChoice:
     reported: tuple[str, ...]
     """The targets left out, when the coordinator must hear of them; else ()."""
     done_to: tuple[str, ...]
-    """The ``stream_to`` stages that get the end of its stream: those chosen, and those it streams
-    to only (no ``next`` edge) that the choice does not cut off."""
+    """The ``stream_to`` stages that get the end of its stream: those the choice does not cut off
+    (those chosen, and those another stage may still send a payload to)."""
     cut: frozenset[str]
     """The stages this choice alone cuts off: a stream sent there is let go of."""
 
@@ -196,5 +197,5 @@ class RouteSkips:
         certain = frozenset().union(*(reach.sure[t] for t in targets))
         feeds_fan_in = not reach.sources.isdisjoint(frozenset().union(*(reach.downstream[t] for t in left_out)))
         cut = reach.cut_off(((self._name, left_out),))
-        done_to = tuple(t for t in self._stream_to if t in targets or (t not in self._next and t not in cut))
+        done_to = tuple(t for t in self._stream_to if t not in cut)
         return RouteChoice(left_out if at_risk - certain or feeds_fan_in else (), done_to, cut)

@@ -394,14 +394,13 @@ class StageRequest:
             stage.board.send(Done(self.request_id, self.inc, target, stage.name))
 
     def _leave_out(self, choice: RouteChoice, targets: list[str], done_to: Sequence[str]) -> None:
-        """Tell the coordinator what the route left out, when that matters, and let go of the
-        streams this stage sent where the request will not go."""
+        """Tell the coordinator what the route left out, when that matters (and which of those
+        stages got this stage's stream), and let go of the streams it sent where the route cut off."""
         stage, rid, inc = self.stage, self.request_id, self.inc
-        streamed: tuple[str, ...] = ()
+        sent = {*self._chunk_ids, *done_to} if self._chunk_ids else done_to
+        streamed = tuple(t for t in sent if t not in targets and t in stage.plan.next and t not in choice.cut)
         if self._chunk_ids:
-            stray = [t for t in self._chunk_ids if t not in targets and t not in done_to]
-            streamed = tuple(t for t in stray if t not in choice.cut)
-            for target in stray:
+            for target in self._chunk_ids:
                 if target in choice.cut:
                     stage.board.send(Abort(rid, inc, target))  # answered to the coordinator, which ignores it
         if choice.reported or streamed:

@@ -44,6 +44,11 @@ def every_source(request_id: str, from_stage: str, payload: StagePayload) -> lis
     return ["b", "c"]
 
 
+def source_b_only(request_id: str, from_stage: str, payload: StagePayload) -> list[str]:
+    """A ``wait_for_fn`` that expects only ``b`` (the route upstream of ``c`` leaves it out)."""
+    return ["b"]
+
+
 def merge_both(inputs: dict[str, StagePayload]) -> StagePayload:
     """A ``merge_fn`` that needs both sources (it raises ``KeyError`` without one)."""
     first = inputs["b"]

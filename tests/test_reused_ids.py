@@ -286,7 +286,7 @@ async def test_completion_releases_a_side_stage_still_working_and_the_id_runs_ag
         with trio.fail_after(DEADLINE):
             first = await pipeline.submit("r1", {"terminals": ["fast"]})
             assert first == {"raw_inputs": {"terminals": ["fast"]}}
-            await settled(pipeline)  # side still computes the first life; its stage let go of it
+            # side still computes the first life: its stage is told to let go, and the same id runs at once
             async with trio.open_nursery() as nursery:
                 second: list[Any] = []
 

@@ -170,9 +170,9 @@ def test_a_stage_a_route_left_out_is_cut_off_though_the_router_streams_to_it() -
 # -- an end of stream goes only where the route went -------------------------------------------------
 
 
-def own_process(name: str, factory: str, process: bool, **options: Any) -> StageConfig:
+def own_process(name: str, factory_path: str, process: bool, **options: Any) -> StageConfig:
     """A stage in a process of its own (``process=True``) or inline."""
-    return StageConfig(name=name, process=f"p_{name}" if process else None, factory_path=factory, **options)
+    return StageConfig(name=name, process=f"p_{name}" if process else None, factory_path=factory_path, **options)
 
 
 def counter(name: str, process: bool, **options: Any) -> StageConfig:
@@ -246,6 +246,41 @@ async def test_a_terminal_that_is_also_a_stream_target_is_not_awaited_once_route
             await settled(pipeline)
 
 
+def shared_stream_target(process: bool) -> PipelineConfig:
+    """split → r and s, both routing; r streams to a; r routes to a or m, s to a or n (all terminal)."""
+    return PipelineConfig(
+        stages=[
+            own_process("split", f"{T}.create_echo", process, next=["r", "s"]),
+            own_process(
+                "r",
+                f"{R}.create_targeted_streamer",
+                process,
+                next=["a", "m"],
+                stream_to=["a"],
+                route_fn=f"{R}.route_router",
+            ),
+            own_process("s", f"{T}.create_echo", process, next=["a", "n"], route_fn=f"{R}.route_y"),
+            counter("a", process, terminal=True),
+            own_process("m", f"{T}.create_echo", process, terminal=True),
+            own_process("n", f"{T}.create_echo", process, terminal=True),
+        ]
+    )
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["inline", "processes"])
+async def test_a_stream_left_where_another_stage_could_have_sent_the_payload_is_let_go_at_completion(
+    process: bool,
+) -> None:
+    async with open_pipeline(shared_stream_target(process)) as pipeline:
+        with trio.fail_after(GUARD_S):
+            result = await pipeline.submit("r1", {"router": "m", "y": "n", "stream": ["a"]})
+            assert sorted(result) == ["m", "n"]
+            await settled(pipeline)  # a got r's stream, and no payload from either
+            result = await pipeline.submit("r1", {"router": "m", "y": "a", "stream": ["a"]})
+            assert sorted(result) == ["a", "m"] and result["a"]["chunk_ids"] == [0, 1, 2]
+            await settled(pipeline)
+
+
 # -- a fan-in waits only for the sources that can still arrive --------------------------------------
 
 
@@ -288,3 +323,52 @@ async def test_a_merge_that_needs_a_routed_away_source_fails_naming_the_fan_in_a
                 "b": {"raw_inputs": {"router": ["b", "c"]}},
                 "c": {"raw_inputs": {"router": ["b", "c"]}},
             }
+
+
+def late_cut(process: bool, gate: Path) -> PipelineConfig:
+    """split → b → join, and → r2 (a gate, routing) → c → join or → x; join expects only b."""
+    return PipelineConfig(
+        stages=[
+            own_process("split", f"{T}.create_echo", process, next=["b", "r2"]),
+            own_process("b", f"{T}.create_echo", process, next="join"),
+            own_process(
+                "r2",
+                f"{R}.create_gate",
+                process,
+                factory=FactoryArgs(fifo=str(gate)),
+                next=["c", "x"],
+                route_fn=f"{R}.route_router",
+            ),
+            own_process("c", f"{T}.create_echo", process, next="join"),
+            own_process(
+                "join",
+                f"{T}.create_echo",
+                process,
+                terminal=True,
+                wait_for=["b", "c"],
+                wait_for_fn=f"{R}.source_b_only",
+                merge_fn=f"{T}.merge_by_name",
+            ),
+            own_process("x", f"{T}.create_echo", process, terminal=True),
+        ]
+    )
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["inline", "processes"])
+async def test_a_fan_in_told_of_a_cut_source_after_it_ran_holds_nothing(process: bool, tmp_path: Path) -> None:
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+
+    def open_gate() -> None:
+        with open(fifo, "wb") as gate:
+            gate.write(b"x")
+
+    async with open_pipeline(late_cut(process, fifo)) as pipeline:
+        with trio.fail_after(GUARD_S):
+            async with pipeline.stream("r1", {"router": "x"}) as stream:
+                first = await stream.__anext__()
+                assert isinstance(first, CompleteMessage) and first.from_stage == "join"
+                await trio.to_thread.run_sync(open_gate)  # r2 routes away from c only now
+                rest = [msg.from_stage async for msg in stream]
+            assert rest == ["x"]
+            await settled(pipeline)
