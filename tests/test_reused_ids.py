@@ -10,6 +10,7 @@ that accepts stream data before its payload takes the new life's first chunks as
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -272,10 +273,38 @@ def gate(tmp_path: Path) -> Path:
     return fifo
 
 
-def open_gate(fifo: Path) -> None:
-    """Let one waiting payload through the gate (blocks until the stage reads)."""
-    with open(fifo, "wb") as gate:
-        gate.write(b"x")
+def pass_one(fifo: Path) -> bool:
+    """Let one payload through the gate if a compute waits at it; False if none does."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no reader
+            return False
+        raise
+    try:
+        os.write(fd, b"x")
+    except BrokenPipeError:  # the reader took an earlier byte and left
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+async def answered_through_gate(pipeline: Any, fifo: Path, rid: str, inputs: Any) -> Any:
+    """Submit, letting computes through the gate (an earlier life's too, if its compute started)
+    until the request has answered."""
+    answers: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def submit() -> None:
+            answers.append(await pipeline.submit(rid, inputs))
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(submit)
+        while True:
+            if not pass_one(fifo):
+                await trio.sleep(0.01)  # a compute reaches the gate from the scheduler's thread
+    return answers[0]
 
 
 @pytest.mark.parametrize("process", [False, True], ids=["inline", "processes"])
@@ -286,17 +315,9 @@ async def test_completion_releases_a_side_stage_still_working_and_the_id_runs_ag
         with trio.fail_after(DEADLINE):
             first = await pipeline.submit("r1", {"terminals": ["fast"]})
             assert first == {"raw_inputs": {"terminals": ["fast"]}}
-            # side still computes the first life: its stage is told to let go, and the same id runs at once
-            async with trio.open_nursery() as nursery:
-                second: list[Any] = []
-
-                async def again() -> None:
-                    second.append(await pipeline.submit("r1", {"terminals": ["side_t"]}))
-
-                nursery.start_soon(again)
-                await trio.to_thread.run_sync(open_gate, gate)  # the first life's compute ends, unheard
-                await trio.to_thread.run_sync(open_gate, gate)  # the second life's
-            assert second == [{"raw_inputs": {"terminals": ["side_t"]}}]
+            # side still holds the first life: it is told to let go, and the same id runs at once
+            second = await answered_through_gate(pipeline, gate, "r1", {"terminals": ["side_t"]})
+            assert second == {"raw_inputs": {"terminals": ["side_t"]}}
             await settled(pipeline)
 
 
@@ -308,20 +329,14 @@ async def test_an_input_for_an_id_a_stage_still_holds_from_another_life_fails_na
         with trio.fail_after(DEADLINE):
             leaked = pipeline.coordinator.open(Submission("r1", {"terminals": ["side_t"]}))
             await until_held(pipeline, "side")
+            while (await pipeline.health())["stages"]["fast"]["active_requests"]:
+                await trio.sleep(0.01)  # fast answers it (unheard): only side holds it now
             leaked.close(RequestAborted("r1"))  # the coordinator forgets it; side still holds it
             with pytest.raises(RequestFailed) as info:
                 await pipeline.submit("r1", {"terminals": ["side_t"]})
             assert info.value.stage == "side"
             assert "'r1'" in info.value.error_message and "still holds" in info.value.error_message
-            await trio.to_thread.run_sync(open_gate, gate)  # the leaked life's compute ends
             await settled(pipeline)  # the clash let the earlier life go too
-            async with trio.open_nursery() as nursery:  # and the id works again
-                again: list[Any] = []
-
-                async def submit() -> None:
-                    again.append(await pipeline.submit("r1", {"terminals": ["side_t"]}))
-
-                nursery.start_soon(submit)
-                await trio.to_thread.run_sync(open_gate, gate)
-            assert again == [{"raw_inputs": {"terminals": ["side_t"]}}]
+            again = await answered_through_gate(pipeline, gate, "r1", {"terminals": ["side_t"]})
+            assert again == {"raw_inputs": {"terminals": ["side_t"]}}  # and the id works again
             await settled(pipeline)
