@@ -39,7 +39,6 @@ from omnitrio.config import PipelineConfig
 from omnitrio.config_loading import load
 from omnitrio.errors import ConfigError, StartupError
 from omnitrio.importing import import_object
-from omnitrio.reach import route_warnings
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "speech.toml"
 log = logging.getLogger("omnitrio.cli")
@@ -161,8 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a config and print its stage graph",
         description="Load and validate a pipeline file (importing every factory and function it names) "
         "and print its stages and edges. Exit 0 when valid, 2 with the error otherwise (a stage that "
-        "needs a package not installed here included). Warns (exit 0) of a route_fn that can leave a "
-        "terminal stage out when no terminal_stages_fn is set.",
+        "needs a package not installed here included).",
     )
     check.add_argument("file", type=Path, metavar="FILE", help="pipeline TOML file")
     check.add_argument(
@@ -242,8 +240,6 @@ def _check(args: argparse.Namespace) -> int:
     print(f"server limits (serve --limit NAME=VALUE):\n{limits_for(config).describe()}")
     stages = ", ".join(f"{name} max_sessions={limit}" for name, limit in session_stages(config).items())
     print(f"  (max_realtime_sessions follows the session stages: {stages or 'none'})")
-    for warning in route_warnings(config):
-        print(f"omnitrio: warning: {warning}", file=sys.stderr)
     problems = preflight(config)
     for problem in problems:
         print(f"omnitrio: error: {problem}", file=sys.stderr)
