@@ -4,9 +4,9 @@ samples made final.
 A :class:`SpeechStream` takes codes as they come (:meth:`add`, then :meth:`finish`), opens each chunk's DiT
 window once the :class:`~.windows.Schedule` says it is ready (:meth:`open_windows`: its codes, its slice of
 the request's noise, an :class:`~.ode.OdeWindow`), takes each window's mel when its ODE is done
-(:meth:`window_done`), and hands BigVGAN each chunk's mel with its context, strictly in chunk order
-(:meth:`vocoder_inputs`), keeping the samples of the chunk's own frames (:meth:`samples_of`).  Frames of
-codes and noise no later window reads are released as the stream goes.
+(:meth:`window_done`), and hands BigVGAN the kept mel with its context, strictly in chunk order
+(:meth:`vocoder_inputs`, the frames :mod:`.windows` names), keeping the final samples of its output
+(:meth:`samples_of`).  Frames of codes, noise and mel no later step reads are released as the stream goes.
 
 Not thread-safe: the scheduler thread owns every stream.
 """
