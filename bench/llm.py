@@ -169,7 +169,7 @@ def raw_high_level(path: Path, threads: int, tokens: int) -> float:
 async def served_figures(threads: int, tokens: int, eos: int) -> dict[str, float]:
     from omnitrio import CompleteMessage, open_pipeline
     from omnitrio.cli import DEFAULT_CONFIG
-    from omnitrio.config import load
+    from omnitrio.config_loading import load
 
     overrides = [f"responder.factory.threads={threads}"]
     async with open_pipeline(load(DEFAULT_CONFIG, overrides), inline=True) as pipeline:

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from omnitrio import StreamMessage, open_pipeline  # noqa: E402
-from omnitrio.config import PipelineConfig, load  # noqa: E402
+from omnitrio.config import PipelineConfig  # noqa: E402
+from omnitrio.config_loading import load  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "omni_tiny.json"
 

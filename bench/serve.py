@@ -28,7 +28,7 @@ import trio
 
 from omnitrio import open_pipeline
 from omnitrio.client import open_realtime
-from omnitrio.config import load
+from omnitrio.config_loading import load
 
 RESULTS = Path(__file__).parent / "results"
 CHAT = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": True}

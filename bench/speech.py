@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from omnitrio import StreamMessage, open_pipeline  # noqa: E402
 from omnitrio.cli import DEFAULT_CONFIG  # noqa: E402
-from omnitrio.config import load  # noqa: E402
+from omnitrio.config_loading import load  # noqa: E402
 from toys.speech_text import SENTENCES, normalize, word_error_rate  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "speech.json"

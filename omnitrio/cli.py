@@ -35,7 +35,8 @@ from pathlib import Path
 
 import trio
 
-from omnitrio.config import PipelineConfig, load
+from omnitrio.config import PipelineConfig
+from omnitrio.config_loading import load
 from omnitrio.errors import ConfigError, StartupError
 from omnitrio.importing import import_object
 from omnitrio.reach import route_warnings

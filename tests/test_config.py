@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from omnitrio.config import FactoryArgs, PipelineConfig, StageConfig, apply_override, from_dict, load, validate
+from omnitrio.config import FactoryArgs, PipelineConfig, StageConfig, validate
+from omnitrio.config_loading import apply_override, from_dict, load
 from omnitrio.errors import ConfigError
 
 T = "toys.stages"

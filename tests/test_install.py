@@ -22,10 +22,10 @@ CPU_CONFIGS = ["speech.toml", "omni-tiny.toml", "realtime-llm.toml", "qwen3-omni
 # names the extra its own section of the README tells users to add.
 CONFIG_EXTRAS = {"qwen3-omni.toml": ["omni"]}
 COMMANDS = re.findall(r"^    (python3 -m venv .*)$", README, re.M)
-# What validating a config imports beyond omnitrio.config itself, as top-level module names.
+# What loading and validating a config imports beyond omnitrio.config_loading itself, as top-level module names.
 PROBE = """
 import json, sys
-from omnitrio.config import load
+from omnitrio.config_loading import load
 before = set(sys.modules)
 load(sys.argv[1])
 print(json.dumps(sorted({name.partition(".")[0] for name in set(sys.modules) - before})))

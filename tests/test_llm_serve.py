@@ -15,7 +15,7 @@ import trio
 from omnitrio import open_pipeline
 from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.client import open_realtime
-from omnitrio.config import load
+from omnitrio.config_loading import load
 from omnitrio.serve import serve
 from schedulers.speech.packages import package_dir
 from schedulers.speech.stages import SMOLLM2_PACKAGE

@@ -196,7 +196,7 @@ async def served(hermes_file: Path) -> AsyncIterator[int]:
     pytest.importorskip("piper", reason="the speech extra is not installed")
     from omnitrio import open_pipeline
     from omnitrio.cli import DEFAULT_CONFIG
-    from omnitrio.config import load
+    from omnitrio.config_loading import load
     from omnitrio.serve import serve
 
     config = load(DEFAULT_CONFIG, [f"responder.factory.model_path={hermes_file}"])

@@ -19,7 +19,8 @@ import torch
 import trio
 
 from omnitrio import CompleteMessage, OmniRequest, RequestFailed, StagePayload, StreamMessage, open_pipeline
-from omnitrio.config import from_dict, load, validate
+from omnitrio.config import validate
+from omnitrio.config_loading import from_dict, load
 from omnitrio.errors import ConfigError
 from omnitrio.pipeline import Pipeline
 from omnitrio.serve.audio import encode_wav

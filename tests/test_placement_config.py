@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from omnitrio.cli import build_parser, describe, load_config, placement_overrides
-from omnitrio.config import from_dict, validate
+from omnitrio.config import validate
+from omnitrio.config_loading import from_dict
 from omnitrio.errors import ConfigError
 from omnitrio.placement.actors import actor_options
 

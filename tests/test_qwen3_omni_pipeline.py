@@ -25,7 +25,8 @@ pytest.importorskip("transformers")
 import trio  # noqa: E402
 
 from omnitrio import CompleteMessage, StreamMessage, open_pipeline  # noqa: E402
-from omnitrio.config import PipelineConfig, load  # noqa: E402
+from omnitrio.config import PipelineConfig  # noqa: E402
+from omnitrio.config_loading import load  # noqa: E402
 from omnitrio.events import EVENT_DIR_ENV  # noqa: E402
 from omnitrio.pipeline import Pipeline  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402

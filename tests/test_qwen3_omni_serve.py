@@ -27,7 +27,7 @@ import openai  # noqa: E402
 import trio  # noqa: E402
 
 from omnitrio import open_pipeline  # noqa: E402
-from omnitrio.config import load  # noqa: E402
+from omnitrio.config_loading import load  # noqa: E402
 from omnitrio.serve import serve  # noqa: E402
 from toys.qwen3_omni_checkpoint import SPEAKERS, write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402

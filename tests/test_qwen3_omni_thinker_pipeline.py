@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from omnitrio import CompleteMessage, StreamMessage, open_pipeline
-from omnitrio.config import from_dict
+from omnitrio.config_loading import from_dict
 from omnitrio.pipeline import Pipeline
 from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor

@@ -18,7 +18,8 @@ import pytest
 import trio
 
 from omnitrio.client import RealtimeClient, open_realtime
-from omnitrio.config import ConfigError, from_dict, validate
+from omnitrio.config import ConfigError, validate
+from omnitrio.config_loading import from_dict
 from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.audio import REALTIME_RATE, float_to_pcm16, pcm16_to_float
 from omnitrio.serve.context import ServeContext

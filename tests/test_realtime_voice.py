@@ -16,7 +16,7 @@ import trio_websocket
 from omnitrio import open_pipeline
 from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.client import RealtimeClient, open_realtime
-from omnitrio.config import load
+from omnitrio.config_loading import load
 from omnitrio.serve import serve
 from tests.pipelines import settled_server
 from tests.test_speech_pipeline import REPEAT

@@ -19,7 +19,7 @@ import trio
 from omnitrio import open_pipeline
 from omnitrio.cli import DEFAULT_CONFIG
 from omnitrio.client import RealtimeClient, open_realtime
-from omnitrio.config import load
+from omnitrio.config_loading import load
 from omnitrio.serve import serve
 from tests.chat_servers import Reply, scripted_server, text_chunks
 from tests.test_realtime_voice import LONGER, SENTENCE, events_until, pcm16, send_audio, transcript

@@ -13,7 +13,7 @@ import trio_websocket
 
 from omnitrio.cli import DEFAULT_CONFIG, main
 from omnitrio.client import OmnitrioClient, open_realtime
-from omnitrio.config import load
+from omnitrio.config_loading import load
 from omnitrio.serve.limits import ServeLimits, limits_for
 from tests.fake_pipeline import Served, start_server
 from tests.test_serve_http import wav_bytes

@@ -19,7 +19,7 @@ import trio
 
 from omnitrio import open_pipeline
 from omnitrio.cli import DEFAULT_CONFIG
-from omnitrio.config import load
+from omnitrio.config_loading import load
 from omnitrio.serve import serve
 from omnitrio.serve.limits import ServeLimits
 from schedulers.speech.packages import package_dir

@@ -238,7 +238,8 @@ async def test_a_bad_realtime_upgrade_says_what_was_wrong(served: Served, header
 
 
 def test_a_config_that_serves_an_unknown_task_is_refused_naming_the_field() -> None:
-    from omnitrio.config import from_dict, validate
+    from omnitrio.config import validate
+    from omnitrio.config_loading import from_dict
     from omnitrio.errors import ConfigError
 
     config = from_dict(

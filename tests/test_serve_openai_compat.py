@@ -16,8 +16,8 @@ import pytest
 import trio
 import trio_websocket
 
+from omnitrio.serve.model_names import MODEL_ALIASES
 from omnitrio.serve.openai_types import CHAT_HINTS
-from omnitrio.serve.routes.models import MODEL_ALIASES
 from tests.fake_pipeline import Served, start_server
 from tests.test_serve_http import call, wav_bytes
 from tests.test_serve_mistakes import refused, user

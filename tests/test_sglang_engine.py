@@ -26,7 +26,7 @@ import torch
 import trio
 
 from omnitrio import CompleteMessage, Overloaded, StreamMessage, open_pipeline
-from omnitrio.config import load
+from omnitrio.config_loading import load
 from omnitrio.contract import IncomingMessage
 from omnitrio.errors import StartupError
 from omnitrio.pipeline import Pipeline

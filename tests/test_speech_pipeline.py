@@ -11,7 +11,7 @@ import pytest
 
 from omnitrio import CompleteMessage, Pipeline, RequestFailed, StreamMessage, open_pipeline
 from omnitrio.cli import DEFAULT_CONFIG
-from omnitrio.config import load
+from omnitrio.config_loading import load
 from schedulers.speech.pipeline import task_of
 from schedulers.speech.vad import EnergyScorer, VoiceActivityDetector
 from toys.speech_text import heard_as

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omnitrio.serve.audio import AudioFormatError
-from omnitrio.serve.telephony import TelephonyDecoder, TelephonyEncoder, decode, encode, g711_law
+from omnitrio.serve.realtime.g711 import TelephonyDecoder, TelephonyEncoder, decode, encode, g711_law
 
 ALL_PCM16 = np.arange(-32768, 32768, dtype=np.int16)
 ALL_CODES = bytes(range(256))

@@ -15,8 +15,9 @@ import pytest
 
 from omnitrio.client import open_realtime
 from omnitrio.serve.realtime.formats import EdgeAudio
-from omnitrio.serve.realtime.settings import EventError, beta_session, default_session, updated_session
-from omnitrio.serve.telephony import decode, encode
+from omnitrio.serve.realtime.g711 import decode, encode
+from omnitrio.serve.realtime.protocol import EventError, beta_session
+from omnitrio.serve.realtime.session_config import default_session, updated_session
 from tests.test_realtime_voice import events_until, pcm16, realtime_url, send_audio
 from toys.speech_text import heard_as
 

@@ -1,4 +1,5 @@
-"""What every route shares: the pipeline it serves, what it offers, the server's limits, ids and capped body reads."""
+"""What every route shares: the pipeline it serves, what it offers, the server's limits, ids, capped body
+reads and the answer an error gets."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Protocol
 
 import attrs
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from omnitrio.serve.api_errors import ApiError
 from omnitrio.serve.limits import DEFAULT_MAX_BODY_BYTES, ServeLimits
@@ -91,6 +93,11 @@ def realtime_answer_of(pipeline: Any) -> str:
 def stage_voices_of(pipeline: Any) -> bool:
     """The pipeline config's ``stage_voices`` (False when the pipeline has no config)."""
     return bool(getattr(getattr(pipeline, "config", None), "stage_voices", False))
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    """The HTTP answer to ``error``: its status, its OpenAI error body and its headers."""
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
 
 
 def new_id(prefix: str) -> str:

@@ -10,7 +10,9 @@ a server may disregard (:data:`CHAT_HINTS`, :data:`SPEECH_HINTS`): those are acc
 Limits a client can rely on: a speech ``input`` is at most 4,096 characters and must hold something
 to speak (a letter or a digit); a chat message's text is at most 65,536 characters; ``voice`` is
 ``"default"`` or one of OpenAI's voice names (:data:`OPENAI_VOICES`), which all select the
-pipeline's one voice; anything else is a 400 that lists them.
+pipeline's one voice; anything else is a 400 that lists them. A chat request to a pipeline whose
+stages know their voices (``stage_voices`` of :func:`check_chat`) may name any voice: the pipeline
+checks it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 
 from omnitrio.serve.realtime.answering import AnswerRequest, PipelineAnswering
 from omnitrio.serve.realtime.conversation import messages_of
-from omnitrio.serve.realtime.settings import max_tokens
+from omnitrio.serve.realtime.session_config import max_tokens
 from omnitrio.serve.realtime.tools import chat_tools
 
 

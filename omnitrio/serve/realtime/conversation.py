@@ -30,7 +30,7 @@ import trio
 
 from omnitrio.serve.audio import REALTIME_RATE, b64
 from omnitrio.serve.context import new_id
-from omnitrio.serve.realtime.settings import EventError, decode_audio_append
+from omnitrio.serve.realtime.protocol import EventError, decode_audio_append
 
 _MS = REALTIME_RATE // 1000
 _ROLES = frozenset({"user", "system", "assistant"})

@@ -2,10 +2,10 @@
 
 Everything inside the connection (the input buffer, VAD, items, responses, pacing) is PCM16 mono
 24 kHz. A session whose ``audio.input.format`` is G.711 (``audio/pcmu`` or ``audio/pcma``, 8 kHz)
-has each append decoded and resampled by one stateful :class:`~omnitrio.serve.telephony.TelephonyDecoder`
+has each append decoded and resampled by one stateful :class:`~omnitrio.serve.realtime.g711.TelephonyDecoder`
 (a new one when the input format changes); one whose ``audio.output.format`` is G.711 gets every
 ``response.output_audio.delta`` resampled and encoded on its way to the socket, by one stateful
-:class:`~omnitrio.serve.telephony.TelephonyEncoder` per response (kept until that response's
+:class:`~omnitrio.serve.realtime.g711.TelephonyEncoder` per response (kept until that response's
 ``response.output_audio.done``, just before which :meth:`EdgeAudio.tail` gives the samples its
 filter still held, as one last delta). A response keeps the output format it started with.
 
@@ -19,8 +19,9 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from omnitrio.serve.realtime.settings import audio_format, decode_audio_append
-from omnitrio.serve.telephony import G711Law, TelephonyDecoder, TelephonyEncoder, g711_law
+from omnitrio.serve.realtime.g711 import G711Law, TelephonyDecoder, TelephonyEncoder, g711_law
+from omnitrio.serve.realtime.protocol import decode_audio_append
+from omnitrio.serve.realtime.session_config import audio_format
 
 _PCM = "audio/pcm"
 

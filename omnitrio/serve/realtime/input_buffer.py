@@ -3,7 +3,7 @@
 Offsets count samples (PCM16 24 kHz) since the session opened, so VAD events, which arrive later
 than the audio they are about, still name the audio they mean. What a caller may rely on:
 
-* :meth:`InputBuffer.append` refuses, with an :class:`~.settings.EventError` naming the
+* :meth:`InputBuffer.append` refuses, with an :class:`~.protocol.EventError` naming the
   limit, audio that would make the uncommitted buffer longer than ``max_seconds``; nothing is
   appended then.
 * :meth:`InputBuffer.take` removes everything before its ``end`` and returns the part from
@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 
 from omnitrio.serve.audio import REALTIME_RATE
-from omnitrio.serve.realtime.settings import EventError
+from omnitrio.serve.realtime.protocol import EventError
 
 
 @attrs.define

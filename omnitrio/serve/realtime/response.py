@@ -50,7 +50,7 @@ from omnitrio.serve.realtime.conversation import (
 )
 from omnitrio.serve.realtime.metrics import RealtimeMetrics
 from omnitrio.serve.realtime.pacing import Pacer, pieces
-from omnitrio.serve.realtime.settings import wants_audio
+from omnitrio.serve.realtime.session_config import wants_audio
 from omnitrio.serve.realtime.tools import send_function_calls
 
 

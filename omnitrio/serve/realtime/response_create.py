@@ -26,8 +26,9 @@ from typing import Any
 
 from omnitrio.serve.context import new_id
 from omnitrio.serve.realtime.conversation import Conversation, Item, client_item
+from omnitrio.serve.realtime.protocol import EventError
 from omnitrio.serve.realtime.response import Response
-from omnitrio.serve.realtime.settings import EventError, updated_session
+from omnitrio.serve.realtime.session_config import updated_session
 
 SESSION_FIELDS = frozenset(
     {"instructions", "output_modalities", "max_output_tokens", "audio"}

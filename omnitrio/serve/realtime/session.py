@@ -1,5 +1,6 @@
 """One OpenAI Realtime session, over any transport (:mod:`.transport`; ``WS /v1/realtime``
-is :mod:`.websocket`).
+is :mod:`~omnitrio.serve.transports.websocket`, ``POST /v1/realtime/calls``
+:mod:`~omnitrio.serve.transports.webrtc`).
 
 A session is one nursery: a reader that applies client events in order, a writer that is the
 only task sending to the transport (every server event goes through its bounded channel), the turn
@@ -49,15 +50,13 @@ from omnitrio.serve.realtime.idle import IdleTimeout
 from omnitrio.serve.realtime.input_buffer import InputBuffer
 from omnitrio.serve.realtime.listen import TurnListener
 from omnitrio.serve.realtime.metrics import realtime_metrics
-from omnitrio.serve.realtime.protocol import wanted
+from omnitrio.serve.realtime.protocol import EventError, parse_event, wanted
 from omnitrio.serve.realtime.response import Response, respond
 from omnitrio.serve.realtime.response_create import requested_response
-from omnitrio.serve.realtime.settings import (
-    EventError,
+from omnitrio.serve.realtime.session_config import (
     TurnDetection,
     asked_voice,
     default_session,
-    parse_event,
     transcribes_input,
     turn_detection,
     updated_session,
@@ -118,7 +117,7 @@ class RealtimeSession:
         self.speculative: Response | None = None  # prepared ahead of speech_stopped
         self.listening: _Listening | None = None
         self.idle = IdleTimeout(lambda: self.input.appended, self._idle_timeout)
-        self.voice_asked: Any = "default"  # the voice name the client last set (every name plays one voice)
+        self.voice_asked: Any = "default"  # the voice name the client last set (what the pipeline is asked for)
         self._outbox, self._outbox_receive = trio.open_memory_channel[tuple[dict[str, Any], Response | None]](
             OUTBOX_SIZE
         )

@@ -22,7 +22,7 @@ from typing import Any
 from omnitrio.serve.audio import REALTIME_RATE, pcm16_to_float
 from omnitrio.serve.realtime.answering import AnswerRequest, PipelineAnswering
 from omnitrio.serve.realtime.conversation import Item, messages_of
-from omnitrio.serve.realtime.settings import max_tokens
+from omnitrio.serve.realtime.session_config import max_tokens
 
 
 class SpeechNative(PipelineAnswering):

@@ -29,9 +29,9 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError, bad_request
 from omnitrio.serve.audio import REALTIME_RATE, AudioFormatError, b64, decode_audio_file, encode_wav
 from omnitrio.serve.context import ServeContext, new_id, read_body
+from omnitrio.serve.model_names import check_model
 from omnitrio.serve.openai_types import ChatRequest, check_chat, decode_json, logit_bias
 from omnitrio.serve.output import Delta, Output
-from omnitrio.serve.routes.models import check_model
 from omnitrio.serve.routes.sse import SSE_DONE, SSE_MEDIA_TYPE, Emitter, WatchedResponse, json_bytes, sse_event
 
 
@@ -40,8 +40,7 @@ async def chat_completions(ctx: ServeContext, request: Request) -> WatchedRespon
     body = decode_json(await read_body(request, ctx.max_body_bytes), ChatRequest)
     check_model(ctx, "chat", body.model)
     # A pipeline whose stages know their voices (PipelineConfig.stage_voices) answers an unknown one itself.
-    stage_voices = bool(getattr(getattr(ctx.pipeline, "config", None), "stage_voices", False))
-    modalities = check_chat(body, stage_voices=stage_voices)
+    modalities = check_chat(body, stage_voices=ctx.stage_voices)
     await trio.to_thread.run_sync(check_input_audio, body.messages)
     audio = body.audio
     inputs = {

@@ -30,7 +30,8 @@ from starlette.responses import JSONResponse, Response
 
 from omnitrio.serve.api_errors import ApiError
 from omnitrio.serve.context import ServeContext, new_id
-from omnitrio.serve.realtime.settings import EventError, default_session, ga_session, updated_session
+from omnitrio.serve.realtime.protocol import EventError, ga_session
+from omnitrio.serve.realtime.session_config import default_session, updated_session
 
 PREFIX = "ek_"
 DEFAULT_SECONDS, MIN_SECONDS, MAX_SECONDS = 600, 10, 7200

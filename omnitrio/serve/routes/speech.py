@@ -22,10 +22,10 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError
 from omnitrio.serve.audio import REALTIME_RATE, b64, encode_wav, wav_header
 from omnitrio.serve.context import ServeContext, new_id, read_body
+from omnitrio.serve.model_names import check_model
 from omnitrio.serve.openai_types import SpeechRequest, check_speech, decode_json
 from omnitrio.serve.output import Delta, Output
 from omnitrio.serve.routes.audio_files import ENCODED, encode_audio, require_encoder
-from omnitrio.serve.routes.models import check_model
 from omnitrio.serve.routes.sse import SSE_MEDIA_TYPE, Emitter, WatchedResponse, sse_event
 
 _MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"} | {name: spec.media_type for name, spec in ENCODED.items()}

@@ -24,9 +24,9 @@ from starlette.requests import Request
 from omnitrio.serve.api_errors import ApiError, bad_request, invalid_value
 from omnitrio.serve.audio import TRANSCRIBE_RATE, AudioFormatError, audio_seconds, decode_audio_file, resample
 from omnitrio.serve.context import ServeContext, new_id, read_body
+from omnitrio.serve.model_names import check_model
 from omnitrio.serve.openai_types import TRANSCRIPTION_FORMATS, form_bool, form_float
 from omnitrio.serve.output import Delta, Output
-from omnitrio.serve.routes.models import check_model
 from omnitrio.serve.routes.sse import SSE_MEDIA_TYPE, Emitter, WatchedResponse, json_bytes, sse_event
 
 _FIELDS = ("model", "language", "prompt", "response_format", "stream", "temperature")

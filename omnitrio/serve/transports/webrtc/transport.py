@@ -34,8 +34,8 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessi
 from aiortc.mediastreams import MediaStreamTrack
 
 from omnitrio.serve.realtime.transport import ClientAudio, ClientEvent, Incoming
-from omnitrio.serve.webrtc.loop import AsyncioThread, ToTrio
-from omnitrio.serve.webrtc.media import AnswerTrack, Cleared, read_microphone
+from omnitrio.serve.transports.webrtc.loop import AsyncioThread, ToTrio
+from omnitrio.serve.transports.webrtc.media import AnswerTrack, Cleared, read_microphone
 
 EVENTS_CHANNEL = "oai-events"
 CONNECT_TIMEOUT = 20.0  # seconds from the answer until the data channel must be open

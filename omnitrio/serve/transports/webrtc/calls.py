@@ -43,8 +43,8 @@ from omnitrio.serve.auth import SECRET_SESSION
 from omnitrio.serve.context import ServeContext, new_id
 
 if TYPE_CHECKING:
-    from omnitrio.serve.webrtc.loop import AsyncioThread
-    from omnitrio.serve.webrtc.transport import WebRTCTransport
+    from omnitrio.serve.transports.webrtc.loop import AsyncioThread
+    from omnitrio.serve.transports.webrtc.transport import WebRTCTransport
 
 log = logging.getLogger("omnitrio.serve.webrtc")
 CLOSE_TIMEOUT = 5.0  # seconds a call gets to close its peer connection when it ends
@@ -105,7 +105,7 @@ class WebRTCCalls:
         if not available():
             yield
             return
-        from omnitrio.serve.webrtc.loop import open_asyncio_thread
+        from omnitrio.serve.transports.webrtc.loop import open_asyncio_thread
 
         gather_on(self.hosts)
         logging.getLogger("aioice").setLevel(logging.WARNING)  # it logs every ICE check at INFO
@@ -145,7 +145,7 @@ class WebRTCCalls:
         return Response(transport.peer.pc.localDescription.sdp, 201, headers, media_type="application/sdp")
 
     async def _answer(self, thread: AsyncioThread, offer: str, first: list[dict[str, Any]]) -> WebRTCTransport:
-        from omnitrio.serve.webrtc.transport import Peer, WebRTCTransport
+        from omnitrio.serve.transports.webrtc.transport import Peer, WebRTCTransport
 
         send, receive = thread.to_trio()
 

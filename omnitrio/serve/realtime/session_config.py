@@ -1,4 +1,4 @@
-"""Realtime session configuration and client-event parsing, free of any socket.
+"""A realtime session's configuration: its defaults, ``session.update`` checked and applied, its readers.
 
 The session is a plain dict in OpenAI's GA shape (``audio.input/output.format``, ``voice``,
 ``turn_detection``), with the beta spellings (top-level ``turn_detection``, ``voice``,
@@ -31,19 +31,20 @@ serialise every optional field send it, except where null is a value of its own:
 The rest of OpenAI's GA session is checked here too: ``output_modalities`` (``["audio"]`` or
 ``["text"]``), ``instructions``, ``max_output_tokens`` (1–4096 or ``"inf"``), ``audio.output.voice`` and
 ``.speed`` (0.25–1.5), ``audio.input.transcription`` (an object or null); a value that cannot be served
-is an :class:`EventError` naming its ``param``. :func:`beta_session` renders a session in the beta shape.
+is an :class:`~.protocol.EventError` naming its ``param``. :mod:`.protocol` renders a session for a GA
+or a beta client.
 
-The pipeline has one voice. ``voice`` may be ``"default"`` or any of OpenAI's voice names (the same
-list the HTTP endpoints take); each plays that one voice, so the session reads back ``"default"``:
-what plays, not the name asked for.
+Voices come from the pipeline. A pipeline whose stages know their voices (``stage_voices`` of
+:func:`updated_session`, from ``PipelineConfig.stage_voices``: a checkpoint's speakers) takes any
+non-empty name as given and reads it back; the pipeline answers one it does not have with an error.
+Any other pipeline has one voice: ``voice`` may be ``"default"`` or any of OpenAI's voice names (the
+same list the HTTP endpoints take); each plays that one voice, so the session reads back
+``"default"``: what plays, not the name asked for.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import copy
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,29 +53,16 @@ import attrs
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.openai_types import VOICES
 from omnitrio.serve.realtime.backchannel import FalseInterruptions
+from omnitrio.serve.realtime.protocol import BETA_FORMATS, EventError
 
 _PCM = {"type": "audio/pcm", "rate": REALTIME_RATE}
-_BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 _FIXED = frozenset({"id", "object", "model"})
-_BETA_MIRRORS = frozenset({"voice", "turn_detection"})  # copies of audio.output.voice, audio.input.turn_detection
-PLAYED_VOICE = "default"  # the pipeline has one voice; every voice name a client may send selects it
+PLAYED_VOICE = "default"  # a pipeline of one voice: every voice name a client may send selects it
 NULL_IS_A_VALUE = frozenset(
     {"turn_detection", "transcription", "noise_reduction", "tracing", "prompt"}
     | {"input_audio_transcription", "input_audio_noise_reduction"}  # the beta spellings
 )
 """Session fields (at the top or in ``audio.input/output``) where null says "off"; elsewhere null is "not given"."""
-
-
-@attrs.define
-class EventError(Exception):
-    """A client event that cannot be applied; becomes an ``error`` event, the socket stays open."""
-
-    message: str
-    param: str | None = None
-    code: str | None = "invalid_value"
-
-    def __str__(self) -> str:
-        return self.message
 
 
 SERVER_VAD: dict[str, Any] = {
@@ -167,70 +155,6 @@ def transcribes_input(session: Mapping[str, Any]) -> bool:
     return session["audio"]["input"].get("transcription") is not None
 
 
-def ga_session(session: Mapping[str, Any]) -> dict[str, Any]:
-    """``session`` as a GA client reads it: without the beta spellings kept beside (``voice``, ``turn_detection``)."""
-    return {key: value for key, value in session.items() if key not in _BETA_MIRRORS}
-
-
-def beta_session(session: Mapping[str, Any]) -> dict[str, Any]:
-    """``session`` in the beta protocol's shape (``modalities``, ``input_audio_format``, ...)."""
-    audio = session["audio"]
-    return {
-        "id": session["id"],
-        "object": "realtime.session",
-        "model": session["model"],
-        "modalities": ["text", "audio"] if wants_audio(session) else ["text"],
-        "instructions": session.get("instructions", ""),
-        "voice": session.get("voice"),
-        "speed": audio["output"].get("speed", 1.0),
-        "input_audio_format": _beta_format(audio["input"]["format"]),
-        "output_audio_format": _beta_format(audio["output"]["format"]),
-        "input_audio_transcription": audio["input"].get("transcription"),
-        "turn_detection": _beta_turn_detection(session.get("turn_detection")),
-        "tools": session.get("tools", []),
-        "tool_choice": session.get("tool_choice", "auto"),
-        "max_response_output_tokens": session.get("max_output_tokens", "inf"),
-    }
-
-
-def _beta_turn_detection(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The beta protocol has no ``idle_timeout_ms``: it is shown to a beta client only if it set one."""
-    if value is None:
-        return None
-    return {key: item for key, item in value.items() if key != "idle_timeout_ms" or item is not None}
-
-
-def parse_event(text: str) -> dict[str, Any]:
-    """A client event: a JSON object with a string ``type``."""
-    try:
-        event = json.loads(text)
-    except ValueError as exc:
-        raise EventError(f"the event is not valid JSON: {exc}", code="invalid_json") from None
-    except RecursionError:
-        raise EventError("the event is nested too deeply", code="invalid_json") from None
-    if not isinstance(event, dict):
-        raise EventError("an event must be a JSON object", code="invalid_event")
-    if not isinstance(event.get("type"), str):
-        raise EventError("the event has no string 'type'", "type", code="missing_required_parameter")
-    return event
-
-
-def decode_audio_append(event: Mapping[str, Any], param: str = "audio", *, pcm16: bool = True) -> bytes:
-    """The bytes of an ``input_audio_buffer.append`` event (or of an ``input_audio`` part): PCM16,
-    or with ``pcm16`` false G.711 (one byte a sample)."""
-    audio = event.get("audio")
-    if not isinstance(audio, str):
-        kind = "PCM16" if pcm16 else "G.711"
-        raise EventError(f"'{param}' is needed: base64 {kind}", param, code="missing_required_parameter")
-    try:
-        data = base64.b64decode(audio, validate=True)
-    except (binascii.Error, ValueError):
-        raise EventError(f"'{param}' is not valid base64", param, code="invalid_base64") from None
-    if pcm16 and len(data) % 2:
-        raise EventError(f"'{param}' decodes to {len(data)} bytes; PCM16 needs an even count", param)
-    return data
-
-
 def updated_session(current: Mapping[str, Any], update: Any, *, stage_voices: bool = False) -> dict[str, Any]:
     """``current`` with a ``session.update``'s ``session`` applied; ``current`` is not changed.
     ``stage_voices``: the pipeline's stages know their voices (``PipelineConfig.stage_voices``): any
@@ -247,11 +171,11 @@ def updated_session(current: Mapping[str, Any], update: Any, *, stage_voices: bo
             case "audio":
                 _merge_audio(session, value, stage_voices)
             case "input_audio_format" | "output_audio_format":
-                if not isinstance(value, str) or value not in _BETA_FORMATS:
-                    supported = ", ".join(repr(name) for name in _BETA_FORMATS)
+                if not isinstance(value, str) or value not in BETA_FORMATS:
+                    supported = ", ".join(repr(name) for name in BETA_FORMATS)
                     raise EventError(f"{key} {value!r} is not supported; use one of {supported}", f"session.{key}")
                 direction = "input" if key == "input_audio_format" else "output"
-                session["audio"][direction]["format"] = _checked_format({"type": _BETA_FORMATS[value]}, key)
+                session["audio"][direction]["format"] = _checked_format({"type": BETA_FORMATS[value]}, key)
             case "turn_detection":
                 _set_turn_detection(session, value, "session.turn_detection")
             case "voice":
@@ -315,10 +239,6 @@ def audio_format(session: Mapping[str, Any], direction: str) -> str:
     """``"audio/pcm"`` (PCM16 24 kHz), ``"audio/pcmu"`` or ``"audio/pcma"`` (G.711 8 kHz) of
     ``direction`` (``"input"`` or ``"output"``)."""
     return str(session["audio"][direction]["format"]["type"])
-
-
-def _beta_format(value: Mapping[str, Any]) -> str:
-    return next(name for name, kind in _BETA_FORMATS.items() if kind == value["type"])
 
 
 def _checked_format(value: Any, param: str) -> dict[str, Any]:

@@ -1,0 +1,137 @@
+"""Pipeline configuration from outside Python: plain data, TOML files and ``--set`` overrides.
+
+:func:`from_dict` builds a :class:`~omnitrio.config.PipelineConfig` from parsed TOML or JSON,
+refusing unknown keys and wrong types with a :class:`~omnitrio.errors.ConfigError` that names
+where they are; :func:`apply_override` applies one ``key.path=value`` to such data; :func:`load`
+reads a TOML file, points its ``model_args`` at ``--model``, applies the overrides, builds and
+validates (:func:`omnitrio.config.validate`).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import msgspec
+
+from omnitrio.config import DEFAULT_MODEL_ARGS, EndpointsConfig, PipelineConfig, StageConfig, validate
+from omnitrio.errors import ConfigError
+
+_PIPELINE_KEYS = {f.name for f in attrs.fields(PipelineConfig)}
+_STAGE_KEYS = {f.name for f in attrs.fields(StageConfig)}
+
+
+def _plain_data_schema(cls: type, types: Mapping[str, Any], skip: Iterable[str] = ()) -> type[msgspec.Struct]:
+    """A msgspec Struct with the fields and types of the attrs class ``cls``, to check plain
+    data (parsed TOML) with errors that name the field; ``types`` replaces a field's type
+    with the plain form the data holds.  Only fields present in the data are read back."""
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for f in attrs.fields(attrs.resolve_types(cls)):
+        if f.name in skip:
+            continue
+        kind = types.get(f.name, f.type)
+        fields.append((f.name, kind) if f.default is attrs.NOTHING else (f.name, kind, None))
+    return msgspec.defstruct(f"{cls.__name__}Data", fields, forbid_unknown_fields=True)
+
+
+_StageFields = _plain_data_schema(StageConfig, {"factory": dict[str, Any] | None})
+_PipelineFields = _plain_data_schema(PipelineConfig, {"endpoints": Any}, skip=("stages",))
+
+
+def from_dict(raw: Mapping[str, Any]) -> PipelineConfig:
+    """Build a :class:`PipelineConfig` from plain data (parsed TOML or JSON).
+
+    Unknown keys and wrong types are errors that name where they are.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a pipeline config must be a table, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - _PIPELINE_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown pipeline field(s) {unknown}; known: {sorted(_PIPELINE_KEYS)}")
+    stages_raw = raw.get("stages")
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise ConfigError("stages: a pipeline needs at least one [[stages]] table")
+    stages = [_stage_from_dict(i, s) for i, s in enumerate(stages_raw)]
+    fields = {k: v for k, v in raw.items() if k != "stages"}
+    if isinstance(fields.get("endpoints"), Mapping):
+        fields["endpoints"] = EndpointsConfig(**fields["endpoints"])
+    try:
+        typed = msgspec.convert(fields, _PipelineFields, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"pipeline: {exc}") from None
+    return PipelineConfig(stages=stages, **{k: getattr(typed, k) for k in fields})
+
+
+def _stage_from_dict(index: int, raw: Any) -> StageConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"stages[{index}]: expected a table, got {type(raw).__name__}")
+    label = f"stages[{index}] ({raw.get('name')!r})"
+    unknown = sorted(set(raw) - _STAGE_KEYS)
+    if unknown:
+        raise ConfigError(f"{label}: unknown field(s) {unknown}")
+    try:
+        typed = msgspec.convert(dict(raw), _StageFields, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
+    return StageConfig(**{k: getattr(typed, k) for k in raw})
+
+
+def load(path: str | Path, overrides: Iterable[str] = (), model: str | Path | None = None) -> PipelineConfig:
+    """Load a TOML pipeline file, point its ``model_args`` at ``model`` (when given), apply the
+    ``key.path=value`` overrides (after ``model``, so they win), then validate."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    if model is not None:
+        targets = raw.get("model_args", list(DEFAULT_MODEL_ARGS))
+        if not isinstance(targets, list) or not all(isinstance(t, str) and "." in t for t in targets):
+            raise ConfigError(f"model_args: must be a list of 'stage.factory.field' strings, got {targets!r}")
+        for target in targets:
+            apply_override(raw, f"{target}={json.dumps(str(Path(model).resolve()))}")
+        if raw.get("name_from_model") is True:
+            raw["name"] = Path(model).resolve().name
+    for item in overrides:
+        apply_override(raw, item)
+    config = from_dict(raw)
+    validate(config)
+    return config
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``key.path=value`` override to raw config data, in place.
+
+    The first component is a pipeline field or a stage name (``encoder.factory.max_batch_wait_ms=0``).
+    The value is read as a TOML value (``true``, ``3``, ``"text"``, ``[1, 2]``) and falls
+    back to a plain string.
+    """
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must look like key.path=value")
+    parts = [p.strip() for p in key.strip().split(".")]
+    try:
+        value: Any = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    stages = raw.get("stages") or []
+    target: dict[str, Any]
+    by_name = {s.get("name"): s for s in stages if isinstance(s, dict)}
+    if parts[0] in by_name and len(parts) > 1:
+        target, parts = by_name[parts[0]], parts[1:]
+    elif parts[0] in _PIPELINE_KEYS and parts[0] != "stages":
+        target = raw
+    else:
+        raise ConfigError(f"override {item!r}: {parts[0]!r} is neither a stage nor a pipeline field")
+    for part in parts[:-1]:
+        child = target.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is not a table")
+        target = child
+    target[parts[-1]] = value

@@ -1,0 +1,6 @@
+"""Qwen2.5-Omni (transformers' ``qwen2_5_omni``) as stages: its checkpoint, token2wav, and (to come) front,
+thinker and talker.
+
+:mod:`.checkpoint` reads a checkpoint directory; each stage loads only the weights of the part it runs.
+:mod:`.tiny` writes random checkpoints in the release's layout for tests and benchmarks.
+"""
