@@ -37,22 +37,26 @@ What crosses each edge is a class of :mod:`.handoffs`:
   its stream and result go (an end of stream alone would start a request at the talker that nothing ends);
 * :func:`terminal_stages` (the pipeline's ``terminal_stages_fn``): the ASR stage for its tasks, the
   model's terminals for a chat.
+
+The task routing and the front's routes are the family-agnostic ones of :mod:`schedulers.graph`; this
+module names Qwen3-Omni's stages, builds its handoffs and composes them.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from omnitrio.contract import InvalidRequest, StagePayload
-
-# The front of the graph is omni-tiny's (same stage names): reuse its routing.
-from schedulers.omni.routing import (
+from omnitrio.contract import StagePayload
+from schedulers.graph.front import (
     AGGREGATE,
     AUDIO_ENCODER,
     IMAGE_ENCODER,
     PREPROCESS,
-    wants_audio,
+    answer_terminals,
+    route_preprocess,
+    wait_for_aggregate,
 )
+from schedulers.graph.tasks import ASR, ASR_STAGES, STREAM_ASR, admit_session_command, task_of
 from schedulers.qwen3_omni.handoffs import (
     AudioEmbeddings,
     AudioEncoderInput,
@@ -63,7 +67,6 @@ from schedulers.qwen3_omni.handoffs import (
     ThinkerInput,
     ThinkerResult,
 )
-from schedulers.session import SESSION_METADATA_KEY
 from schedulers.simple import SimpleScheduler
 
 THINKER = "thinker"
@@ -71,9 +74,6 @@ DECODE = "decode"
 TALKER = "talker"
 CODE2WAV = "code2wav"
 INGRESS = "ingress"
-STREAM_ASR = "stream_asr"
-ASR = "asr"
-_ENTRY = {"asr_session": STREAM_ASR, "transcription": ASR}
 T = TypeVar("T")
 
 
@@ -86,17 +86,6 @@ def _data(payload: Any, kind: type[T], where: str) -> T:
 
 def _with(payload: StagePayload, data: Any) -> StagePayload:
     return StagePayload(payload.request_id, payload.request, data)
-
-
-def route_preprocess(request_id: str, payload: StagePayload) -> list[str]:
-    return [*_data(payload, Preprocessed, "route_preprocess").encoders, AGGREGATE]
-
-
-def wait_for_aggregate(request_id: str, from_stage: str, payload: StagePayload) -> list[str]:
-    data = getattr(payload, "data", None)
-    if not isinstance(data, PreprocessedText | AudioEmbeddings | ImageEmbeddings):
-        raise ValueError(f"wait_for_aggregate: unexpected input {type(data).__name__} from {from_stage!r}")
-    return [PREPROCESS, *data.encoders]
 
 
 def project_to_audio_encoder(payload: StagePayload) -> StagePayload:
@@ -142,39 +131,23 @@ def route_thinker(request_id: str, payload: StagePayload) -> list[str]:
 
 def chat_terminal_stages(request_id: str, inputs: Any) -> list[str]:
     """``decode`` always; ``code2wav`` too when the request asks for audio."""
-    return [DECODE, CODE2WAV] if wants_audio(inputs) else [DECODE]
-
-
-def task_of(inputs: Any) -> str:
-    """``asr_session``, ``transcription``, or ``chat`` for anything else (the model's stages check it)."""
-    task = inputs.get("task") if isinstance(inputs, dict) else None
-    return task if task in _ENTRY else "chat"
+    return answer_terminals(inputs, DECODE, CODE2WAV)
 
 
 def route_ingress(request_id: str, payload: StagePayload) -> str:
     """The first stage of the request's task (module docstring)."""
-    return _ENTRY.get(task_of(payload.request.inputs), PREPROCESS)
+    return ASR_STAGES.get(task_of(payload.request.inputs, strict=False), PREPROCESS)
 
 
 def terminal_stages(request_id: str, inputs: Any) -> list[str]:
     """The ASR stage for its tasks; the model's terminal stages (:func:`chat_terminal_stages`) for a chat."""
-    task = task_of(inputs)
-    return [_ENTRY[task]] if task in _ENTRY else chat_terminal_stages(request_id, inputs)
-
-
-def _admit(payload: StagePayload) -> StagePayload:
-    inputs = payload.request.inputs
-    if task_of(inputs) == "asr_session":
-        command = inputs.get("command")
-        if not isinstance(command, dict):
-            raise InvalidRequest(f"an asr_session request needs 'command' (a dict), got {command!r}", param="command")
-        payload.request.metadata[SESSION_METADATA_KEY] = command
-    return payload
+    task = task_of(inputs, strict=False)
+    return [ASR_STAGES[task]] if task in ASR_STAGES else chat_terminal_stages(request_id, inputs)
 
 
 def create_ingress_stage() -> SimpleScheduler:
     """Routes by task (module docstring); no model, no weights."""
-    return SimpleScheduler(_admit)
+    return SimpleScheduler(admit_session_command)
 
 
 __all__ = [
@@ -201,5 +174,4 @@ __all__ = [
     "task_of",
     "terminal_stages",
     "wait_for_aggregate",
-    "wants_audio",
 ]

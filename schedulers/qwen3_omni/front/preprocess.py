@@ -5,7 +5,7 @@ Inputs are what the HTTP layer hands a chat pipeline (:mod:`omnitrio.serve`): ``
 "temperature", ...}``, or a bare prompt string (one user message).  Content parts:
 
 * ``text``; ``input_audio`` (base64 WAV of any rate or raw 24 kHz pcm16, or Python ``{"array",
-  "sample_rate"}``), resampled to the feature extractor's 16 kHz (:func:`schedulers.omni.inputs.decode_audio`);
+  "sample_rate"}``), resampled to the feature extractor's 16 kHz (:func:`schedulers.media.decode_audio`);
 * ``image_url`` with a PNG/JPEG ``data:`` URL (never fetched), or Python ``{"type": "image", "image":
   HxWx3 array}``; images keep their size (the image processor resizes them as the checkpoint says);
 * video parts are refused: ``ValueError`` (a 400), as is any other malformed input, naming the part.
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from omnitrio.contract import InvalidRequest, StagePayload
-from schedulers.omni.inputs import decode_audio, read_image_url
+from schedulers.media import decode_audio, read_image_url
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.front.processor import OmniProcessor
 from schedulers.qwen3_omni.graph import AUDIO_ENCODER, IMAGE_ENCODER
