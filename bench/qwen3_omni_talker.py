@@ -1,6 +1,6 @@
 """Talker stage throughput (codec frames per second) at 1, 4 and 8 concurrent requests, tiny and medium.
 
-For each size, a random checkpoint is written (toys/qwen3_omni_checkpoint.py) and transformers'
+For each size, a random checkpoint is written (schedulers/qwen3_omni/tiny.py) and transformers'
 ``generate`` produces one thinker stream per request (toys/qwen3_omni_talker_feed.py); the talker stage
 (:class:`schedulers.qwen3_omni.talker.stage.TalkerScheduler`, greedy, ``min_new_tokens = max_new_tokens`` so
 every request speaks exactly ``--frames`` + 1 talker tokens) is then fed all streams at once and timed
@@ -35,7 +35,7 @@ from schedulers.qwen3_omni.handoffs import TalkerPrompt, TalkerToken, ThinkerRes
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling  # noqa: E402
 from schedulers.qwen3_omni.talker.model import TalkerModel  # noqa: E402
 from schedulers.qwen3_omni.talker.stage import TalkerScheduler  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor  # noqa: E402
 from toys.qwen3_omni_talker_feed import reference_run  # noqa: E402
 

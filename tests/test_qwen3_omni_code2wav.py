@@ -21,8 +21,8 @@ from schedulers.qwen3_omni.code2wav.model import Code2WavRunner, decode_whole, g
 from schedulers.qwen3_omni.code2wav.stage import Qwen3OmniCode2WavScheduler, create_code2wav_stage
 from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Geometry
 from schedulers.qwen3_omni.handoffs import Codes, TalkerResult
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import TIMEOUT, done, new, put_atomically, running
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes
 from toys.qwen3_omni_reference import load_reference_model
 

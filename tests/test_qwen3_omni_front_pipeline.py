@@ -20,7 +20,7 @@ from omnitrio import CompleteMessage, open_pipeline  # noqa: E402
 from omnitrio.cli import main  # noqa: E402
 from omnitrio.config_loading import load  # noqa: E402
 from schedulers.qwen3_omni.handoffs import ThinkerInput  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     load_reference_model,
     png_data_url,

@@ -28,8 +28,8 @@ from schedulers.qwen3_omni.handoffs import (  # noqa: E402
     ThinkerInput,
     ThinkerResult,
 )
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from tests.scheduler_harness import new, running, take  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     png_data_url,
     processor_inputs,

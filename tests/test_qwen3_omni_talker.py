@@ -21,8 +21,8 @@ from schedulers.qwen3_omni.handoffs import Codes, TalkerResult, ThinkerResult
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling
 from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.stage import TalkerScheduler, create_talker_stage
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import chunk, done, new, running
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor, sample_messages
 from toys.qwen3_omni_talker_feed import Reference, reference_run
 

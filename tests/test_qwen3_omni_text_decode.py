@@ -12,8 +12,8 @@ from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.output import Output
 from schedulers.qwen3_omni.handoffs import DecodeToken, ThinkerResult
 from schedulers.qwen3_omni.thinker.text_decode import TextDecodeScheduler, create_decode_stage
+from schedulers.qwen3_omni.tiny_tokenizer import build_tokenizer
 from tests.scheduler_harness import running, take
-from toys.qwen3_omni_tokenizer import build_tokenizer
 
 TEXT = "héllo wörld 🙂 — ok"
 

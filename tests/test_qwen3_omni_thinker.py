@@ -22,8 +22,8 @@ from schedulers.qwen3_omni import checkpoint as checkpoint_module
 from schedulers.qwen3_omni.handoffs import DecodeToken, Knobs, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult
 from schedulers.qwen3_omni.thinker.sampling import Sampler, SamplingDefaults
 from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler, create_thinker_stage
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import running
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor
 from toys.qwen3_omni_thinker import thinker_payload, thinker_scheduler
 

@@ -1,4 +1,4 @@
-"""A small Qwen-style tokenizer and Qwen3-Omni's chat template, for the random checkpoints tests write.
+"""A small Qwen-style tokenizer and Qwen3-Omni's chat template, for the tiny random checkpoints (:mod:`.tiny`).
 
 :func:`build_tokenizer` trains a byte-level BPE (the ``tokenizers`` library) on a fixed English corpus and
 wraps it in transformers' ``Qwen2Tokenizer`` (Qwen's pre-tokenizer and byte-level decoder) with the special
