@@ -71,17 +71,6 @@ def alone(factory: str) -> Callable[[bool], PipelineConfig]:
     return lambda process: PipelineConfig(stages=[stage("only", factory, process, terminal=True)])
 
 
-def talker_to_vocoder(process: bool) -> PipelineConfig:
-    where = "p_torch" if process else False
-    return PipelineConfig(
-        stages=[
-            stage("prep", f"{AR}.create_talker_prep", process, next="talker"),
-            stage("talker", f"{AR}.create_talker", where, next="vocoder", stream_to=["vocoder"]),
-            stage("vocoder", f"{AR}.create_griffin_lim", where, terminal=True, can_accept_stream_before_payload=True),
-        ]
-    )
-
-
 @attrs.frozen
 class Life:
     inputs: Any
@@ -132,13 +121,6 @@ STREAMING_CASES = {
         Life([1, 2, 3], {"max_new_tokens": 400, "ignore_eos": True}),
         Life([1, 2, 3], {"max_new_tokens": 5, "ignore_eos": True}),
         lambda result, chunks: len(result["output_token_ids"]) == 5 and chunks == 5,
-    ),
-    "ar-talker-vocoder": StreamingCase(
-        talker_to_vocoder,
-        Life({"token_ids": list(range(1, 200))}),
-        Life({"token_ids": [1, 2, 3]}),
-        lambda result, chunks: result["num_frames"] == 6 and result["num_samples"] == 6 * 256,
-        in_processes=False,
     ),
 }
 
