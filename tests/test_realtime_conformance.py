@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +61,12 @@ class Server:
         return bytes(2 * RATE // 5) + pcm + bytes(2 * int(silence_after * RATE))
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    """``python -m omnitrio serve`` on a free port, as a user starts it."""
+@contextmanager
+def served(*args: str) -> Iterator[Server]:
+    """``python -m omnitrio serve --port 0 ARGS`` on a free port, as a user starts it (and stops it: SIGINT)."""
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "omnitrio", "serve", "--port", "0", "--set", "responder.factory.mode=repeat"],
+            [sys.executable, "-m", "omnitrio", "serve", "--port", "0", *args],
             cwd=ROOT,
             stderr=log,
             env=dict(os.environ),
@@ -84,6 +84,13 @@ def server() -> Iterator[Server]:
         finally:
             process.send_signal(signal.SIGINT)  # as a user stops it: the server drains, stages exit
             process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    """The default pipeline with the "repeat" responder, which says the user's words back."""
+    with served("--set", "responder.factory.mode=repeat") as started:
+        yield started
 
 
 async def receive_until(rt: RealtimeClient, event_type: str, *, beta: bool = False) -> list[dict[str, Any]]:

@@ -171,12 +171,3 @@ async def test_a_truncated_answer_is_never_resumed_even_opted_in() -> None:
         events.send_nowait(SpeechPaused(600))
     assert response.state is ResponseState.SILENCED
     assert not any(isinstance(o, Notice) and o.event["type"].endswith("resumed") for o in c.out)
-
-
-async def test_opted_in_speech_still_going_after_decide_ms_cancels_the_answer(autojump_clock: object) -> None:
-    c = core()
-    response = playing(c)
-    async with speech_over_the_answer(c):
-        assert response.state is ResponseState.PAUSED
-        await trio.sleep(1.01)
-        assert response.state is ResponseState.SILENCED and c.turns.response is None

@@ -15,7 +15,8 @@ list is a setting: :meth:`InterruptionPolicy.from_settings` checks it and names 
 
 :class:`FalseInterruptions` is the whole setting of a realtime session (the omnitrio extension
 ``turn_detection.false_interruptions``): the policy, and ``decide_ms``, how long the user may
-speak over the assistant before it is surely not a backchannel.
+speak over the assistant before it is surely not a backchannel (milliseconds of their speech in
+the input audio, however long the recogniser takes to hear it: :mod:`.interruption`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import attrs
 InterruptionOutcome = Literal["resume", "cancel"]
 DEFAULT_BACKCHANNELS: tuple[str, ...] = (
     "uh-huh", "uh huh", "mhm", "mm-hmm", "mm", "hmm", "mmm", "um", "uh", "ah", "oh", "aha",
-    "yeah", "yes", "yep", "yup", "ok", "okay", "right", "sure", "alright", "all right",
+    "yeah", "yes", "yep", "yup", "ok", "o.k.", "okay", "right", "sure", "alright", "all right",
     "i see", "got it", "cool", "nice", "wow", "great", "true", "exactly", "indeed", "thanks", "thank you",
 )  # fmt: skip
 DEFAULT_MAX_WORDS = 4
@@ -94,7 +95,7 @@ class InterruptionPolicy:
 
 @attrs.frozen
 class FalseInterruptions:
-    """How a realtime session treats speech over the assistant: pause, then decide within ``decide_ms``."""
+    """How a realtime session treats speech over the assistant: pause, then decide within ``decide_ms`` of speech."""
 
     decide_ms: int = DEFAULT_DECIDE_MS
     policy: InterruptionPolicy = attrs.field(factory=InterruptionPolicy)

@@ -7,15 +7,22 @@ speaking while a released audio response plays (and ``interrupt_response`` is tr
 is *paused*: no more of its audio is sent (its pacer holds), and the client is told with
 ``omnitrio.output_audio_buffer.paused``. The response keeps being produced meanwhile. Then:
 
-* when the user pauses (the VAD's ``speech_paused``), what they said since they started is
-  transcribed (``semantic_vad`` brings the transcript with the pause) and judged by the session's
-  :class:`~omnitrio.serve.realtime.backchannel.InterruptionPolicy`: no words, or only backchannels ("uh-huh",
-  "okay"), **resume**: the audio goes on from where it stopped, ``omnitrio.output_audio_buffer.resumed``
-  says so with what was heard, and that speech never becomes a turn (it is dropped from the input
-  buffer: no commit, no answer); anything else **cancels** the response as a barge-in does
-  (``response.done`` with ``cancelled`` / ``turn_detected``) and the speech goes on as a turn;
-* when the user is still speaking ``decide_ms`` after they started, it is no backchannel: the
-  response is cancelled.
+* when the user pauses (the VAD's ``speech_paused``) within ``decide_ms`` of speech, what they
+  said since they started is transcribed (``semantic_vad`` brings the transcript with the pause)
+  and judged by the session's :class:`~omnitrio.serve.realtime.backchannel.InterruptionPolicy`: no
+  words, or only backchannels ("uh-huh", "okay"), **resume**: the audio goes on from where it
+  stopped, ``omnitrio.output_audio_buffer.resumed`` says so with what was heard, and that speech
+  never becomes a turn (it is dropped from the input buffer: no commit, no answer); anything else
+  **cancels** the response as a barge-in does (``response.done`` with ``cancelled`` /
+  ``turn_detected``) and the speech goes on as a turn;
+* when the VAD has heard the user still speaking ``decide_ms`` after they started, or pausing only
+  later, it is no backchannel: the response is cancelled.
+
+``decide_ms`` is audio: it counts the user's speech in the input stream, from where the VAD heard
+it begin (``speech_started``'s ``audio_start_ms`` plus its ``prefix_padding_ms``), never the wall
+time the recogniser took to hear it, so a slow or busy CPU judges the same speech the same way.
+Only a judgement still missing ``decide_ms`` plus ``JUDGE_TIMEOUT`` seconds after the speech
+began (a stalled recogniser) cancels by the clock.
 
 ``omnitrio.output_audio_buffer.paused`` and ``.resumed`` are omnitrio extensions, named after the GA
 protocol's ``output_audio_buffer.*`` family (``started`` / ``stopped`` / ``cleared``, which OpenAI
@@ -31,10 +38,13 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.realtime.backchannel import FalseInterruptions, words_of
 from omnitrio.serve.realtime.response import Response, ResponseState
 
 Outcome = Literal["resume", "cancel"]
+JUDGE_TIMEOUT = 10.0  # seconds past decide_ms after speech began over a response: still undecided, it is cancelled
+_MS = REALTIME_RATE // 1000  # input samples per millisecond
 
 
 @attrs.define(eq=False)
@@ -43,7 +53,13 @@ class Overheard:
 
     response: Response
     settings: FalseInterruptions
-    deadline: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    onset: int  # input offset (samples) where the speech began
+    timeout: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    @property
+    def window_end(self) -> int:
+        """The input offset ``decide_ms`` of speech after the onset: speech heard past it is no backchannel."""
+        return self.onset + self.settings.decide_ms * _MS
 
     def paused_event(self) -> dict[str, Any]:
         sent_ms = int(1000 * self.response.sent_seconds)
@@ -80,26 +96,41 @@ class Interruptions:
         self.cancel = cancel
         self.pending: Overheard | None = None
 
-    def overhear(self, response: Response, settings: FalseInterruptions, nursery: trio.Nursery) -> Overheard:
-        """Pause ``response``: speech began over it; it is cancelled if still undecided after ``decide_ms``."""
+    def overhear(
+        self, response: Response, settings: FalseInterruptions, onset: int, nursery: trio.Nursery
+    ) -> Overheard:
+        """Pause ``response``: speech began over it at input offset ``onset``."""
         self.forget()
-        self.pending = overheard = Overheard(response, settings)
+        self.pending = overheard = Overheard(response, settings, onset)
         response.pause()
-        nursery.start_soon(self._cancel_after_window, overheard)
+        nursery.start_soon(self._cancel_after_timeout, overheard)
         return overheard
 
-    async def judge(self, audio: bytes, transcript: str | None) -> bool:
-        """The user paused: judge what they said since they began (``audio``, PCM16 24 kHz; transcribed
-        here unless ``transcript`` is given). True: the response resumed, and the speech is no turn."""
+    def heard(self, offset: int) -> None:
+        """The VAD has judged the input up to ``offset`` and reported no pause of the pending speech
+        before it: past the window, the user is still speaking, and the response is cancelled."""
+        overheard = self.pending
+        if overheard is not None and offset > overheard.window_end:
+            self.forget()
+            self.cancel(overheard.response)
+
+    async def judge(self, audio: bytes, transcript: str | None, paused_at: int) -> bool:
+        """The user paused at input offset ``paused_at``: judge what they said since they began
+        (``audio``, PCM16 24 kHz; transcribed here unless ``transcript`` is given). True: the response
+        resumed, and the speech is no turn."""
         overheard = self.pending
         assert overheard is not None
+        if paused_at > overheard.window_end:
+            self.forget()  # spoken longer than a backchannel, whatever the words
+            self.cancel(overheard.response)
+            return False
         if transcript is None:
             try:
                 transcript = await self.transcribe(audio)
             except Exception:
                 transcript = None  # judged as a real interruption: the safe side
         if self.pending is not overheard or overheard.response.state is not ResponseState.PAUSED:
-            return False  # the window ran out meanwhile, or the response ended or was truncated
+            return False  # timed out meanwhile, or the response ended or was truncated
         self.forget()
         if transcript is None or overheard.settings.policy.decide(transcript) == "cancel":
             self.cancel(overheard.response)
@@ -111,12 +142,12 @@ class Interruptions:
     def forget(self, response: Response | None = None) -> None:
         """Nothing is pending any more (only if it was about ``response``, when given)."""
         if self.pending is not None and response in (None, self.pending.response):
-            self.pending.deadline.cancel()
+            self.pending.timeout.cancel()
             self.pending = None
 
-    async def _cancel_after_window(self, overheard: Overheard) -> None:
-        with overheard.deadline:
-            await trio.sleep(overheard.settings.decide_ms / 1000)
+    async def _cancel_after_timeout(self, overheard: Overheard) -> None:
+        with overheard.timeout:
+            await trio.sleep(overheard.settings.decide_ms / 1000 + JUDGE_TIMEOUT)
             if self.pending is overheard:
                 self.forget()
                 self.cancel(overheard.response)

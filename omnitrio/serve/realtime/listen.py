@@ -22,7 +22,8 @@ model's probability, the words' objection and the decision.
 What a caller may rely on: :meth:`TurnListener.run` raises if the session cannot be opened (the
 stage's error, e.g. its ``max_sessions``, names the limit) and before it reports ``started``
 nothing is delivered; :attr:`TurnListener.heard` counts the fed samples the VAD has judged (their
-events delivered already), so audio past it may still turn out to be speech; whatever way ``run``
+events delivered already), so audio past it may still turn out to be speech, and each time it
+grows a :class:`~.turn.Heard` event follows those events on the channel; whatever way ``run``
 ends, the ASR session is aborted (shielded, bounded by ``CLOSE_TIMEOUT`` seconds), so a closed
 socket never leaves session state in the pipeline.
 """
@@ -39,7 +40,16 @@ from omnitrio.messages import StreamMessage
 from omnitrio.serve.audio import REALTIME_RATE
 from omnitrio.serve.context import ServedPipeline
 from omnitrio.serve.realtime.session_config import TurnDetection
-from omnitrio.serve.realtime.turn import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, TurnJudged, VadEvent
+from omnitrio.serve.realtime.turn import (
+    MS,
+    Heard,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TurnJudged,
+    VadEvent,
+)
 
 PAUSE_LEAD_MS = 400  # start preparing the answer when this much silence is still needed to end the turn
 CLOSE_TIMEOUT = 2.0
@@ -120,6 +130,7 @@ class TurnListener:
                 chunk = first + self._drain()
                 await self._command("append", chunk=chunk)
                 self.heard += len(chunk) // 2
+                await self.events.send(Heard(self.heard // MS))
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
                 await self._quietly("abort")

@@ -16,7 +16,9 @@ order, and says what the session must do through its one ``emit`` callable (:dat
   is dropped and the turn closes);
 * :class:`TurnJudged` incomplete, :class:`SpeechResumed`: :class:`Unprepare`;
 * :class:`SpeechStopped`: :class:`Ended` with the turn's audio, taken from the buffer (consumed:
-  it never starts a turn again) and whether to answer it now.
+  it never starts a turn again) and whether to answer it now;
+* :class:`Heard`: the VAD has judged the stream this far, so speech over a paused response that
+  has not paused by then is still going on (past ``decide_ms`` of it, the response is cancelled).
 
 Speech resumed while no turn is open but a response plays (it was resumed over a backchannel) opens
 a turn, as a start does. VAD events about audio that was committed or cleared are ignored, so a
@@ -79,7 +81,14 @@ class SpeechStopped:
     ms: int
 
 
-VadEvent = SpeechStarted | SpeechPaused | SpeechResumed | TurnJudged | SpeechStopped
+@attrs.frozen
+class Heard:
+    """The VAD has judged the stream up to ``ms``: every event about audio before it came already."""
+
+    ms: int
+
+
+VadEvent = SpeechStarted | SpeechPaused | SpeechResumed | TurnJudged | SpeechStopped | Heard
 
 
 # -- what the session must do ---------------------------------------------------------------------
@@ -187,10 +196,10 @@ class Turns:
     async def _apply(self, detection: TurnDetection, offset: int, event: VadEvent, nursery: trio.Nursery) -> None:
         fresh = offset >= self.input.consumed
         match event:
-            case SpeechStarted() if fresh:
-                await self._begin(detection, offset, nursery)
+            case SpeechStarted() if fresh:  # the voice was detected prefix_padding_ms after the start
+                await self._begin(detection, offset, offset + MS * detection.prefix_padding_ms, nursery)
             case SpeechResumed() if self.state is TurnState.SILENT and self.response is not None and fresh:
-                await self._begin(detection, offset, nursery)  # more speech over a resumed response
+                await self._begin(detection, offset, offset, nursery)  # more speech over a resumed response
             case SpeechResumed():
                 if self.state is TurnState.PAUSED:
                     self.state = TurnState.SPEAKING
@@ -199,7 +208,8 @@ class Turns:
                 self.state = TurnState.PAUSED
                 if self.interruptions.pending is not None:
                     heard = self.input.span(self._turn_start, offset)
-                    if await self.interruptions.judge(heard, transcript) and self.state is not TurnState.SILENT:
+                    resumed = await self.interruptions.judge(heard, transcript, offset)
+                    if resumed and self.state is not TurnState.SILENT:
                         self.take(offset, self._turn_start)  # a backchannel is no turn
                         return
                 ready = self.response is None and self.state is not TurnState.SILENT and unfinished is None
@@ -213,16 +223,19 @@ class Turns:
                 audio = self.take(offset, self._turn_start)
                 answer = detection.create_response and self.response is None
                 await self.emit(Ended(offset // MS, audio, answer))
+            case Heard():
+                self.interruptions.heard(offset)
 
-    async def _begin(self, detection: TurnDetection, offset: int, nursery: trio.Nursery) -> None:
+    async def _begin(self, detection: TurnDetection, offset: int, onset: int, nursery: trio.Nursery) -> None:
+        """A turn opens at ``offset`` (its audio's start), the voice heard from ``onset``."""
         self.state = TurnState.SPEAKING
         self._turn_start = max(offset, self.input.start)
-        paused = self._overhear(detection, nursery)  # before the event, so no audio follows it
+        paused = self._overhear(detection, onset, nursery)  # before the event, so no audio follows it
         await self.emit(Began(offset // MS))
         if paused is not None:
             await self.emit(Notice(paused))
 
-    def _overhear(self, detection: TurnDetection, nursery: trio.Nursery) -> dict[str, Any] | None:
+    def _overhear(self, detection: TurnDetection, onset: int, nursery: trio.Nursery) -> dict[str, Any] | None:
         """User speech over the response: cancel it now, or (opted in) pause it to judge the speech."""
         response = self.response
         if response is None or not detection.interrupt_response:
@@ -230,7 +243,7 @@ class Turns:
         if detection.false_interruptions is None or not response.audio:
             self._cancel(response)
             return None
-        return self.interruptions.overhear(response, detection.false_interruptions, nursery).paused_event()
+        return self.interruptions.overhear(response, detection.false_interruptions, onset, nursery).paused_event()
 
     def _cancel(self, response: Response) -> None:
         """A real interruption: the response is cancelled (its .done events follow) and no longer in

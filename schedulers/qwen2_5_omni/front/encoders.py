@@ -1,0 +1,96 @@
+"""Qwen2.5-Omni's audio and vision towers, each alone with its own weights, batched across requests.
+
+* :class:`AudioTower`: ``Qwen2_5OmniAudioEncoder`` with the checkpoint's ``thinker.audio_tower.`` weights.
+  Per request ``(input_features [n_clips, 128, T], feature_attention_mask [n_clips, T])`` →
+  ``(audio_embeds [tokens, H], audio_feature_lengths [n_clips])``, the clips in order: what the thinker's
+  ``get_audio_features`` gives for the same inputs (its ``last_hidden_state``).
+* :class:`VisionTower`: ``Qwen2_5OmniVisionEncoder`` with the ``thinker.visual.`` weights.  Per request
+  ``(pixel_values, image_grid_thw [n_images, 3])`` → ``image_embeds [tokens, H]``, what
+  ``get_image_features`` gives (its ``pooler_output``, the images concatenated).
+
+Requests batch *packed*, as the towers batch clips and images themselves: every clip (image) of every
+request goes into one call along the sequence axis with its own length (grid), so attention stays within
+each clip's chunks (image's windows), and the output is split back by token counts.
+
+Each tower is built in ``dtype`` (transformers' own rule for which buffers stay float32), filled from the
+checkpoint and moved to ``device``; inputs are moved there and outputs come back on the CPU.  One thread at
+a time; every call runs under ``torch.inference_mode``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights
+
+AUDIO_PREFIX = "thinker.audio_tower."
+VISION_PREFIX = "thinker.visual."
+
+
+def _tower(cls: Any, config: Any, model_dir: str | Path, prefix: str, device: str, dtype: torch.dtype) -> Any:
+    """``cls`` built without initialising its weights, filled from ``prefix``, on ``device``, eval."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        module = cls._from_config(config, dtype=dtype)
+    load_weights(model_dir, prefix, module)
+    return module.to(device).eval()
+
+
+class AudioTower:
+    """The thinker's audio tower alone (module docstring)."""
+
+    def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
+
+        config = load_config(model_dir).thinker_config.audio_config
+        self.tower = _tower(Qwen2_5OmniAudioEncoder, config, model_dir, AUDIO_PREFIX, device, dtype)
+        self.device = torch.device(device)
+
+    def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
+        packed, lengths = [], []
+        for features, mask in requests:
+            if features.ndim != 3 or mask.shape != (features.shape[0], features.shape[2]):
+                raise ValueError(
+                    f"audio_encoder: input_features {list(features.shape)} and feature_attention_mask "
+                    f"{list(mask.shape)} do not match ([clips, mels, T] and [clips, T])"
+                )
+            packed.append(features.permute(0, 2, 1)[mask.bool()].permute(1, 0))
+            lengths.append(mask.sum(-1).long())
+        frames = torch.cat(lengths)
+        after_cnn, tokens = self.tower._get_feat_extract_output_lengths(frames)
+        with torch.inference_mode():
+            out = self.tower(
+                torch.cat(packed, dim=1).to(self.device),
+                feature_lens=frames.to(self.device),
+                aftercnn_lens=after_cnn.to(self.device),
+            ).last_hidden_state.cpu()
+        per_request = [int(n.sum()) for n in tokens.split([len(clips) for clips in lengths])]
+        return list(zip(torch.split(out, per_request), lengths, strict=True))
+
+
+class VisionTower:
+    """The thinker's vision tower alone (module docstring)."""
+
+    def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
+
+        config = load_config(model_dir).thinker_config.vision_config
+        self.tower = _tower(Qwen2_5OmniVisionEncoder, config, model_dir, VISION_PREFIX, device, dtype)
+        self.device = torch.device(device)
+        self.merge = int(config.spatial_merge_size) ** 2
+
+    def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """Per ``(pixel_values, image_grid_thw)``: ``embeds [tokens, H]``."""
+        pixels = torch.cat([p for p, _ in requests])
+        grids = torch.cat([g for _, g in requests])
+        if pixels.shape[0] != int(grids.prod(-1).sum()):
+            raise ValueError(f"image_encoder: {pixels.shape[0]} patches for grids {grids.tolist()}")
+        with torch.inference_mode():
+            out = self.tower(pixels.to(self.device, self.tower.dtype), grid_thw=grids.to(self.device))
+        tokens = [int(g.prod(-1).sum()) // self.merge for _, g in requests]
+        return list(torch.split(out.pooler_output.cpu(), tokens))

@@ -1,0 +1,233 @@
+"""The Qwen2.5-Omni thinker's language model: transformers' ``Qwen2_5OmniThinkerTextModel`` and ``lm_head``.
+
+Only the text model and the head are built and loaded (``thinker.model.`` and ``thinker.lm_head.``): the
+encoder stages send their embeddings, and :meth:`ThinkerLM.prompt_inputs` puts them where
+``Qwen2_5OmniThinkerModel.forward`` puts them (audio features at the ``<|AUDIO|>`` tokens, image features
+at the ``<|IMAGE|>`` tokens, in order) with the 3-D rope positions of transformers' own ``get_rope_index``
+on the thinker config, fed as ``generate`` feeds them: ``[4, 1, P]``, the text positions then temporal,
+height, width.  transformers computes the 3-D positions only when the request has an image; an audio or
+text prompt has sequential positions on all three axes (rope delta 0).
+
+A token decoded at cache length ``n`` has text position ``n`` and rope position ``n + rope_delta`` on every
+axis, which is what ``generate`` feeds.  Besides the logits, every forward returns what ``generate`` hands
+the talker: the last hidden state (after the final norm) and the input embeddings of each position.
+
+:meth:`ThinkerLM.decode` steps any rows of a batch through transformers' ``Cache`` interface (any cache
+whose layers append one column per row, with an attention mask that hides each row's padding), so the
+kit's KV batch can drive it.  The model sits on one device; inputs are moved to it, outputs stay there
+(logits float32).  Not thread-safe; every call runs under ``torch.inference_mode``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicCache
+
+from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights
+
+TEXT_PREFIX = "thinker.model."
+HEAD_PREFIX = "thinker.lm_head."
+
+
+class _RopeIndex:
+    """transformers' ``get_rope_index`` on a bare config (it reads only the config and two helpers)."""
+
+    def __init__(self, thinker_config: Any) -> None:
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+            Qwen2_5OmniPreTrainedModelForConditionalGeneration as Model,
+        )
+
+        self.config = thinker_config
+        self.spatial_merge_size = thinker_config.vision_config.spatial_merge_size
+        self.get_rope_index = Model.get_rope_index.__get__(self)
+        self.get_llm_pos_ids_for_vision = Model.get_llm_pos_ids_for_vision.__get__(self)
+        self.get_chunked_index = Model.get_chunked_index.__get__(self)
+
+
+@attrs.frozen(eq=False)
+class PromptInputs:
+    """What the prefill of one request takes."""
+
+    input_ids: torch.Tensor  # Long[P]
+    embeds: torch.Tensor  # Float[P, H]: token embeddings, audio/image features in place
+    position_ids: torch.Tensor  # Long[4, 1, P]
+    rope_delta: int
+
+
+@attrs.frozen(eq=False)
+class Prefill:
+    """A prefill's outcome: the last position's logits, the keys/values, and per position the last hidden
+    state and the input embedding (what ``generate`` hands the talker for the prompt)."""
+
+    logits: torch.Tensor  # Float32[V]
+    cache: DynamicCache  # batch 1, P positions
+    hidden: torch.Tensor  # Float[P, H]
+    embeds: torch.Tensor  # Float[P, H]
+
+
+@attrs.frozen(eq=False)
+class Step:
+    """One decode step of ``B`` rows: the next-token logits, and per row the last hidden state and the input
+    embedding of the token just fed (what ``generate`` hands the talker for that token)."""
+
+    logits: torch.Tensor  # Float32[B, V]
+    hidden: torch.Tensor  # Float[B, H]
+    embeds: torch.Tensor  # Float[B, H]
+
+
+class ThinkerLM:
+    """The text model and head of a Qwen2.5-Omni thinker (``config`` is the whole ``Qwen2_5OmniConfig``)."""
+
+    def __init__(self, config: Any, text_model: nn.Module, lm_head: nn.Linear) -> None:
+        self.config = config
+        self.thinker_config = config.thinker_config
+        self.text_config = config.thinker_config.text_config
+        self.model: Any = text_model.eval()
+        self.lm_head = lm_head.eval()
+        self._rope = _RopeIndex(self.thinker_config)
+        self._media = {
+            "audio_embeds": int(self.thinker_config.audio_token_index),
+            "image_embeds": int(self.thinker_config.image_token_index),
+        }
+        self._video = int(self.thinker_config.video_token_index)
+
+    @classmethod
+    def from_checkpoint(
+        cls, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> ThinkerLM:
+        """Build in ``dtype`` without initialising weights, fill from :data:`TEXT_PREFIX` and
+        :data:`HEAD_PREFIX` (only their shards are read), move to ``device``."""
+        from transformers.initialization import no_init_weights
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniThinkerTextModel
+
+        config = load_config(model_dir)
+        text_config = config.thinker_config.text_config
+        with no_init_weights():
+            text_model = Qwen2_5OmniThinkerTextModel._from_config(text_config, dtype=dtype)
+            lm_head = nn.Linear(text_config.hidden_size, text_config.vocab_size, bias=False, dtype=dtype)
+        load_weights(model_dir, TEXT_PREFIX, text_model)
+        load_weights(model_dir, HEAD_PREFIX, lm_head)
+        return cls(config, text_model.to(device), lm_head.to(device))
+
+    @classmethod
+    def from_model(cls, model: Any) -> ThinkerLM:
+        """Share the thinker of an in-memory ``Qwen2_5OmniForConditionalGeneration`` (tests)."""
+        thinker = model.thinker
+        return cls(model.config, thinker.model.language_model, thinker.lm_head)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.text_config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.text_config.num_hidden_layers)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``[..., H]`` of ``ids``."""
+        with torch.inference_mode():
+            return self.model.embed_tokens(ids.to(self.device))
+
+    def prompt_inputs(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        audio_embeds: torch.Tensor | None = None,
+        image_embeds: torch.Tensor | None = None,
+        image_grid_thw: torch.Tensor | None = None,
+        audio_feature_lengths: torch.Tensor | None = None,
+    ) -> PromptInputs:
+        """The prompt's input embeddings and positions, as the thinker's forward and ``generate`` build them.
+
+        ``audio_feature_lengths`` are the clips' mel-frame counts (``feature_attention_mask.sum(-1)``).  A
+        placeholder count that does not match the rows sent raises ``ValueError`` naming the field."""
+        ids = input_ids.reshape(1, -1).long().to(self.device)
+        if bool((ids == self._video).any()):
+            raise ValueError("input_ids: video placeholders are not supported by this thinker")
+        with torch.inference_mode():
+            embeds = self.model.embed_tokens(ids)
+            for field, features in (("audio_embeds", audio_embeds), ("image_embeds", image_embeds)):
+                mask = ids == self._media[field]
+                _check_rows(field, features, int(mask.sum()), self.hidden_size)
+                if features is not None and features.shape[0]:
+                    embeds = embeds.masked_scatter(mask.unsqueeze(-1), features.to(embeds.device, embeds.dtype))
+            n_image = int((ids == self._media["image_embeds"]).sum())
+            grid = None
+            if n_image:
+                if image_grid_thw is None:
+                    raise ValueError("image_grid_thw: required with image placeholders in input_ids")
+                expected = int(image_grid_thw.prod(-1).sum()) // self._rope.spatial_merge_size**2
+                if expected != n_image:
+                    raise ValueError(
+                        f"image_grid_thw: {image_grid_thw.tolist()} gives {expected} image tokens, "
+                        f"input_ids has {n_image} placeholders"
+                    )
+                grid = image_grid_thw.to(self.device)
+            lengths = audio_feature_lengths.to(self.device) if audio_feature_lengths is not None else None
+            mask = torch.ones_like(ids)
+            rope, deltas = self._rope.get_rope_index(ids, grid, None, mask, False, lengths, None)
+        text = torch.arange(ids.shape[1], device=self.device).view(1, 1, -1)
+        return PromptInputs(ids[0], embeds[0], torch.cat([text, rope], dim=0), int(deltas.reshape(-1)[0]))
+
+    def prefill(self, prompt: PromptInputs) -> Prefill:
+        """One request's prompt in one forward (batch 1)."""
+        cache = DynamicCache(config=self.text_config)
+        with torch.inference_mode():
+            out = self.model(
+                inputs_embeds=prompt.embeds[None],
+                position_ids=prompt.position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            hidden = out.last_hidden_state[0]
+            logits = self.lm_head(hidden[-1]).float()
+        return Prefill(logits, cache, hidden, prompt.embeds)
+
+    def decode(
+        self,
+        token_ids: torch.Tensor,
+        lengths: Sequence[int],
+        rope_deltas: Sequence[int],
+        cache: Cache,
+        attention_mask: torch.Tensor | None = None,
+    ) -> Step:
+        """Feed one token to each of ``B`` rows: ``token_ids`` ``[B]``, ``lengths[b]`` positions already in row
+        b's cache, ``cache`` the rows' keys/values (it grows by one column per row).
+
+        ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token, 0 on padding);
+        None when no row has padding."""
+        ids = token_ids.reshape(-1, 1).long().to(self.device)
+        text = torch.tensor(list(lengths), dtype=torch.long, device=self.device).view(1, -1, 1)
+        rope = text + torch.tensor(list(rope_deltas), dtype=torch.long, device=self.device).view(1, -1, 1)
+        position_ids = torch.cat([text, rope.expand(3, -1, -1)], dim=0)
+        mask = None if attention_mask is None else attention_mask.to(self.device)
+        with torch.inference_mode():
+            embeds = self.model.embed_tokens(ids)
+            out = self.model(
+                inputs_embeds=embeds,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            hidden = out.last_hidden_state[:, -1]
+            logits = self.lm_head(hidden).float()
+        return Step(logits, hidden, embeds[:, -1])
+
+
+def _check_rows(field: str, tensor: torch.Tensor | None, placeholders: int, hidden: int) -> None:
+    rows = 0 if tensor is None else int(tensor.shape[0])
+    if rows != placeholders:
+        raise ValueError(f"{field}: {rows} rows sent, input_ids has {placeholders} placeholder tokens for them")
+    if tensor is not None and rows and (tensor.ndim != 2 or tensor.shape[1] != hidden):
+        raise ValueError(f"{field}: shape {tuple(tensor.shape)} must be [{rows}, {hidden}] (the thinker's hidden size)")

@@ -1,0 +1,200 @@
+"""transformers' own Qwen2.5-Omni as the tests' reference: its processor without video, and ``generate``.
+
+* :func:`reference_processor`: ``Qwen2_5OmniProcessor`` itself, assembled from a checkpoint directory without
+  its torchvision video processor (its constructor insists on one; the CPU torch pin has no torchvision);
+* :func:`reference_answer`: ``Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`` greedy (thinker
+  and talker), recording the talker's codes as ``generate`` hands them to token2wav;
+* :func:`clip`, :func:`picture`: media whose content the tiny checkpoints' answers depend on;
+* the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`) and
+  ``model`` (transformers' model of it: :func:`reference_model`): a test module imports the functions.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+from schedulers.qwen2_5_omni.tiny import write_checkpoint
+
+TOKEN_NAMES = (
+    "image_token",
+    "audio_token",
+    "video_token",
+    "image_token_id",
+    "audio_token_id",
+    "video_token_id",
+    "vision_bos_token",
+    "vision_eos_token",
+    "audio_bos_token",
+    "audio_eos_token",
+)
+
+
+@pytest.fixture(scope="session", name="tiny")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2.5-Omni checkpoint (read only: tests never change it)."""
+    return write_checkpoint(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
+
+
+@pytest.fixture(scope="session", name="model")
+def reference_model(tiny: Path) -> Any:
+    """``Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny)``, float32, eval, one torch thread."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    torch.set_num_threads(1)
+    return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
+
+
+def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One user turn of transformers-style chat ``parts``."""
+    return [{"role": "user", "content": list(parts)}]
+
+
+def text(words: str) -> dict[str, Any]:
+    """A text part."""
+    return {"type": "text", "text": words}
+
+
+def reference_processor(model_dir: Path) -> Any:
+    """``Qwen2_5OmniProcessor`` of ``model_dir`` without its video processor (module docstring)."""
+    from transformers import AutoTokenizer, Qwen2_5OmniProcessor, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    model_dir = Path(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    processor = Qwen2_5OmniProcessor.__new__(Qwen2_5OmniProcessor)
+    processor.tokenizer = tokenizer
+    processor.feature_extractor = WhisperFeatureExtractor.from_pretrained(model_dir)
+    processor.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
+    merge = processor.image_processor.merge_size
+    processor.video_processor = types.SimpleNamespace(merge_size=merge, temporal_patch_size=2, model_input_names=[])
+    processor.chat_template = json.loads((model_dir / "chat_template.json").read_text())["chat_template"]
+    for name in TOKEN_NAMES:
+        setattr(processor, name, getattr(tokenizer, name))
+    return processor
+
+
+def media(messages: list[dict[str, Any]]) -> tuple[list[np.ndarray], list[Any]]:
+    """The audio clips and images of transformers-style chat ``messages``, in order."""
+    audio: list[np.ndarray] = []
+    images: list[Any] = []
+    for message in messages:
+        content = message["content"]
+        for part in content if isinstance(content, list) else []:
+            if part["type"] == "audio":
+                audio.append(np.asarray(part["audio"], dtype=np.float32))
+            elif part["type"] == "image":
+                images.append(part["image"])
+    return audio, images
+
+
+def reference_inputs(processor: Any, messages: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """The processor's tensors for ``messages`` (template, then text and media in order)."""
+    audio, images = media(messages)
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    out = processor(text=text, audio=audio or None, images=images or None, return_tensors="pt")
+    return dict(out)
+
+
+@attrs.frozen
+class Answer:
+    """What ``generate`` answered: the thinker's new ids, the talker's codes, the waveform, and the thinker's
+    last hidden state and input embeddings per forward (prompt first, ``[1, n, H]`` each)."""
+
+    ids: list[int]
+    codes: list[int]
+    wav: torch.Tensor
+    hidden: list[torch.Tensor]
+    embeds: list[torch.Tensor]
+
+
+def reference_answer(
+    model: Any,
+    processor: Any,
+    messages: list[dict[str, Any]],
+    *,
+    speaker: str = "Chelsie",
+    seed: int = 0,
+    max_new_tokens: int = 8,
+) -> Answer:
+    """``model.generate(return_audio=True)`` on ``messages`` with thinker and talker greedy."""
+    inputs = reference_inputs(processor, messages)
+    if "pixel_values" in inputs:  # transformers 5.23's generate crashes on pixel_values, not on this name
+        inputs["thinker_pixel_values"] = inputs.pop("pixel_values")
+    codes: list[torch.Tensor] = []
+    states: list[Any] = []
+    talker_generate, thinker_generate = model.talker.generate, model.thinker.generate
+
+    def talker(*args: Any, **kwargs: Any) -> torch.Tensor:
+        out = talker_generate(*args, **kwargs)
+        codes.append(out[0, kwargs["input_ids"].shape[1] :])
+        return out
+
+    def thinker(*args: Any, **kwargs: Any) -> Any:
+        out = thinker_generate(*args, **kwargs)
+        states.append(out.hidden_states)
+        return out
+
+    model.talker.generate, model.thinker.generate = talker, thinker
+    try:
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            sequences, wav = model.generate(
+                **inputs,
+                speaker=speaker,
+                thinker_max_new_tokens=max_new_tokens,
+                thinker_do_sample=False,
+                talker_do_sample=False,
+            )
+    finally:
+        del model.talker.generate, model.thinker.generate
+    found = codes[0].tolist()
+    ends = [i for i, code in enumerate(found) if code in (model.talker.codec_pad_token, model.talker.codec_eos_token)]
+    return Answer(
+        ids=sequences[0, inputs["input_ids"].shape[1] :].tolist(),
+        codes=found[: ends[0]] if ends else found,
+        wav=wav,
+        hidden=[step[-1] for step in states[0]],
+        embeds=[step[0] for step in states[0]],
+    )
+
+
+def clip(frequency: float, seconds: float = 1.0) -> np.ndarray:
+    """A modulated tone at 16 kHz: its pitch changes the tiny checkpoints' answers."""
+    t = np.arange(int(16_000 * seconds)) / 16_000
+    return (0.3 * np.sin(2 * np.pi * frequency * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
+
+
+def picture(seed: int, height: int = 56, width: int = 56) -> Any:
+    """A random RGB PIL image."""
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype(np.uint8))
+
+
+def left_padded(caches: list[Any]) -> tuple[Any, torch.Tensor]:
+    """One transformers ``DynamicCache`` holding the batch-1 ``caches`` as rows, each right-aligned (left
+    padding), and the ``[B, width]`` attention mask that hides the padding: a stand-in for the kit's KV
+    batch in tests of the model wrappers."""
+    from transformers.cache_utils import DynamicCache
+
+    lengths = [cache.get_seq_length() for cache in caches]
+    width = max(lengths)
+    batch = DynamicCache()
+    for layer in range(len(caches[0].layers)):
+        keys, values = [], []
+        for cache in caches:
+            k, v = cache.layers[layer].keys, cache.layers[layer].values
+            pad = width - k.shape[-2]
+            keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+            values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+        batch.update(torch.cat(keys), torch.cat(values), layer)
+    mask = (torch.arange(width)[None] >= torch.tensor([width - n for n in lengths])[:, None]).long()
+    return batch, mask
