@@ -44,7 +44,7 @@ def serve_args(config: str, scratch: Path) -> tuple[list[str], tuple[str, ...]]:
     if not model.exists():
         import torch
 
-        from toys.qwen3_omni_checkpoint import write_checkpoint
+        from schedulers.qwen3_omni.tiny import write_checkpoint
 
         torch.set_num_threads(1)
         write_checkpoint(model, size="tiny")

@@ -237,7 +237,7 @@ def main() -> None:
 def write_tiny_checkpoint(scratch: Path) -> Path:
     code = (
         "import sys, torch; from pathlib import Path; torch.set_num_threads(1); "
-        "from toys.qwen3_omni_checkpoint import write_checkpoint; write_checkpoint(Path(sys.argv[1]), size='tiny')"
+        "from schedulers.qwen3_omni.tiny import write_checkpoint; write_checkpoint(Path(sys.argv[1]), size='tiny')"
     )
     subprocess.run([sys.executable, "-c", code, str(scratch / "tiny")], check=True, cwd=ROOT)
     return scratch / "tiny"

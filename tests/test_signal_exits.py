@@ -26,7 +26,7 @@ SPEECH_STAGES = ["ingress", "asr", "stream_asr", "responder", "tts", "text_out"]
 def tiny_qwen3_omni(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from toys.qwen3_omni_checkpoint import write_checkpoint
+    from schedulers.qwen3_omni.tiny import write_checkpoint
 
     torch.set_num_threads(1)
     return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
