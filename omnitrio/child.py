@@ -2,11 +2,12 @@
 
 The parent (:mod:`omnitrio.children`) starts :data:`ENTRY` with ``python -c`` and writes its
 ``sys.path`` and a pickled :class:`ChildSpec` to the child's stdin, so the caller's ``__main__``
-is never re-imported (or has :mod:`omnitrio.forkserver` fork one that runs :func:`main`).  The child builds its stages,
-then sends ``Ready`` — or ``StartupFailed`` with its traceback, and exits non-zero.  It
+is never re-imported (or has :mod:`omnitrio.forkserver` fork one that runs :func:`main`).  The
+child builds its stages, then sends ``Ready`` — or ``StartupFailed`` with its traceback, and
+exits non-zero.  It
 serves until the parent sends ``Shutdown``, or until the parent process is gone (its
-pidfd becomes readable): an orphan removes the pipeline's shared memory and socket
-directory on its way out.
+pidfd becomes readable) — both also while it is still starting: an orphan removes the
+pipeline's shared memory and socket directory on its way out.
 
 Once its stages have stopped and its sockets and shared memory are gone, a child leaves at
 once (:func:`leave`): its ``atexit`` hooks run (logging's flush, finalizers such as a
@@ -137,6 +138,8 @@ async def _serve(spec: ChildSpec, began: tuple[int, int] | None) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(board.run)
             nursery.start_soon(answer_control)
+            nursery.start_soon(_exit_with_parent, spec, shutdown)
+            nursery.start_soon(_stop_when, shutdown, nursery.cancel_scope)  # also while still starting
             own = await board.listen(spec.addresses[spec.process], f"{spec.shm_prefix}{spec.process}-")
             for process, address in spec.addresses.items():
                 if process != spec.process:
@@ -155,7 +158,7 @@ async def _serve(spec: ChildSpec, began: tuple[int, int] | None) -> None:
                     recorder.emit(None, None, PROCESS_FACTORIES_IMPORTED)
                 await start_stages(nursery, stages.values())
             except BaseException as exc:  # report why, then exit non-zero
-                if isinstance(exc, trio.Cancelled):
+                if isinstance(exc, trio.Cancelled) or shutdown.is_set():
                     raise
                 board.send_control(MAIN, wire.StartupFailed(spec.process, startup_report(exc)))
                 with trio.move_on_after(2.0):
@@ -165,12 +168,15 @@ async def _serve(spec: ChildSpec, began: tuple[int, int] | None) -> None:
             board.send_control(MAIN, wire.Ready(spec.process, os.getpid(), own))
             if recorder is not None:
                 recorder.emit(None, None, PROCESS_READY, process=spec.process)
-            nursery.start_soon(_exit_with_parent, spec, shutdown)
-            await shutdown.wait()
-            nursery.cancel_scope.cancel()
+            await trio.sleep_forever()
     finally:
         if recorder is not None:
             recorder.close()
+
+
+async def _stop_when(shutdown: trio.Event, scope: trio.CancelScope) -> None:
+    await shutdown.wait()
+    scope.cancel()
 
 
 def startup_report(exc: BaseException) -> str:

@@ -399,8 +399,8 @@ class Children:
                 self._board.send_control(other.name, message)
 
     async def _stop(self) -> None:
-        for child in self._children.values():
-            if child.alive:
+        for child in self._children.values():  # one still starting stops too
+            if child.process is not None and not child.exited.is_set():
                 self._board.send_control(child.name, wire.Shutdown())
         with trio.move_on_after(1.0):
             await self._board.flush()

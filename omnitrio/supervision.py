@@ -20,7 +20,8 @@ waits there and reaches the next one).
   the supervisor returns; the stage fails its requests from then on, and the rest of the
   pipeline keeps serving.
 
-Cancellation stops the running scheduler (see the bridge) and ends the supervisor.
+Cancellation stops the running scheduler (see the bridge) and ends the supervisor at once,
+also while a factory is still building (its thread is left to finish on its own).
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class SchedulerSupervisor:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled or dead; ``started`` once the first scheduler has warmed up."""
-        scheduler = await trio.to_thread.run_sync(self._build)  # StartupError: the stage cannot start
+        # StartupError: the stage cannot start
+        scheduler = await trio.to_thread.run_sync(self._build, abandon_on_cancel=True)
         bridge = self._make_bridge(scheduler, self.feed)
         outcome = await self._first_life(bridge, task_status)
         delivered = bridge.outbox.delivered
@@ -124,7 +126,7 @@ class SchedulerSupervisor:
             await trio.sleep(self.policy.delay(crashed_in_a_row))
             self.restarts += 1
             try:
-                scheduler = await trio.to_thread.run_sync(self._build)
+                scheduler = await trio.to_thread.run_sync(self._build, abandon_on_cancel=True)
             except StartupError as exc:
                 outcome, delivered = Outcome(Run.FAILED_TO_START, exc), False
                 continue

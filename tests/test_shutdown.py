@@ -2,7 +2,8 @@
 is left behind after ``scheduler_stop_timeout``, with a warning naming its stage; a stage
 process exits anyway and leaves nothing in /dev/shm.  A stage process leaves within the stop
 grace, never killed, whatever else its process holds at exit (a thread that never looks at a
-stop, a finalizer that blocks), and still runs its ``atexit`` hooks."""
+stop, a finalizer that blocks) and also while it is still starting, and still runs its ``atexit``
+hooks."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import trio
 
 from omnitrio import ConfigError, FactoryArgs, PipelineConfig, StageConfig, open_pipeline
 from omnitrio.config import validate
+from omnitrio.errors import StartupError
 from tests import route_stages
 from tests.exit_stages import E
 from tests.route_stages import R
+from tests.warm_stages import W
 
 WATCHDOG_S = 30.0
 """Past this a watchdog ends the stuck scheduler itself, so a shutdown that waits for it fails, not hangs."""
@@ -130,3 +133,20 @@ async def test_a_stage_process_runs_its_exit_hooks(tmp_path: object) -> None:
         assert await pipeline.submit("r1", "hi") == {"raw_inputs": "hi"}
         assert len(os.listdir(base)) == 1
     assert os.listdir(base) == []
+
+
+async def test_a_stage_process_still_warming_up_when_the_pipeline_stops_leaves_within_the_grace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="omnitrio.children")
+    config = PipelineConfig(
+        stages=[
+            StageConfig(name="slow", process="p_slow", factory_path=f"{W}.create_slow_warm_up", next="broken"),
+            StageConfig(name="broken", process="p_broken", factory_path=f"{W}.create_broken", terminal=True),
+        ]
+    )
+    with pytest.raises(StartupError, match="this stage never starts"):
+        async with open_pipeline(config):
+            pass
+    killed = [r.getMessage() for r in caplog.records if "killed it" in r.getMessage()]
+    assert killed == []

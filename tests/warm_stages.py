@@ -23,3 +23,7 @@ def create_warmed(steps: list[str]) -> SimpleScheduler:
 
 def create_slow_warm_up() -> SimpleScheduler:
     return SimpleScheduler(lambda payload: payload, warm_up=WarmUp().step("gate", lambda: GATE.wait(60)))
+
+
+def create_broken() -> SimpleScheduler:
+    raise RuntimeError("this stage never starts")
