@@ -26,7 +26,6 @@ import base64
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.startup import write_tiny_checkpoint  # noqa: E402
 from omnitrio.client import OmnitrioClient, open_realtime  # noqa: E402
 from toys.served import open_server  # noqa: E402
 
@@ -177,15 +177,6 @@ async def measure(pipeline: str, kinds: tuple[str, ...], shared: bool, model: Pa
         for kind in kinds:
             await on_server((kind,))
     return found
-
-
-def write_tiny_checkpoint(scratch: Path) -> Path:
-    code = (
-        "import sys, torch; from pathlib import Path; torch.set_num_threads(1); "
-        "from schedulers.qwen3_omni.tiny import write_checkpoint; write_checkpoint(Path(sys.argv[1]), size='tiny')"
-    )
-    subprocess.run([sys.executable, "-c", code, str(scratch / "tiny")], check=True, cwd=ROOT)
-    return scratch / "tiny"
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from omnitrio import open_pipeline
+from omnitrio.config_loading import load
+from omnitrio.events import EVENT_DIR_ENV
+from tests.startup_helpers import tiny_qwen3_omni, warmed_before_ready
 
-from omnitrio import open_pipeline  # noqa: E402
-from omnitrio.config_loading import load  # noqa: E402
-from omnitrio.events import EVENT_DIR_ENV, FILE_PATTERN, PIPELINE_READY, STAGE_WARM, Event  # noqa: E402
-from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
+__all__ = ["tiny_qwen3_omni"]
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,16 +29,11 @@ WARMED = {
 }
 
 
-async def test_qwen3_omni_is_warm_when_it_says_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    torch.set_num_threads(1)
-    checkpoint = write_checkpoint(tmp_path / "tiny", size="tiny")
-    events_dir = tmp_path / "events"
-    monkeypatch.setenv(EVENT_DIR_ENV, str(events_dir))
-    async with open_pipeline(load(CONFIG, model=checkpoint)):
+async def test_qwen3_omni_is_warm_when_it_says_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_qwen3_omni: Path
+) -> None:
+    monkeypatch.setenv(EVENT_DIR_ENV, str(tmp_path))
+    async with open_pipeline(load(CONFIG, model=tiny_qwen3_omni)):
         pass
-    decoder = msgspec.json.Decoder(Event)
-    found = [decoder.decode(line) for path in events_dir.glob(FILE_PATTERN) for line in path.read_bytes().splitlines()]
-    (ready,) = [e.t_ns for e in found if e.event == PIPELINE_READY]
-    warm = {e.stage: e for e in found if e.event == STAGE_WARM}
-    assert {stage: warm[stage].fields["warmed"] for stage in WARMED} == WARMED
-    assert all(e.t_ns < ready for e in warm.values())
+    warmed = warmed_before_ready(tmp_path)
+    assert {stage: warmed[stage] for stage in WARMED} == WARMED

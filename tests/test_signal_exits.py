@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.startup_helpers import short_tmp, tiny_qwen3_omni
 from toys.signal_exit import per_stage, serve_and_signal
+
+__all__ = ["short_tmp", "tiny_qwen3_omni"]  # fixtures
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -22,31 +25,21 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEECH_STAGES = ["ingress", "asr", "stream_asr", "responder", "tts", "text_out"]
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3_omni(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from schedulers.qwen3_omni.tiny import write_checkpoint
-
-    torch.set_num_threads(1)
-    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 async def test_the_default_pipeline_stops_on_a_signal_with_every_stage_process_gone_in_time(
-    signum: signal.Signals, tmp_path: Path
+    signum: signal.Signals, short_tmp: Path
 ) -> None:
     serve = ["--config", str(ROOT / "configs" / "speech.toml"), *per_stage(SPEECH_STAGES)]
-    exits = await serve_and_signal(serve, signum, tmp_path)
+    exits = await serve_and_signal(serve, signum, short_tmp)
     assert_stopped_in_time(exits, set(SPEECH_STAGES))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 async def test_qwen3_omni_stops_on_a_signal_with_every_stage_process_gone_in_time(
-    signum: signal.Signals, tmp_path: Path, tiny_qwen3_omni: Path
+    signum: signal.Signals, short_tmp: Path, tiny_qwen3_omni: Path
 ) -> None:
     serve = ["--config", str(ROOT / "configs" / "qwen3-omni.toml"), "--model", str(tiny_qwen3_omni)]
-    exits = await serve_and_signal(serve, signum, tmp_path, kinds=("chat", "transcription", "realtime"))
+    exits = await serve_and_signal(serve, signum, short_tmp, kinds=("chat", "transcription", "realtime"))
     assert_stopped_in_time(exits, {"listen", "frontend", "thinker", "talker", "code2wav"})
 
 

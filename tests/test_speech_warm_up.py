@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from omnitrio.events import EVENT_DIR_ENV, FILE_PATTERN, PIPELINE_READY, STAGE_WARM, Event
+from omnitrio.events import EVENT_DIR_ENV
+from tests.startup_helpers import warmed_before_ready
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,9 +48,5 @@ def test_the_default_pipeline_is_warm_when_it_says_ready(tmp_path: Path) -> None
         env=env, cwd=ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert json.loads(done.stdout.splitlines()[-1]) == {"voice activity": 1, "turn": 1}
-    decoder = msgspec.json.Decoder(Event)
-    found = [decoder.decode(line) for path in tmp_path.glob(FILE_PATTERN) for line in path.read_bytes().splitlines()]
-    (ready,) = [e.t_ns for e in found if e.event == PIPELINE_READY]
-    warm = {e.stage: e for e in found if e.event == STAGE_WARM}
-    assert {stage: warm[stage].fields["warmed"] for stage in WARMED} == WARMED
-    assert all(e.t_ns < ready for e in warm.values())
+    warmed = warmed_before_ready(tmp_path)
+    assert {stage: warmed[stage] for stage in WARMED} == WARMED

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.startup_helpers import short_tmp, tiny_qwen3_omni
 from toys.served import open_server
+
+__all__ = ["short_tmp", "tiny_qwen3_omni"]  # fixtures
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -21,37 +24,27 @@ READERS = 4
 """The stage processes of configs/qwen3-omni.toml that read the checkpoint's configuration."""
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3_omni(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from schedulers.qwen3_omni.tiny import write_checkpoint
-
-    torch.set_num_threads(1)
-    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
-
-
-async def start_and_stop(model: Path, tmp_path: Path) -> str:
+async def start_and_stop(model: Path, short_tmp: Path) -> str:
     serve = ["--config", str(ROOT / "configs" / "qwen3-omni.toml"), "--model", str(model)]
-    async with open_server(serve, tmp_path) as served:
+    async with open_server(serve, short_tmp) as served:
         pass
     assert served.process.returncode == 0, served.stderr
     return served.stderr
 
 
-async def test_starting_qwen3_omni_prints_no_known_harmless_warning(tiny_qwen3_omni: Path, tmp_path: Path) -> None:
-    stderr = await start_and_stop(tiny_qwen3_omni, tmp_path)
+async def test_starting_qwen3_omni_prints_no_known_harmless_warning(tiny_qwen3_omni: Path, short_tmp: Path) -> None:
+    stderr = await start_and_stop(tiny_qwen3_omni, short_tmp)
     assert "omnitrio: pipeline ready" in stderr
     assert ROPE_CHECK not in stderr
 
 
-async def test_a_real_warning_of_the_same_check_still_reaches_the_user(tiny_qwen3_omni: Path, tmp_path: Path) -> None:
-    model = tmp_path / "odd"
+async def test_a_real_warning_of_the_same_check_still_reaches_the_user(tiny_qwen3_omni: Path, short_tmp: Path) -> None:
+    model = short_tmp / "odd"
     shutil.copytree(tiny_qwen3_omni, model)
     config = json.loads((model / "config.json").read_text())
     config["code2wav_config"]["rope_parameters"]["odd_rope_key"] = 1
     (model / "config.json").write_text(json.dumps(config))
-    stderr = await start_and_stop(model, tmp_path)
+    stderr = await start_and_stop(model, short_tmp)
     warned = [line for line in stderr.splitlines() if ROPE_CHECK in line]
     assert warned and all("odd_rope_key" in line for line in warned), stderr
     assert len(warned) <= READERS, warned
