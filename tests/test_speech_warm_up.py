@@ -19,7 +19,7 @@ from tests.startup_helpers import warmed_before_ready
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parent.parent
-DECODES = ["transcribe", "transcribe quick", "transcribe timed"]
+DECODES = ["transcribe", "transcribe quick"]
 WARMED = {
     "asr": DECODES,
     "stream_asr": [*DECODES, "resample", "voice activity", "turn model"],

@@ -74,7 +74,7 @@ def _recognizer(backend: AsrBackendName, compute_type: str, cpu_threads: int, be
 
 
 def _voiced_clip() -> np.ndarray:
-    """One second of a voice-like sound (a few harmonics of a gliding pitch): every decoder path runs on it."""
+    """One second of a voice-like sound (a few harmonics of a gliding pitch): the decoder runs on it."""
     t = np.arange(ASR_SAMPLE_RATE, dtype=np.float32) / ASR_SAMPLE_RATE
     pitch = 2 * np.pi * (140 + 40 * t) * t
     voice = sum(np.sin(k * pitch) / k for k in (1, 2, 3, 4))
@@ -82,14 +82,15 @@ def _voiced_clip() -> np.ndarray:
 
 
 def _recognizer_warm_up(recognizer: SpeechRecognizer, warm_up: WarmUp | None = None) -> WarmUp:
-    """Each way a request decodes with ``recognizer`` (whole, quick for a realtime turn, with word
-    timestamps), once per process for a recognizer several stages share."""
-    clip = _voiced_clip()
+    """Both ways a request decodes with ``recognizer``: whole (a second of silence: the encoder's full
+    window) and quick (a realtime turn's short window, on a voiced clip so that the decoder runs too);
+    once per process for a recognizer several stages share.  A timestamped decode pays nothing more
+    the first time."""
     key = id(recognizer)
+    silence, clip = np.zeros(ASR_SAMPLE_RATE, dtype=np.float32), _voiced_clip()
     warm_up = warm_up or WarmUp()
-    warm_up.step("transcribe", lambda: recognizer.transcribe(clip), key=(key, "transcribe"))
+    warm_up.step("transcribe", lambda: recognizer.transcribe(silence), key=(key, "transcribe"))
     warm_up.step("transcribe quick", lambda: recognizer.transcribe(clip, quick=True), key=(key, "quick"))
-    warm_up.step("transcribe timed", lambda: recognizer.transcribe_timed(clip, words=True), key=(key, "timed"))
     return warm_up
 
 
