@@ -26,6 +26,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the test's speech comes from the speech extra's Piper voice")
 
 from omnitrio.client import RealtimeClient, open_realtime  # noqa: E402
+from tests.realtime_events import DELTAS, GA_AUDIO_RESPONSE  # noqa: E402
 from toys.browser import Server  # noqa: E402
 from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
@@ -45,19 +46,6 @@ TYPED = "What is said?"
 FIRST, SECOND = "What is the weather like today?", "Thank you, that is all."
 GREEDY_SESSION = {"instructions": INSTRUCTIONS, "temperature": 0, "max_output_tokens": TOKENS}
 MANUAL = {"audio": {"input": {"turn_detection": None}}}
-GA_AUDIO_RESPONSE = [
-    "response.created",
-    "response.output_item.added",
-    "conversation.item.added",
-    "response.content_part.added",
-    "response.output_audio.done",
-    "response.output_audio_transcript.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "conversation.item.done",
-    "response.done",
-]
-DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta"}
 
 
 @pytest.fixture(scope="module")
@@ -99,30 +87,21 @@ def references(checkpoint: Path, turns: dict[str, bytes], answered: dict[str, An
     }
 
 
-async def receive_until(rt: RealtimeClient, event_type: str, seconds: float = 300) -> list[dict[str, Any]]:
-    events = []
-    with trio.fail_after(seconds):
-        while True:
-            events.append(await rt.receive())
-            if events[-1]["type"] == event_type:
-                return events
-
-
 async def start(rt: RealtimeClient, **session: Any) -> None:
     await rt.receive()
     await rt.send({"type": "session.update", "session": {"type": "realtime", **session}})
-    await receive_until(rt, "session.updated")
+    await rt.receive_until("session.updated")
 
 
 async def commit(rt: RealtimeClient, pcm16: bytes) -> None:
     await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16).decode()})
     await rt.send({"type": "input_audio_buffer.commit"})
-    await receive_until(rt, "conversation.item.done")
+    await rt.receive_until("conversation.item.done")
 
 
 async def respond(rt: RealtimeClient) -> list[dict[str, Any]]:
     await rt.send({"type": "response.create"})
-    return await receive_until(rt, "response.done")
+    return await rt.receive_until("response.done")
 
 
 def transcript(events: list[dict[str, Any]]) -> str:
@@ -144,7 +123,7 @@ def answered(server: Server, turns: dict[str, bytes]) -> dict[str, Any]:
             first = await respond(rt)
             item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TYPED}]}
             await rt.send({"type": "conversation.item.create", "item": item})
-            await receive_until(rt, "conversation.item.done")
+            await rt.receive_until("conversation.item.done")
             await commit(rt, turns["second"])
             return {"first": first, "second": await respond(rt)}
 
@@ -199,7 +178,7 @@ async def test_input_transcription_without_an_asr_stage_is_an_error_naming_it(se
     async with open_realtime(server.url.replace("http", "ws", 1) + "/v1/realtime") as rt:
         await rt.receive()
         await rt.send({"type": "session.update", "session": {"type": "realtime", **asked}})
-        error = (await receive_until(rt, "error", 60))[-1]["error"]
+        error = (await rt.receive_until("error", timeout=60))[-1]["error"]
     assert (error["code"], error["param"]) == ("transcription_not_served", "session.audio.input.transcription")
     assert "ASR stage" in error["message"]
 
@@ -230,14 +209,14 @@ def barged(server: Server, turns: dict[str, bytes]) -> dict[str, Any]:
             await start(rt, instructions=INSTRUCTIONS, temperature=0)  # server VAD, the default
             first = base64.b64encode(turns["first"] + silence).decode()
             await rt.send({"type": "input_audio_buffer.append", "audio": first})
-            first_audio = (await receive_until(rt, "response.output_audio.delta"))[-1]
+            first_audio = (await rt.receive_until("response.output_audio.delta"))[-1]
             await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(turns["second"]).decode()})
-            events = await receive_until(rt, "response.done")
+            events = await rt.receive_until("response.done")
             truncate = {"item_id": first_audio["item_id"], "content_index": 0, "audio_end_ms": PLAYED_MS}
             await rt.send({"type": "conversation.item.truncate", **truncate})
-            truncated = (await receive_until(rt, "conversation.item.truncated"))[-1]
+            truncated = (await rt.receive_until("conversation.item.truncated"))[-1]
             await rt.send({"type": "conversation.item.retrieve", "item_id": first_audio["item_id"]})
-            item = (await receive_until(rt, "conversation.item.retrieved"))[-1]["item"]
+            item = (await rt.receive_until("conversation.item.retrieved"))[-1]["item"]
         return {"events": events, "truncated": truncated, "item": item}
 
     return {**trio.run(session), "held": idle(server)}
