@@ -26,7 +26,7 @@ import httpx
 import pytest
 import trio
 
-from toys.browser import Server, launch_args, page_server, speech_wav
+from toys.browser import Server, launch_chromium, page_server, speech_wav
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
@@ -92,7 +92,7 @@ def pages(playwright: Any, bundle: bytes, microphone: Path) -> Iterator[Any]:
     browsers: list[Any] = []
 
     def open_page(origin: str) -> Any:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(microphone))
+        browser = launch_chromium(playwright, microphone)
         browsers.append(browser)
         page = browser.new_page()
         page.goto(f"{origin}/voice.json")  # any document of the server's own origin (a loopback one)
