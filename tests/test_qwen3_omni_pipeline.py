@@ -18,26 +18,23 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import trio
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-import trio  # noqa: E402
-
-from omnitrio import CompleteMessage, StreamMessage, open_pipeline  # noqa: E402
-from omnitrio.config import PipelineConfig  # noqa: E402
-from omnitrio.config_loading import load  # noqa: E402
-from omnitrio.events import EVENT_DIR_ENV  # noqa: E402
-from omnitrio.pipeline import Pipeline  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import (  # noqa: E402
+from omnitrio import CompleteMessage, StreamMessage, open_pipeline
+from omnitrio.config import PipelineConfig
+from omnitrio.config_loading import load
+from omnitrio.events import EVENT_DIR_ENV
+from omnitrio.pipeline import Pipeline
+from toys.qwen3_omni_checkpoint import write_checkpoint
+from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,
     reference_generate,
     reference_processor,
     sample_messages,
 )
-from toys.qwen3_omni_requests import chat_inputs, device_overrides, on_pcm_grid, pcm16, snr_db  # noqa: E402
+from toys.qwen3_omni_requests import chat_inputs, device_overrides, on_pcm_grid, pcm16, snr_db
 
 pytestmark = pytest.mark.timeout(600)
 

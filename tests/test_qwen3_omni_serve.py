@@ -18,26 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
+import torch
+import trio
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-import openai  # noqa: E402
-import trio  # noqa: E402
-
-from omnitrio import open_pipeline  # noqa: E402
-from omnitrio.config_loading import load  # noqa: E402
-from omnitrio.serve import serve  # noqa: E402
-from toys.qwen3_omni_checkpoint import SPEAKERS, write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import (  # noqa: E402
+from omnitrio import open_pipeline
+from omnitrio.config_loading import load
+from omnitrio.serve import serve
+from toys.qwen3_omni_checkpoint import SPEAKERS, write_checkpoint
+from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,
     reference_generate,
     reference_processor,
     sample_messages,
 )
-from toys.qwen3_omni_requests import device_overrides, on_pcm_grid, openai_messages, pcm16, snr_db  # noqa: E402
+from toys.qwen3_omni_requests import device_overrides, on_pcm_grid, openai_messages, pcm16, snr_db
 
 pytestmark = pytest.mark.timeout(300)
 

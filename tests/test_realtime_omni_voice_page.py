@@ -14,17 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import playwright.sync_api as playwright_api
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the microphone's speech comes from the speech extra's Piper voice")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
 
-from tests.test_voice_page import stats, wait_for  # noqa: E402  (the cascade page test's readers of window.voiceStats)
-from toys.browser import RATE, Server, chromium_page, ensure_chromium  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
-from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken  # noqa: E402
+from tests.test_voice_page import stats, wait_for  # the cascade page test's readers of window.voiceStats
+from toys.browser import RATE, Server, chromium_page, ensure_chromium
+from toys.qwen3_omni_checkpoint import write_checkpoint
+from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -19,23 +19,22 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 import trio
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the test's speech comes from the speech extra's Piper voice")
 
-from omnitrio.client import RealtimeClient, open_realtime  # noqa: E402
-from tests.realtime_events import DELTAS, GA_AUDIO_RESPONSE  # noqa: E402
-from toys.browser import Server  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import (  # noqa: E402
+from omnitrio.client import RealtimeClient, open_realtime
+from tests.realtime_events import DELTAS, GA_AUDIO_RESPONSE
+from toys.browser import Server
+from toys.qwen3_omni_checkpoint import write_checkpoint
+from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,
     reference_generate,
     reference_processor,
 )
-from toys.realtime_omni import GREEDY, NO_ASR, TALKER_TOKENS, as_heard, serve_qwen3_omni, spoken  # noqa: E402
+from toys.realtime_omni import GREEDY, NO_ASR, TALKER_TOKENS, as_heard, serve_qwen3_omni, spoken
 
 pytestmark = pytest.mark.timeout(900)
 

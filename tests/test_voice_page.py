@@ -17,12 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import playwright.sync_api as playwright_api
 import pytest
 
 from toys.browser import RATE, Server, chromium_page, page_server, speech_wav
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
 # The first test also installs chromium (apt) and starts the server with its models.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

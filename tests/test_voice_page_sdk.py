@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import playwright.sync_api as playwright_api
 import pytest
 import trio
 
 from toys.browser import Server, launch_chromium, page_server, speech_wav
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
 # The first test also installs chromium (apt) and starts the server with its models.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
