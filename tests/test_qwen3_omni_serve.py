@@ -2,7 +2,8 @@
 
 Greedy thinker and talker on a tiny checkpoint: the whole answer's ``message.audio`` (a WAV and its
 transcript) and the streamed ``delta.audio`` chunks (pcm16 and transcript deltas) equal transformers'
-``generate`` on the same checkpoint; a voice the checkpoint does not have and a video part are 400s;
+``generate`` on the same checkpoint, and so does the answer in a second speaker's voice (named as the
+checkpoint spells it); a voice the checkpoint does not have and a video part are 400s;
 ``modalities: ["text"]`` answers text only; ``/v1/models`` names the checkpoint directory.
 """
 
@@ -58,10 +59,25 @@ def tone() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def expected(checkpoint: Path, tone: list[dict[str, Any]]) -> tuple[ReferenceOutput, str]:
-    model, processor = load_reference_model(checkpoint), reference_processor(checkpoint)
+def reference(checkpoint: Path) -> tuple[Any, Any]:
+    """transformers' model and processor on the checkpoint."""
+    return load_reference_model(checkpoint), reference_processor(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def expected(reference: tuple[Any, Any], tone: list[dict[str, Any]]) -> tuple[ReferenceOutput, str]:
+    model, processor = reference
     out = reference_generate(model, processor, tone, max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS)
     return out, processor.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def chelsie(reference: tuple[Any, Any], tone: list[dict[str, Any]]) -> ReferenceOutput:
+    """``generate``'s answer to the tone in the checkpoint's second speaker's voice."""
+    model, processor = reference
+    return reference_generate(
+        model, processor, tone, speaker="chelsie", max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS
+    )
 
 
 @pytest.fixture
@@ -139,10 +155,12 @@ async def test_a_voice_the_checkpoint_lacks_is_a_400_listing_its_speakers(url: s
     assert "'robot'" in caught.value.message and all(name in caught.value.message for name in SPEAKERS)
 
 
-async def test_a_checkpoint_speaker_is_a_voice(url: str, tone: Any) -> None:
+async def test_a_checkpoint_speaker_is_a_voice(url: str, tone: Any, expected: Any, chelsie: ReferenceOutput) -> None:
     body = audio_chat(tone, audio={"voice": "Chelsie", "format": "wav"})
     completion = await call(url, lambda c: c.chat.completions.create(**body))
-    assert len(wav_samples(base64.b64decode(completion.choices[0].message.audio.data))) > 0
+    assert_speaks(wav_samples(base64.b64decode(completion.choices[0].message.audio.data)), chelsie)
+    ethan, _ = expected
+    assert not np.array_equal(pcm16(chelsie.waveform), pcm16(ethan.waveform))  # the voice is not the default's
 
 
 async def test_a_video_part_is_a_400(url: str) -> None:
