@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from schedulers.qwen3_omni.checkpoint import CheckpointError, check_checkpoint, load_config, load_weights
-from toys.qwen3_omni_checkpoint import write_checkpoint
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from toys.qwen3_omni_reference import (
     load_reference_model,
     reference_generate,

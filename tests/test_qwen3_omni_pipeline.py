@@ -30,7 +30,7 @@ from omnitrio.events import EVENT_DIR_ENV, STAGE_ABORTED, STAGE_COMPLETE, STAGE_
 from omnitrio.pipeline import Pipeline
 from omnitrio.trace import load as load_events
 from omnitrio.transport.relay import DEFAULT_INLINE_LIMIT
-from toys.qwen3_omni_checkpoint import write_checkpoint
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from schedulers.qwen3_omni.front.processor import OmniProcessor, audio_token_count
-from toys.qwen3_omni_checkpoint import write_checkpoint
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from toys.qwen3_omni_reference import reference_processor, sample_clip, sample_image
 
 

@@ -27,7 +27,7 @@ import trio
 from omnitrio import open_pipeline
 from omnitrio.config_loading import load
 from omnitrio.serve import serve
-from toys.qwen3_omni_checkpoint import SPEAKERS, write_checkpoint
+from schedulers.qwen3_omni.tiny import SPEAKERS, write_checkpoint
 from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,

@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("piper", reason="the microphone's speech comes from the speech extra's Piper voice")
 
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.test_voice_page import stats, wait_for  # the cascade page test's readers of window.voiceStats
 from toys.browser import RATE, Server, chromium_page, ensure_chromium
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -28,10 +28,10 @@ pytest.importorskip("piper", reason="the test's speech comes from the speech ext
 
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.realtime.g711 import TELEPHONY_RATE, decode
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.pipelines import settled_server
 from tests.realtime_events import DELTAS, GA_AUDIO_RESPONSE, output_audio
 from toys.browser import Server
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,
