@@ -160,6 +160,7 @@ async def test_a_checkpoint_speaker_is_a_voice(url: str, tone: Any, expected: An
     completion = await call(url, lambda c: c.chat.completions.create(**body))
     assert_speaks(wav_samples(base64.b64decode(completion.choices[0].message.audio.data)), chelsie)
     ethan, _ = expected
+    assert chelsie.waveform is not None and ethan.waveform is not None
     assert not np.array_equal(pcm16(chelsie.waveform), pcm16(ethan.waveform))  # the voice is not the default's
 
 
