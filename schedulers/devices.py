@@ -11,16 +11,19 @@ read, naming the stage and the field:
 * ``dtype``: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (a ``torch.dtype`` of those is taken too).
 
 A stage builds its modules with :func:`build` (weights in ``dtype``, computed buffers in float32, as
-``from_pretrained(dtype=...)`` has them, without touching torch's process-wide default dtype while other
-stages of the process build or serve in their threads), moves them with :meth:`Placement.move`, moves its inputs with
-:meth:`Placement.put`, and hands on what it computed with :func:`to_host`: **whatever device a stage
-computes on, what it hands another stage is on the CPU, floating tensors in float32**, so any process
-reads it and a consumer in another dtype casts it without loss (every dtype here widens exactly to
-float32).  A handoff that promises otherwise says so in its docstring.
+``from_pretrained(dtype=...)`` has them; safe while other stages of the process build or serve in their
+threads), moves them with :meth:`Placement.move`, moves its inputs with :meth:`Placement.put`, and hands
+on what it computed with :func:`to_host`: **whatever device a stage computes on, what it hands another
+stage is on the CPU, floating tensors in float32**, so any process reads it and a consumer in another
+dtype casts it without loss (every dtype here widens exactly to float32).  A handoff that promises
+otherwise says so in its docstring.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import attrs
@@ -58,7 +61,8 @@ def parse_device(device: str | torch.device, stage: str | None = None) -> torch.
         raise PlacementError(f"{where}={device!r}: this torch ({torch.__version__}) sees no CUDA device")
     count = torch.cuda.device_count()
     if parsed.index is not None and parsed.index >= count:
-        raise PlacementError(f"{where}={device!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+        names = ", ".join(f"cuda:{index}" for index in range(count))
+        raise PlacementError(f"{where}={device!r}: this machine's CUDA devices are {names}")
     return parsed
 
 
@@ -106,18 +110,34 @@ class Placement:
         return tensor.to(self.device)
 
 
-def build(cls: Any, config: Any, dtype: torch.dtype) -> Any:
-    """The transformers model ``cls`` (a ``PreTrainedModel``) from ``config``, its weights left
-    uninitialised for the checkpoint to fill, on the current device (``torch.device("meta")`` as a
-    context works): its weights in ``dtype`` (:func:`cast_weights`).
+_BUILDING = threading.Lock()
 
-    ``cls._from_config(config, dtype=...)`` sets torch's default dtype while it builds, and that default is
-    one per process: a stage building in bfloat16 would hand it to the stages building or serving beside
-    it in other threads (half-float32 modules, float32 code that suddenly makes bfloat16 tensors).  Here
-    the module is built in float32, which is what the default stays, and cast after."""
+
+@contextlib.contextmanager
+def uninitialised() -> Iterator[None]:
+    """Modules made inside are not initialised (their weights are garbage until a checkpoint fills
+    them), one thread of the process at a time.
+
+    transformers' ``no_init_weights`` swaps torch's init functions for no-ops *process-wide* and puts
+    back what it found: two stages of one process building side by side in their threads would leave
+    the no-ops in place for good (any later model in the process silently uninitialised), so every
+    build goes through this lock."""
     from transformers.initialization import no_init_weights
 
-    with no_init_weights():
+    with _BUILDING, no_init_weights():
+        yield
+
+
+def build(cls: Any, config: Any, dtype: torch.dtype) -> Any:
+    """The transformers model ``cls`` (a ``PreTrainedModel``) from ``config``, its weights left
+    uninitialised for the checkpoint to fill (:func:`uninitialised`), on the current device
+    (``torch.device("meta")`` as a context works): its weights in ``dtype`` (:func:`cast_weights`).
+
+    ``cls._from_config(config, dtype=...)`` sets torch's default dtype while it builds, and that default is
+    one per process: a stage building in bfloat16 would hand it to the stages serving beside it in other
+    threads (float32 code that suddenly makes bfloat16 tensors).  Here the module is built in float32,
+    which is what the default stays, and cast after."""
+    with uninitialised():
         module = cls._from_config(config, dtype=torch.float32)
     return cast_weights(module, dtype)
 
@@ -159,4 +179,5 @@ __all__ = [
     "parse_device",
     "parse_dtype",
     "to_host",
+    "uninitialised",
 ]

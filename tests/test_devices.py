@@ -50,6 +50,15 @@ def test_cuda_must_be_a_device_this_torch_sees() -> None:
         Placement.of("code2wav", beyond)
 
 
+def test_with_one_gpu_cuda_and_cuda_0_are_taken_and_cuda_1_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert Placement.of("thinker", "cuda", "bfloat16").device == torch.device("cuda")
+    assert Placement.of("thinker", "cuda:0").device == torch.device("cuda:0")
+    with pytest.raises(PlacementError, match=r"thinker: device='cuda:1': this machine's CUDA devices are cuda:0$"):
+        Placement.of("thinker", "cuda:1")
+
+
 def test_a_cpu_placement_never_asks_cuda_anything(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: Any, **__: Any) -> Any:
         raise AssertionError("CUDA was consulted for a CPU stage")
@@ -100,6 +109,37 @@ def test_building_in_bfloat16_leaves_torchs_default_dtype_alone_for_the_other_th
     thread.start()
     thread.join()
     assert seen_elsewhere == [torch.float32]
+
+
+class _Slow(_Probe):
+    """Waits, while it is being built, to see whether a build in another thread finishes meanwhile."""
+
+    second_done = threading.Event()
+    overlapped: ClassVar[list[bool]] = []
+    inside = threading.Event()
+
+    def __init__(self, config: _ProbeConfig) -> None:
+        super().__init__(config)
+        _Slow.inside.set()
+        _Slow.overlapped.append(_Slow.second_done.wait(timeout=0.5))
+
+
+def test_builds_in_two_threads_take_turns_and_leave_torchs_init_functions_alone() -> None:
+    """transformers' no_init_weights swaps torch's init functions process-wide: two overlapping builds
+    would leave them no-ops for every model made later in the process."""
+    normal = torch.nn.init.normal_
+
+    def second() -> None:
+        _Slow.inside.wait()
+        build(_Probe, _ProbeConfig(), torch.float32)
+        _Slow.second_done.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    build(_Slow, _ProbeConfig(), torch.bfloat16)
+    thread.join()
+    assert _Slow.overlapped == [False]  # the second build waited for the first
+    assert torch.nn.init.normal_ is normal
 
 
 # -- the flags ------------------------------------------------------------------------------------------
