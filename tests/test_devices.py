@@ -86,7 +86,7 @@ class _Probe(PreTrainedModel):
     """A model that notes torch's default dtype while it is being built, with a computed buffer."""
 
     config_class = _ProbeConfig
-    seen: ClassVar[list[torch.dtype]] = []
+    seen: ClassVar[list[Any]] = []
 
     def __init__(self, config: _ProbeConfig) -> None:
         super().__init__(config)
@@ -104,7 +104,7 @@ def test_building_in_bfloat16_leaves_torchs_default_dtype_alone_for_the_other_th
     assert _Probe.seen == [torch.float32]
     assert module.linear.weight.dtype == module.linear.bias.dtype == module.scale.dtype == torch.bfloat16
     assert module.frequencies.dtype == torch.float32  # as from_pretrained(dtype=bfloat16) keeps it
-    seen_elsewhere: list[torch.dtype] = []
+    seen_elsewhere: list[Any] = []
     thread = threading.Thread(target=lambda: seen_elsewhere.append(torch.get_default_dtype()))
     thread.start()
     thread.join()
