@@ -39,7 +39,7 @@ from omnitrio.config import PipelineConfig  # noqa: E402
 from omnitrio.config_loading import load  # noqa: E402
 from omnitrio.pipeline import Pipeline  # noqa: E402
 from schedulers.qwen3_omni.code2wav.stage import create_code2wav_stage  # noqa: E402
-from toys.qwen3_omni_checkpoint import patch_loaded_model, write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import patch_loaded_model, write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     ReferenceOutput,
     reference_generate,

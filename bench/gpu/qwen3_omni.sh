@@ -27,8 +27,7 @@
 # text prompt and returns token ids and last-layer hidden states, while the real talker needs, per request,
 # the prompt's input embeddings with the audio/image features scattered in and the accept_hidden_layer
 # states (transformers' generate builds the talker's prompt from both), and the real thinker must be fed
-# the audio/image encoders' embeddings. configs/qwen3-omni-sglang.toml keeps the SGLang thinker with a toy
-# talker and vocoder for serving the released weights' text on a GPU.
+# the audio/image encoders' embeddings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -47,7 +46,7 @@ EOF
 echo "== every model stage can run on CUDA (check --device cuda --dtype bfloat16)"
 TINY=$(mktemp -d)/tiny-omni
 trap 'rm -rf "$(dirname "$TINY")"' EXIT
-"$PY" -c "import sys; from toys.qwen3_omni_checkpoint import write_checkpoint; write_checkpoint(sys.argv[1], size='tiny')" "$TINY"
+"$PY" -m omnitrio tiny-model qwen3-omni "$TINY" >/dev/null
 "$PY" -m omnitrio check --model "$TINY" --device cuda --dtype bfloat16 configs/qwen3-omni.toml >/dev/null
 
 echo "== equality on CUDA (pipeline: inline and one process per stage; HTTP)"
