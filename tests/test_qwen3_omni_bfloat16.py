@@ -28,18 +28,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from omnitrio import CompleteMessage, StreamMessage, open_pipeline  # noqa: E402
+from omnitrio import open_pipeline  # noqa: E402
 from omnitrio.config import PipelineConfig  # noqa: E402
 from omnitrio.config_loading import load  # noqa: E402
-from omnitrio.pipeline import Pipeline  # noqa: E402
 from schedulers.qwen3_omni.code2wav.stage import create_code2wav_stage  # noqa: E402
 from schedulers.qwen3_omni.tiny import patch_loaded_model, write_checkpoint  # noqa: E402
+from tests.test_qwen3_omni_pipeline import (  # noqa: E402  (the float32 test's prompts, lengths and reading)
+    CONFIG,
+    GREEDY_TALKER,
+    PROMPTS,
+    TALKER_TOKENS,
+    THINKER_TOKENS,
+    answer,
+)
 from toys.qwen3_omni_reference import (  # noqa: E402
     ReferenceOutput,
     reference_generate,
@@ -50,16 +56,7 @@ from toys.qwen3_omni_requests import chat_inputs, on_pcm_grid, pcm16, snr_db  # 
 
 pytestmark = pytest.mark.timeout(600)
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni.toml"
-THINKER_TOKENS = 10
-TALKER_TOKENS = 24
 MIN_SNR_DB = 35.0  # the module docstring says why
-PROMPTS = ("text", "tone", "image")
-GREEDY_TALKER = [
-    "talker.factory.do_sample=false",
-    f"talker.factory.max_new_tokens={TALKER_TOKENS}",
-    "talker.factory.min_new_tokens=2",  # what toys.qwen3_omni_reference passes generate
-]
 
 
 @pytest.fixture(scope="module")
@@ -99,27 +96,14 @@ def config(checkpoint: Path) -> PipelineConfig:
     return load(CONFIG, GREEDY_TALKER, model=checkpoint, dtype="bfloat16")
 
 
-async def spoken(pipeline: Pipeline, rid: str, inputs: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
-    """The request's results by stage and its pcm16, joined."""
-    results: dict[str, Any] = {}
-    pcm: list[np.ndarray] = []
-    async with pipeline.stream(rid, inputs) as stream:
-        async for message in stream:
-            match message:
-                case StreamMessage(modality="audio", chunk=chunk):
-                    pcm.append(np.asarray(chunk["pcm"]))
-                case CompleteMessage(from_stage=stage, result=result):
-                    results[stage] = result
-    return results, np.concatenate(pcm) if pcm else np.zeros(0, np.int16)
-
-
 async def test_served_in_bfloat16_it_speaks_what_generate_speaks_in_bfloat16(
     config: PipelineConfig, messages: Any, expected: Any
 ) -> None:
     async with open_pipeline(config, inline=True) as pipeline:
         for prompt in PROMPTS:
             reference, transcript = expected[prompt]
-            results, pcm = await spoken(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
+            got = await answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
+            results, pcm = got["results"], got["pcm"]
             assert results["decode"]["token_ids"] == reference.token_ids, prompt
             assert results["decode"]["transcript"] == transcript
             assert results["code2wav"]["num_frames"] == reference.codes.shape[1], prompt
