@@ -47,7 +47,7 @@ def _label(stage: str | None, field: str) -> str:
 
 def parse_device(device: str | torch.device, stage: str | None = None) -> torch.device:
     """``device`` as a ``torch.device`` this process can use (module docstring); :class:`PlacementError`
-    otherwise.  Initialises CUDA only when ``device`` names it."""
+    otherwise.  Consults CUDA only when ``device`` names it."""
     where = _label(stage, "device")
     try:
         parsed = torch.device(device)
@@ -90,10 +90,6 @@ class Placement:
         """A stage factory's ``device`` and ``dtype`` arguments, checked (module docstring); errors name
         ``stage`` (None: the field alone, as ``omnitrio check`` prints it after the stage)."""
         return cls(parse_device(device, stage), parse_dtype(dtype, stage))
-
-    @property
-    def on_cpu(self) -> bool:
-        return self.device.type == "cpu"
 
     def build(self, cls: Any, config: Any) -> Any:
         """:func:`build` in :attr:`dtype` (on the CPU; move it with :meth:`move` once filled)."""
