@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from schedulers.devices import check_placement
 from schedulers.library_noise import silence
 
 MODEL_TYPE = "qwen3_omni_moe"
@@ -68,8 +69,10 @@ def require_model_dir(model_dir: str | Path | None) -> str:
     return str(model_dir)
 
 
-def preflight(*, model_dir: str | None = None, **_: Any) -> None:
-    """What ``omnitrio check`` runs for a stage reading this checkpoint: :func:`check_checkpoint`."""
+def preflight(*, model_dir: str | None = None, **factory_args: Any) -> None:
+    """What ``omnitrio check`` runs for a stage reading this checkpoint: its ``device`` and ``dtype``
+    (:func:`schedulers.devices.check_placement`), then :func:`check_checkpoint`."""
+    check_placement(**factory_args)
     check_checkpoint(require_model_dir(model_dir))
 
 
