@@ -11,11 +11,13 @@ list as ``encoders`` (a tuple of stage names in graph order): :func:`route_prepr
 to those encoders and always to ``aggregate``, and :func:`wait_for_aggregate` (evaluated on whichever
 input reaches ``aggregate`` first) makes ``aggregate`` wait for exactly those.  The family's graph module
 names these functions in its config; its handoffs are any classes with an ``encoders`` attribute.
+:func:`handoff_of` and :func:`with_handoff` read and replace a payload's handoff in the family's
+projections and merge.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from omnitrio.contract import StagePayload
 from schedulers.graph.tasks import wants_audio
@@ -24,6 +26,20 @@ PREPROCESS = "preprocess"
 AUDIO_ENCODER = "audio_encoder"
 IMAGE_ENCODER = "image_encoder"
 AGGREGATE = "aggregate"
+T = TypeVar("T")
+
+
+def handoff_of(payload: Any, kind: type[T], where: str) -> T:
+    """``payload.data``, a ``kind``; a ``ValueError`` naming ``where`` otherwise."""
+    data = getattr(payload, "data", None)
+    if not isinstance(data, kind):
+        raise ValueError(f"{where}: expected a payload holding a {kind.__name__}, got {type(data).__name__}")
+    return data
+
+
+def with_handoff(payload: StagePayload, data: Any) -> StagePayload:
+    """A new payload of the same request holding ``data`` (``payload`` itself is left as it is)."""
+    return StagePayload(payload.request_id, payload.request, data)
 
 
 def encoders_of(payload: Any, where: str) -> tuple[str, ...]:
@@ -57,6 +73,8 @@ __all__ = [
     "PREPROCESS",
     "answer_terminals",
     "encoders_of",
+    "handoff_of",
     "route_preprocess",
     "wait_for_aggregate",
+    "with_handoff",
 ]

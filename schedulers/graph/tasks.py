@@ -5,6 +5,10 @@ turn too), ``speech``, ``transcription``, or ``asr_session`` (a realtime session
 detection, whose commands a session stage reads from ``request.metadata["session"]``).  A graph sends
 ``asr_session`` to :data:`STREAM_ASR` and ``transcription`` to :data:`ASR` (:data:`ASR_STAGES`), and the
 rest to its own stages.
+
+An omni model's graph starts at an ingress stage (:func:`create_ingress_stage`) whose route is
+:func:`first_stage` and whose pipeline's ``terminal_stages_fn`` is :func:`terminals`, each given the
+model's own stages.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers.session import SESSION_METADATA_KEY
+from schedulers.simple import SimpleScheduler
 
 TASKS = ("chat", "speech", "transcription", "asr_session")
 STREAM_ASR = "stream_asr"
@@ -59,4 +64,31 @@ def admit_session_command(payload: StagePayload) -> StagePayload:
     return payload
 
 
-__all__ = ["ASR", "ASR_STAGES", "STREAM_ASR", "TASKS", "admit_session_command", "task_of", "wants_audio"]
+def first_stage(inputs: Any, model: str) -> str:
+    """The stage a request starts at: the ASR stage for its tasks, ``model`` (the model's first stage) else."""
+    return ASR_STAGES.get(task_of(inputs, strict=False), model)
+
+
+def terminals(inputs: Any, answer: list[str]) -> list[str]:
+    """The request's terminal stages: the ASR stage for its tasks, ``answer`` (the model's) else."""
+    task = task_of(inputs, strict=False)
+    return [ASR_STAGES[task]] if task in ASR_STAGES else answer
+
+
+def create_ingress_stage() -> SimpleScheduler:
+    """The ingress: :func:`admit_session_command` on every request (no model, no weights)."""
+    return SimpleScheduler(admit_session_command)
+
+
+__all__ = [
+    "ASR",
+    "ASR_STAGES",
+    "STREAM_ASR",
+    "TASKS",
+    "admit_session_command",
+    "create_ingress_stage",
+    "first_stage",
+    "task_of",
+    "terminals",
+    "wants_audio",
+]

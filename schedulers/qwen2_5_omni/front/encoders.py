@@ -1,4 +1,5 @@
-"""Qwen2.5-Omni's audio and vision towers, each alone with its own weights, batched across requests.
+"""Qwen2.5-Omni's audio and image encoder stages: the thinker's towers, each alone with its own weights,
+batched across requests.
 
 * :class:`AudioTower`: ``Qwen2_5OmniAudioEncoder`` with the checkpoint's ``thinker.audio_tower.`` weights.
   Per request ``(input_features [n_clips, 128, T], feature_attention_mask [n_clips, T])`` →
@@ -12,6 +13,11 @@ Requests batch *packed*, as the towers batch clips and images themselves: every 
 request goes into one call along the sequence axis with its own length (grid), so attention stays within
 each clip's chunks (image's windows), and the output is split back by token counts.
 
+The stages (:func:`create_audio_encoder_stage`, :func:`create_image_encoder_stage`) take a batch of
+:class:`~schedulers.qwen2_5_omni.handoffs.AudioEncoderInput` (``ImageEncoderInput``) and give each request
+its :class:`~schedulers.qwen2_5_omni.handoffs.AudioEmbeddings` (``ImageEmbeddings``), batched as
+:func:`schedulers.front.stages.create_encoder_stage` batches.
+
 Each tower is built in ``dtype`` (transformers' own rule for which buffers stay float32), filled from the
 checkpoint and moved to ``device``; inputs are moved there and outputs come back on the CPU.  One thread at
 a time; every call runs under ``torch.inference_mode``.
@@ -19,12 +25,16 @@ a time; every call runs under ``torch.inference_mode``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights
+from schedulers.front.stages import Batch, create_encoder_stage, handoffs, pack_clips
+from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
+from schedulers.qwen2_5_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
+from schedulers.simple import SimpleScheduler
 
 AUDIO_PREFIX = "thinker.audio_tower."
 VISION_PREFIX = "thinker.visual."
@@ -52,20 +62,12 @@ class AudioTower:
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
-        packed, lengths = [], []
-        for features, mask in requests:
-            if features.ndim != 3 or mask.shape != (features.shape[0], features.shape[2]):
-                raise ValueError(
-                    f"audio_encoder: input_features {list(features.shape)} and feature_attention_mask "
-                    f"{list(mask.shape)} do not match ([clips, mels, T] and [clips, T])"
-                )
-            packed.append(features.permute(0, 2, 1)[mask.bool()].permute(1, 0))
-            lengths.append(mask.sum(-1).long())
+        packed, lengths = pack_clips(requests)
         frames = torch.cat(lengths)
         after_cnn, tokens = self.tower._get_feat_extract_output_lengths(frames)
         with torch.inference_mode():
             out = self.tower(
-                torch.cat(packed, dim=1).to(self.device),
+                packed.to(self.device),
                 feature_lens=frames.to(self.device),
                 aftercnn_lens=after_cnn.to(self.device),
             ).last_hidden_state.cpu()
@@ -94,3 +96,74 @@ class VisionTower:
             out = self.tower(pixels.to(self.device, self.tower.dtype), grid_thw=grids.to(self.device))
         tokens = [int(g.prod(-1).sum()) // self.merge for _, g in requests]
         return list(torch.split(out.pooler_output.cpu(), tokens))
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def audio_batch_fn(tower: AudioTower) -> Callable[[Batch], Batch]:
+    """The audio stage's batch compute: payloads in, the same payloads out holding their embeddings."""
+
+    def encode_batch(payloads: Batch) -> Batch:
+        inputs = handoffs(payloads, AudioEncoderInput, "audio_encoder")
+        outputs = tower.encode([(i.input_features, i.feature_attention_mask) for i in inputs])
+        for payload, given, (embeds, lengths) in zip(payloads, inputs, outputs, strict=True):
+            payload.data = AudioEmbeddings(embeds, lengths, given.encoders)
+        return payloads
+
+    return encode_batch
+
+
+def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
+    """The image stage's batch compute: payloads in, the same payloads out holding their embeddings."""
+
+    def encode_batch(payloads: Batch) -> Batch:
+        inputs = handoffs(payloads, ImageEncoderInput, "image_encoder")
+        outputs = tower.encode([(i.pixel_values, i.image_grid_thw) for i in inputs])
+        for payload, given, embeds in zip(payloads, inputs, outputs, strict=True):
+            payload.data = ImageEmbeddings(embeds, given.image_grid_thw, given.encoders)
+        return payloads
+
+    return encode_batch
+
+
+def create_audio_encoder_stage(
+    *,
+    model_dir: str | None = None,
+    max_batch_size: int = 8,
+    max_batch_wait_ms: float = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> SimpleScheduler:
+    """The audio encoder stage (module docstring): the tower in ``dtype`` on ``device``."""
+    torch.set_num_threads(1)
+    tower = AudioTower(require_model_dir(model_dir), device=device, dtype=_dtype(dtype))
+    return create_encoder_stage(
+        audio_batch_fn(tower), max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms
+    )
+
+
+def create_image_encoder_stage(
+    *,
+    model_dir: str | None = None,
+    max_batch_size: int = 8,
+    max_batch_wait_ms: float = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> SimpleScheduler:
+    """The image encoder stage (module docstring): the tower in ``dtype`` on ``device``."""
+    torch.set_num_threads(1)
+    tower = VisionTower(require_model_dir(model_dir), device=device, dtype=_dtype(dtype))
+    return create_encoder_stage(
+        image_batch_fn(tower), max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms
+    )
+
+
+create_audio_encoder_stage.preflight = preflight  # type: ignore[attr-defined]
+create_image_encoder_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -1,0 +1,88 @@
+"""The front's stages every omni family builds the same way: preprocess, batched encoders, aggregate.
+
+* :func:`create_preprocess_stage`: one function from the client's chat inputs to the family's
+  preprocess handoff; a ``ValueError`` it raises is the client's mistake (a 400 naming the field,
+  :func:`schedulers.front.chat.client_error`), anything else a stage failure.
+* :func:`create_encoder_stage`: a tower over a batch of requests.  A batch forms only from requests
+  already waiting (``batch_wait_when_idle=False``): a lone request never waits for company.  Requests
+  batch *packed*, not padded, as the towers batch clips and images themselves: every clip (image) of
+  every request goes into one call along the sequence axis with its own length (grid), and the output
+  is split back by token counts.  :func:`pack_clips` packs audio features; :func:`handoffs` checks a
+  batch's inputs.
+* :func:`create_aggregate_stage`: the fan-in point where the thinker's input is whole: the runtime
+  gathers ``preprocess`` and the encoders a request needs and the family's ``merge_fn`` builds the
+  thinker's input from them, so the stage passes it on unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from omnitrio.contract import StagePayload
+from schedulers.front.chat import client_error
+from schedulers.simple import SimpleScheduler
+
+Batch = list[StagePayload]
+T = TypeVar("T")
+
+
+def create_preprocess_stage(preprocess: Callable[[Any], Any], *, max_concurrency: int = 1) -> SimpleScheduler:
+    """``payload.data`` (the chat inputs, or ``{"raw_inputs": inputs}``) → ``preprocess(inputs)``."""
+
+    def compute(payload: StagePayload) -> StagePayload:
+        data = payload.data
+        raw = data["raw_inputs"] if isinstance(data, dict) and "raw_inputs" in data else data
+        try:
+            payload.data = preprocess(raw)
+        except ValueError as exc:
+            raise client_error(exc) from None
+        return payload
+
+    return SimpleScheduler(compute, max_concurrency=max_concurrency)
+
+
+def handoffs(payloads: Batch, kind: type[T], stage: str) -> list[T]:
+    """The batch's handoffs, each a ``kind``; a ``ValueError`` naming ``stage`` otherwise."""
+    for payload in payloads:
+        if not isinstance(payload.data, kind):
+            raise ValueError(f"{stage}: expected a {kind.__name__}, got {type(payload.data).__name__}")
+    return [payload.data for payload in payloads]
+
+
+def pack_clips(requests: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Per request ``(input_features [clips, mels, T], feature_attention_mask [clips, T])`` → every clip's
+    valid frames side by side ``[mels, frames]`` and, per request, its clips' frame counts ``Long[clips]``."""
+    packed, lengths = [], []
+    for features, mask in requests:
+        if features.ndim != 3 or mask.shape != (features.shape[0], features.shape[2]):
+            raise ValueError(
+                f"audio_encoder: input_features {list(features.shape)} and feature_attention_mask "
+                f"{list(mask.shape)} do not match ([clips, mels, T] and [clips, T])"
+            )
+        packed.append(features.permute(0, 2, 1)[mask.bool()].permute(1, 0))
+        lengths.append(mask.sum(-1).long())
+    return torch.cat(packed, dim=1), lengths
+
+
+def create_encoder_stage(
+    encode_batch: Callable[[Batch], Batch], *, max_batch_size: int = 8, max_batch_wait_ms: float = 0
+) -> SimpleScheduler:
+    """An encoder stage over ``encode_batch`` (payloads in, the same payloads out with new data)."""
+    return SimpleScheduler(
+        lambda payload: encode_batch([payload])[0],
+        batch_compute_fn=encode_batch,
+        max_batch_size=max_batch_size,
+        max_batch_wait_ms=max_batch_wait_ms,
+        batch_wait_when_idle=False,
+    )
+
+
+def create_aggregate_stage() -> SimpleScheduler:
+    """The fan-in point (module docstring): passes on what the family's ``merge_fn`` built."""
+    return SimpleScheduler(lambda payload: payload)
+
+
+__all__ = ["create_aggregate_stage", "create_encoder_stage", "create_preprocess_stage", "handoffs", "pack_clips"]
