@@ -44,7 +44,7 @@ module names Qwen3-Omni's stages, builds its handoffs and composes them.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 from omnitrio.contract import StagePayload
 from schedulers.graph.front import (
@@ -53,10 +53,12 @@ from schedulers.graph.front import (
     IMAGE_ENCODER,
     PREPROCESS,
     answer_terminals,
+    handoff_of,
     route_preprocess,
     wait_for_aggregate,
+    with_handoff,
 )
-from schedulers.graph.tasks import ASR, ASR_STAGES, STREAM_ASR, admit_session_command, task_of
+from schedulers.graph.tasks import ASR, STREAM_ASR, create_ingress_stage, first_stage, task_of, terminals
 from schedulers.qwen3_omni.handoffs import (
     AudioEmbeddings,
     AudioEncoderInput,
@@ -67,52 +69,39 @@ from schedulers.qwen3_omni.handoffs import (
     ThinkerInput,
     ThinkerResult,
 )
-from schedulers.simple import SimpleScheduler
 
 THINKER = "thinker"
 DECODE = "decode"
 TALKER = "talker"
 CODE2WAV = "code2wav"
 INGRESS = "ingress"
-T = TypeVar("T")
-
-
-def _data(payload: Any, kind: type[T], where: str) -> T:
-    data = getattr(payload, "data", None)
-    if not isinstance(data, kind):
-        raise ValueError(f"{where}: expected a payload holding a {kind.__name__}, got {type(data).__name__}")
-    return data
-
-
-def _with(payload: StagePayload, data: Any) -> StagePayload:
-    return StagePayload(payload.request_id, payload.request, data)
 
 
 def project_to_audio_encoder(payload: StagePayload) -> StagePayload:
-    data = _data(payload, Preprocessed, "project_to_audio_encoder")
+    data = handoff_of(payload, Preprocessed, "project_to_audio_encoder")
     if data.input_features is None or data.feature_attention_mask is None:
         raise ValueError("project_to_audio_encoder: the request has no audio features")
-    return _with(payload, AudioEncoderInput(data.input_features, data.feature_attention_mask, data.encoders))
+    return with_handoff(payload, AudioEncoderInput(data.input_features, data.feature_attention_mask, data.encoders))
 
 
 def project_to_image_encoder(payload: StagePayload) -> StagePayload:
-    data = _data(payload, Preprocessed, "project_to_image_encoder")
+    data = handoff_of(payload, Preprocessed, "project_to_image_encoder")
     if data.pixel_values is None or data.image_grid_thw is None:
         raise ValueError("project_to_image_encoder: the request has no image pixels")
-    return _with(payload, ImageEncoderInput(data.pixel_values, data.image_grid_thw, data.encoders))
+    return with_handoff(payload, ImageEncoderInput(data.pixel_values, data.image_grid_thw, data.encoders))
 
 
 def project_to_aggregate(payload: StagePayload) -> StagePayload:
-    data = _data(payload, Preprocessed, "project_to_aggregate")
-    return _with(payload, PreprocessedText(data.input_ids, data.encoders, data.knobs))
+    data = handoff_of(payload, Preprocessed, "project_to_aggregate")
+    return with_handoff(payload, PreprocessedText(data.input_ids, data.encoders, data.knobs))
 
 
 def merge_aggregate(inputs: dict[str, StagePayload]) -> StagePayload:
     """The thinker's input (module docstring) from the preprocess payload and the encoders' outputs."""
     base = inputs[PREPROCESS]
-    text = _data(base, PreprocessedText, "merge_aggregate")
-    audio = _data(inputs[AUDIO_ENCODER], AudioEmbeddings, "merge_aggregate") if AUDIO_ENCODER in inputs else None
-    image = _data(inputs[IMAGE_ENCODER], ImageEmbeddings, "merge_aggregate") if IMAGE_ENCODER in inputs else None
+    text = handoff_of(base, PreprocessedText, "merge_aggregate")
+    audio = handoff_of(inputs[AUDIO_ENCODER], AudioEmbeddings, "merge_aggregate") if AUDIO_ENCODER in inputs else None
+    image = handoff_of(inputs[IMAGE_ENCODER], ImageEmbeddings, "merge_aggregate") if IMAGE_ENCODER in inputs else None
     merged = ThinkerInput(
         text.input_ids,
         text.knobs,
@@ -122,11 +111,11 @@ def merge_aggregate(inputs: dict[str, StagePayload]) -> StagePayload:
         deepstack_image_embeds=None if image is None else image.deepstack_image_embeds,
         image_grid_thw=None if image is None else image.image_grid_thw,
     )
-    return _with(base, merged)
+    return with_handoff(base, merged)
 
 
 def route_thinker(request_id: str, payload: StagePayload) -> list[str]:
-    return [DECODE, TALKER] if _data(payload, ThinkerResult, "route_thinker").want_audio else [DECODE]
+    return [DECODE, TALKER] if handoff_of(payload, ThinkerResult, "route_thinker").want_audio else [DECODE]
 
 
 def chat_terminal_stages(request_id: str, inputs: Any) -> list[str]:
@@ -136,18 +125,12 @@ def chat_terminal_stages(request_id: str, inputs: Any) -> list[str]:
 
 def route_ingress(request_id: str, payload: StagePayload) -> str:
     """The first stage of the request's task (module docstring)."""
-    return ASR_STAGES.get(task_of(payload.request.inputs, strict=False), PREPROCESS)
+    return first_stage(payload.request.inputs, PREPROCESS)
 
 
 def terminal_stages(request_id: str, inputs: Any) -> list[str]:
     """The ASR stage for its tasks; the model's terminal stages (:func:`chat_terminal_stages`) for a chat."""
-    task = task_of(inputs, strict=False)
-    return [ASR_STAGES[task]] if task in ASR_STAGES else chat_terminal_stages(request_id, inputs)
-
-
-def create_ingress_stage() -> SimpleScheduler:
-    """Routes by task (module docstring); no model, no weights."""
-    return SimpleScheduler(admit_session_command)
+    return terminals(inputs, chat_terminal_stages(request_id, inputs))
 
 
 __all__ = [

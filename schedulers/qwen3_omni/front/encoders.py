@@ -10,32 +10,21 @@
 
 Requests batch the way SGLang-Omni batches them: *packed*, not padded.  Every clip (image) of every request
 in a batch goes into one call along the sequence axis, with its own length (grid) so the towers' attention
-stays within each clip's windows (image); the output is split back by token counts.  A batch forms only
-from requests already waiting (``batch_wait_when_idle=False``): a lone request never waits for company.
-Each stage loads only its tower's weights and runs torch with one intra-op thread.
+stays within each clip's windows (image); the output is split back by token counts
+(:func:`schedulers.front.stages.create_encoder_stage`: a lone request never waits for company).  Each stage
+loads only its tower's weights and runs torch with one intra-op thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
 
 import torch
 
-from omnitrio.contract import StagePayload
+from schedulers.front.stages import Batch, create_encoder_stage, handoffs, pack_clips
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
 from schedulers.simple import SimpleScheduler
-
-Batch = list[StagePayload]
-T = TypeVar("T")
-
-
-def _inputs(payloads: Batch, kind: type[T], stage: str) -> list[T]:
-    for payload in payloads:
-        if not isinstance(payload.data, kind):
-            raise ValueError(f"{stage}: expected a {kind.__name__}, got {type(payload.data).__name__}")
-    return [payload.data for payload in payloads]
 
 
 class AudioTower:
@@ -52,18 +41,9 @@ class AudioTower:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
-        packed, lengths = [], []
-        for features, mask in requests:
-            if features.ndim != 3 or mask.shape != (features.shape[0], features.shape[2]):
-                raise ValueError(
-                    f"audio_encoder: input_features {list(features.shape)} and feature_attention_mask "
-                    f"{list(mask.shape)} do not match ([clips, mels, T] and [clips, T])"
-                )
-            packed.append(features.permute(0, 2, 1)[mask.bool()].permute(1, 0))
-            lengths.append(mask.sum(-1).long())
-        all_lengths = torch.cat(lengths)
+        packed, lengths = pack_clips(requests)
         with torch.inference_mode():
-            out = self.tower(torch.cat(packed, dim=1), feature_lens=all_lengths).last_hidden_state
+            out = self.tower(packed, feature_lens=torch.cat(lengths)).last_hidden_state
         tokens = [int(_get_feat_extract_output_lengths(n, self.tower.n_window).sum()) for n in lengths]
         return list(zip(torch.split(out, tokens), lengths, strict=True))
 
@@ -95,21 +75,11 @@ class VisionTower:
         return [(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(requests))]
 
 
-def _batched(encode_batch: Callable[[Batch], Batch], max_batch_size: int, max_batch_wait_ms: float) -> SimpleScheduler:
-    return SimpleScheduler(
-        lambda payload: encode_batch([payload])[0],
-        batch_compute_fn=encode_batch,
-        max_batch_size=max_batch_size,
-        max_batch_wait_ms=max_batch_wait_ms,
-        batch_wait_when_idle=False,
-    )
-
-
 def audio_batch_fn(tower: AudioTower) -> Callable[[Batch], Batch]:
     """The stage's batch compute: payloads in, the same payloads out with the audio outputs as data."""
 
     def encode_batch(payloads: Batch) -> Batch:
-        inputs = _inputs(payloads, AudioEncoderInput, "audio_encoder")
+        inputs = handoffs(payloads, AudioEncoderInput, "audio_encoder")
         outputs = tower.encode([(i.input_features, i.feature_attention_mask) for i in inputs])
         for payload, given, (embeds, lengths) in zip(payloads, inputs, outputs, strict=True):
             payload.data = AudioEmbeddings(embeds, lengths, given.encoders)
@@ -122,7 +92,7 @@ def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
     """The stage's batch compute: payloads in, the same payloads out with the image outputs as data."""
 
     def encode_batch(payloads: Batch) -> Batch:
-        inputs = _inputs(payloads, ImageEncoderInput, "image_encoder")
+        inputs = handoffs(payloads, ImageEncoderInput, "image_encoder")
         outputs = tower.encode([(i.pixel_values, i.image_grid_thw) for i in inputs])
         for payload, given, (embeds, deepstack) in zip(payloads, inputs, outputs, strict=True):
             payload.data = ImageEmbeddings(embeds, tuple(deepstack), given.image_grid_thw, given.encoders)
@@ -136,7 +106,8 @@ def create_audio_encoder_stage(
 ) -> SimpleScheduler:
     """The audio encoder stage (module docstring)."""
     torch.set_num_threads(1)
-    return _batched(audio_batch_fn(AudioTower(require_model_dir(model_dir))), max_batch_size, max_batch_wait_ms)
+    encode = audio_batch_fn(AudioTower(require_model_dir(model_dir)))
+    return create_encoder_stage(encode, max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms)
 
 
 def create_image_encoder_stage(
@@ -144,7 +115,8 @@ def create_image_encoder_stage(
 ) -> SimpleScheduler:
     """The image encoder stage (module docstring)."""
     torch.set_num_threads(1)
-    return _batched(image_batch_fn(VisionTower(require_model_dir(model_dir))), max_batch_size, max_batch_wait_ms)
+    encode = image_batch_fn(VisionTower(require_model_dir(model_dir)))
+    return create_encoder_stage(encode, max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms)
 
 
 create_audio_encoder_stage.preflight = preflight  # type: ignore[attr-defined]
