@@ -8,13 +8,9 @@ and thinker encoders make of the same messages under the model's system prompt.
 
 from __future__ import annotations
 
-import base64
-import io
-import wave
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import trio
@@ -26,11 +22,14 @@ from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT
 from schedulers.qwen2_5_omni.handoffs import ThinkerInput
 from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures model, tiny)
     clip,
+    pcm16,
     picture,
+    png,
     reference_inputs,
     reference_model,
     reference_processor,
     tiny_checkpoint,
+    wav,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -71,28 +70,6 @@ def front_config(tmp_path: Path, *, processes: bool) -> Path:
     path = tmp_path / "front.toml"
     path.write_text(text)
     return path
-
-
-def wav(samples: np.ndarray) -> str:
-    """``samples`` as a base64 16 kHz PCM16 WAV file."""
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16_000)
-        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def pcm16(samples: np.ndarray) -> np.ndarray:
-    """What a 16 kHz PCM16 WAV of ``samples`` holds, as the model reads it: int16 / 32768."""
-    return (np.clip(samples, -1, 1) * 32767).astype("<i2").astype(np.float32) / 32768.0
-
-
-def png(image: Any) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 SOUND, OTHER_SOUND, IMAGE = clip(440, 1.2), clip(250, 0.7), picture(4, 56, 42)

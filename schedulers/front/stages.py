@@ -8,7 +8,7 @@
   batch *packed*, not padded, as the towers batch clips and images themselves: every clip (image) of
   every request goes into one call along the sequence axis with its own length (grid), and the output
   is split back by token counts.  :func:`pack_clips` packs audio features; :func:`handoffs` checks a
-  batch's inputs.
+  batch's inputs; :func:`audio_batch_fn` is the audio stage's batch compute over any family's tower.
 * :func:`create_aggregate_stage`: the fan-in point where the thinker's input is whole: the runtime
   gathers ``preprocess`` and the encoders a request needs and the family's ``merge_fn`` builds the
   thinker's input from them, so the stage passes it on unchanged.
@@ -17,12 +17,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from omnitrio.contract import StagePayload
 from schedulers.front.chat import client_error
+from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput
 from schedulers.simple import SimpleScheduler
 
 Batch = list[StagePayload]
@@ -67,6 +68,26 @@ def pack_clips(requests: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[t
     return torch.cat(packed, dim=1), lengths
 
 
+class AudioEncoder(Protocol):
+    def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per request ``(input_features, feature_attention_mask)`` → ``(embeds [tokens, H], lengths [clips])``."""
+        ...
+
+
+def audio_batch_fn(tower: AudioEncoder) -> Callable[[Batch], Batch]:
+    """The audio stage's batch compute: payloads holding :class:`AudioEncoderInput` in, the same payloads
+    out holding their :class:`AudioEmbeddings`."""
+
+    def encode_batch(payloads: Batch) -> Batch:
+        inputs = handoffs(payloads, AudioEncoderInput, "audio_encoder")
+        outputs = tower.encode([(i.input_features, i.feature_attention_mask) for i in inputs])
+        for payload, given, (embeds, lengths) in zip(payloads, inputs, outputs, strict=True):
+            payload.data = AudioEmbeddings(embeds, lengths, given.encoders)
+        return payloads
+
+    return encode_batch
+
+
 def create_encoder_stage(
     encode_batch: Callable[[Batch], Batch], *, max_batch_size: int = 8, max_batch_wait_ms: float = 0
 ) -> SimpleScheduler:
@@ -85,4 +106,12 @@ def create_aggregate_stage() -> SimpleScheduler:
     return SimpleScheduler(lambda payload: payload)
 
 
-__all__ = ["create_aggregate_stage", "create_encoder_stage", "create_preprocess_stage", "handoffs", "pack_clips"]
+__all__ = [
+    "AudioEncoder",
+    "audio_batch_fn",
+    "create_aggregate_stage",
+    "create_encoder_stage",
+    "create_preprocess_stage",
+    "handoffs",
+    "pack_clips",
+]

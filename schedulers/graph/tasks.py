@@ -6,14 +6,15 @@ detection, whose commands a session stage reads from ``request.metadata["session
 ``asr_session`` to :data:`STREAM_ASR` and ``transcription`` to :data:`ASR` (:data:`ASR_STAGES`), and the
 rest to its own stages.
 
-An omni model's graph starts at an ingress stage (:func:`create_ingress_stage`) whose route is
-:func:`first_stage` and whose pipeline's ``terminal_stages_fn`` is :func:`terminals`, each given the
-model's own stages.
+An omni model's graph starts at an ingress stage (:func:`create_ingress_stage`); :class:`TaskRoutes`
+gives its route and the pipeline's ``terminal_stages_fn`` for the model's own stages.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import attrs
 
 from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers.session import SESSION_METADATA_KEY
@@ -64,15 +65,29 @@ def admit_session_command(payload: StagePayload) -> StagePayload:
     return payload
 
 
-def first_stage(inputs: Any, model: str) -> str:
-    """The stage a request starts at: the ASR stage for its tasks, ``model`` (the model's first stage) else."""
-    return ASR_STAGES.get(task_of(inputs, strict=False), model)
+@attrs.frozen
+class TaskRoutes:
+    """Where an omni model's requests go by task: ``model`` is the model's first stage, ``text`` and
+    ``audio`` the terminal stages of its answer's words and speech.  A family's graph module binds the
+    methods to module names its config names (``route_ingress = TASKS.route_ingress``)."""
 
+    model: str
+    text: str
+    audio: str
 
-def terminals(inputs: Any, answer: list[str]) -> list[str]:
-    """The request's terminal stages: the ASR stage for its tasks, ``answer`` (the model's) else."""
-    task = task_of(inputs, strict=False)
-    return [ASR_STAGES[task]] if task in ASR_STAGES else answer
+    def route_ingress(self, request_id: str, payload: StagePayload) -> str:
+        """The first stage of the request's task: the ASR stage for its tasks, the model's for a chat."""
+        return ASR_STAGES.get(task_of(payload.request.inputs, strict=False), self.model)
+
+    def chat_terminal_stages(self, request_id: str, inputs: Any) -> list[str]:
+        """A chat's terminal stages: ``text`` always, ``audio`` too when the answer is spoken."""
+        return [self.text, self.audio] if wants_audio(inputs) else [self.text]
+
+    def terminal_stages(self, request_id: str, inputs: Any) -> list[str]:
+        """The pipeline's ``terminal_stages_fn``: the ASR stage for its tasks, :meth:`chat_terminal_stages`
+        for a chat."""
+        task = task_of(inputs, strict=False)
+        return [ASR_STAGES[task]] if task in ASR_STAGES else self.chat_terminal_stages(request_id, inputs)
 
 
 def create_ingress_stage() -> SimpleScheduler:
@@ -85,10 +100,9 @@ __all__ = [
     "ASR_STAGES",
     "STREAM_ASR",
     "TASKS",
+    "TaskRoutes",
     "admit_session_command",
     "create_ingress_stage",
-    "first_stage",
     "task_of",
-    "terminals",
     "wants_audio",
 ]

@@ -11,7 +11,10 @@ process the object itself is handed on.  A consumer that keeps a tensor longer t
 it.  Classes that hold tensors compare by identity; the others (knobs, names, counts) by value.
 
 The front's classes pickle as a constructor call with their fields in order
-(:func:`schedulers.handoff.handoff`), so they cost the wire no more than a dict of the same fields.
+(:func:`schedulers.handoff.handoff`), so they cost the wire no more than a dict of the same fields.  The
+encoders' inputs and the audio encoder's output (:class:`AudioEncoderInput`, :class:`ImageEncoderInput`,
+:class:`AudioEmbeddings`) are the same for every family: they are :mod:`schedulers.front.handoffs`'s,
+re-exported here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
 from schedulers.handoff import handoff
 
 
@@ -63,29 +67,6 @@ class Preprocessed:
 
 @handoff
 @attrs.frozen(eq=False)
-class AudioEncoderInput:
-    """→ ``audio_encoder`` (projected from :class:`Preprocessed`): the clips' ``input_features`` and
-    ``feature_attention_mask``, and the request's ``encoders`` (the aggregate's fan-in reads them from
-    whichever input comes first)."""
-
-    input_features: torch.Tensor
-    feature_attention_mask: torch.Tensor
-    encoders: tuple[str, ...]
-
-
-@handoff
-@attrs.frozen(eq=False)
-class ImageEncoderInput:
-    """→ ``image_encoder`` (projected from :class:`Preprocessed`): the images' ``pixel_values`` and
-    ``image_grid_thw``, and the request's ``encoders``."""
-
-    pixel_values: torch.Tensor
-    image_grid_thw: torch.Tensor
-    encoders: tuple[str, ...]
-
-
-@handoff
-@attrs.frozen(eq=False)
 class PreprocessedText:
     """``preprocess`` → ``aggregate`` (projected from :class:`Preprocessed`): the prompt's ``input_ids``,
     the request's ``encoders`` and its :class:`Knobs`."""
@@ -93,18 +74,6 @@ class PreprocessedText:
     input_ids: torch.Tensor
     encoders: tuple[str, ...]
     knobs: Knobs
-
-
-@handoff
-@attrs.frozen(eq=False)
-class AudioEmbeddings:
-    """``audio_encoder`` → ``aggregate``: ``audio_embeds`` ``Float[Na, H]`` (every clip's tokens in order,
-    what the thinker's ``get_audio_features`` gives), ``audio_feature_lengths`` ``Long[clips]`` (mel frames
-    per clip), and the request's ``encoders``."""
-
-    audio_embeds: torch.Tensor
-    audio_feature_lengths: torch.Tensor
-    encoders: tuple[str, ...]
 
 
 @handoff

@@ -44,26 +44,20 @@ module names Qwen3-Omni's stages, builds its handoffs and composes them.
 
 from __future__ import annotations
 
-from typing import Any
-
 from omnitrio.contract import StagePayload
 from schedulers.graph.front import (
     AGGREGATE,
     AUDIO_ENCODER,
     IMAGE_ENCODER,
     PREPROCESS,
-    answer_terminals,
+    FrontEdges,
     handoff_of,
     route_preprocess,
     wait_for_aggregate,
-    with_handoff,
 )
-from schedulers.graph.tasks import ASR, STREAM_ASR, create_ingress_stage, first_stage, task_of, terminals
+from schedulers.graph.tasks import ASR, STREAM_ASR, TaskRoutes, create_ingress_stage, task_of
 from schedulers.qwen3_omni.handoffs import (
-    AudioEmbeddings,
-    AudioEncoderInput,
     ImageEmbeddings,
-    ImageEncoderInput,
     Preprocessed,
     PreprocessedText,
     ThinkerInput,
@@ -76,61 +70,20 @@ TALKER = "talker"
 CODE2WAV = "code2wav"
 INGRESS = "ingress"
 
+EDGES = FrontEdges(Preprocessed, PreprocessedText, ImageEmbeddings, ThinkerInput)
+project_to_audio_encoder = EDGES.project_to_audio_encoder
+project_to_image_encoder = EDGES.project_to_image_encoder
+project_to_aggregate = EDGES.project_to_aggregate
+merge_aggregate = EDGES.merge_aggregate
 
-def project_to_audio_encoder(payload: StagePayload) -> StagePayload:
-    data = handoff_of(payload, Preprocessed, "project_to_audio_encoder")
-    if data.input_features is None or data.feature_attention_mask is None:
-        raise ValueError("project_to_audio_encoder: the request has no audio features")
-    return with_handoff(payload, AudioEncoderInput(data.input_features, data.feature_attention_mask, data.encoders))
-
-
-def project_to_image_encoder(payload: StagePayload) -> StagePayload:
-    data = handoff_of(payload, Preprocessed, "project_to_image_encoder")
-    if data.pixel_values is None or data.image_grid_thw is None:
-        raise ValueError("project_to_image_encoder: the request has no image pixels")
-    return with_handoff(payload, ImageEncoderInput(data.pixel_values, data.image_grid_thw, data.encoders))
-
-
-def project_to_aggregate(payload: StagePayload) -> StagePayload:
-    data = handoff_of(payload, Preprocessed, "project_to_aggregate")
-    return with_handoff(payload, PreprocessedText(data.input_ids, data.encoders, data.knobs))
-
-
-def merge_aggregate(inputs: dict[str, StagePayload]) -> StagePayload:
-    """The thinker's input (module docstring) from the preprocess payload and the encoders' outputs."""
-    base = inputs[PREPROCESS]
-    text = handoff_of(base, PreprocessedText, "merge_aggregate")
-    audio = handoff_of(inputs[AUDIO_ENCODER], AudioEmbeddings, "merge_aggregate") if AUDIO_ENCODER in inputs else None
-    image = handoff_of(inputs[IMAGE_ENCODER], ImageEmbeddings, "merge_aggregate") if IMAGE_ENCODER in inputs else None
-    merged = ThinkerInput(
-        text.input_ids,
-        text.knobs,
-        audio_embeds=None if audio is None else audio.audio_embeds,
-        audio_feature_lengths=None if audio is None else audio.audio_feature_lengths,
-        image_embeds=None if image is None else image.image_embeds,
-        deepstack_image_embeds=None if image is None else image.deepstack_image_embeds,
-        image_grid_thw=None if image is None else image.image_grid_thw,
-    )
-    return with_handoff(base, merged)
+TASKS = TaskRoutes(model=PREPROCESS, text=DECODE, audio=CODE2WAV)
+route_ingress = TASKS.route_ingress
+chat_terminal_stages = TASKS.chat_terminal_stages
+terminal_stages = TASKS.terminal_stages
 
 
 def route_thinker(request_id: str, payload: StagePayload) -> list[str]:
     return [DECODE, TALKER] if handoff_of(payload, ThinkerResult, "route_thinker").want_audio else [DECODE]
-
-
-def chat_terminal_stages(request_id: str, inputs: Any) -> list[str]:
-    """``decode`` always; ``code2wav`` too when the request asks for audio."""
-    return answer_terminals(inputs, DECODE, CODE2WAV)
-
-
-def route_ingress(request_id: str, payload: StagePayload) -> str:
-    """The first stage of the request's task (module docstring)."""
-    return first_stage(payload.request.inputs, PREPROCESS)
-
-
-def terminal_stages(request_id: str, inputs: Any) -> list[str]:
-    """The ASR stage for its tasks; the model's terminal stages (:func:`chat_terminal_stages`) for a chat."""
-    return terminals(inputs, chat_terminal_stages(request_id, inputs))
 
 
 __all__ = [

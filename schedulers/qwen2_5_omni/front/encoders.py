@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from schedulers.front.stages import Batch, create_encoder_stage, handoffs, pack_clips
+from schedulers.front.stages import Batch, audio_batch_fn, create_encoder_stage, handoffs, pack_clips
 from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
-from schedulers.qwen2_5_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
+from schedulers.qwen2_5_omni.handoffs import ImageEmbeddings, ImageEncoderInput
 from schedulers.simple import SimpleScheduler
 
 AUDIO_PREFIX = "thinker.audio_tower."
@@ -105,19 +105,6 @@ def _dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     return DTYPES[name]
-
-
-def audio_batch_fn(tower: AudioTower) -> Callable[[Batch], Batch]:
-    """The audio stage's batch compute: payloads in, the same payloads out holding their embeddings."""
-
-    def encode_batch(payloads: Batch) -> Batch:
-        inputs = handoffs(payloads, AudioEncoderInput, "audio_encoder")
-        outputs = tower.encode([(i.input_features, i.feature_attention_mask) for i in inputs])
-        for payload, given, (embeds, lengths) in zip(payloads, inputs, outputs, strict=True):
-            payload.data = AudioEmbeddings(embeds, lengths, given.encoders)
-        return payloads
-
-    return encode_batch
 
 
 def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:

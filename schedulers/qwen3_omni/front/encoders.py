@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import torch
 
-from schedulers.front.stages import Batch, create_encoder_stage, handoffs, pack_clips
+from schedulers.front.stages import Batch, audio_batch_fn, create_encoder_stage, handoffs, pack_clips
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
-from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
+from schedulers.qwen3_omni.handoffs import ImageEmbeddings, ImageEncoderInput
 from schedulers.simple import SimpleScheduler
 
 
@@ -73,19 +73,6 @@ class VisionTower:
         embeds = torch.split(out.pooler_output, tokens)
         deepstack = [torch.split(feature, tokens) for feature in out.deepstack_features]
         return [(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(requests))]
-
-
-def audio_batch_fn(tower: AudioTower) -> Callable[[Batch], Batch]:
-    """The stage's batch compute: payloads in, the same payloads out with the audio outputs as data."""
-
-    def encode_batch(payloads: Batch) -> Batch:
-        inputs = handoffs(payloads, AudioEncoderInput, "audio_encoder")
-        outputs = tower.encode([(i.input_features, i.feature_attention_mask) for i in inputs])
-        for payload, given, (embeds, lengths) in zip(payloads, inputs, outputs, strict=True):
-            payload.data = AudioEmbeddings(embeds, lengths, given.encoders)
-        return payloads
-
-    return encode_batch
 
 
 def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
