@@ -2,7 +2,8 @@
 
 * :func:`create_preprocess_stage`: one function from the client's chat inputs to the family's
   preprocess handoff; a ``ValueError`` it raises is the client's mistake (a 400 naming the field,
-  :func:`schedulers.front.chat.client_error`), anything else a stage failure.
+  :func:`schedulers.front.chat.client_error`), anything else a stage failure.  :func:`preprocessed_fields`
+  gives that handoff's fields from the processor's tensors.
 * :func:`create_encoder_stage`: a tower over a batch of requests.  A batch forms only from requests
   already waiting (``batch_wait_when_idle=False``): a lone request never waits for company.  Requests
   batch *packed*, not padded, as the towers batch clips and images themselves: every clip (image) of
@@ -16,7 +17,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -24,6 +25,7 @@ import torch
 from omnitrio.contract import StagePayload
 from schedulers.front.chat import client_error
 from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput
+from schedulers.graph.front import AUDIO_ENCODER, IMAGE_ENCODER
 from schedulers.simple import SimpleScheduler
 
 Batch = list[StagePayload]
@@ -43,6 +45,21 @@ def create_preprocess_stage(preprocess: Callable[[Any], Any], *, max_concurrency
         return payload
 
     return SimpleScheduler(compute, max_concurrency=max_concurrency)
+
+
+MEDIA_FIELDS = ("input_features", "feature_attention_mask", "pixel_values", "image_grid_thw")
+
+
+def preprocessed_fields(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """A processor's tensors for one prompt (:meth:`schedulers.front.processor.ChatProcessor.__call__`) as
+    the fields of a family's preprocess handoff: ``input_ids`` ``Long[P]``, ``encoders`` (the encoder stages
+    its media need, in graph order) and the media's tensors (None where the prompt has none)."""
+    audio, images = "input_features" in tensors, "pixel_values" in tensors
+    return {
+        "input_ids": tensors["input_ids"][0],
+        "encoders": (AUDIO_ENCODER,) * audio + (IMAGE_ENCODER,) * images,
+        **{name: tensors.get(name) for name in MEDIA_FIELDS},
+    }
 
 
 def handoffs(payloads: Batch, kind: type[T], stage: str) -> list[T]:
@@ -114,4 +131,5 @@ __all__ = [
     "create_preprocess_stage",
     "handoffs",
     "pack_clips",
+    "preprocessed_fields",
 ]

@@ -31,7 +31,7 @@ import torch
 
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
-from schedulers.graph.front import AUDIO_ENCODER, IMAGE_ENCODER
+from schedulers.front.stages import preprocessed_fields
 from schedulers.qwen2_5_omni.checkpoint import Speakers, load_config, preflight, require_model_dir, speakers
 from schedulers.qwen2_5_omni.front.processor import OmniProcessor
 from schedulers.qwen2_5_omni.handoffs import Knobs, Preprocessed
@@ -110,15 +110,7 @@ class Preprocessor:
         )
         text = self.processor.render(with_system_prompt(messages, self.system_prompt))
         tensors = self.processor(text, audio=audio, images=images)
-        return Preprocessed(
-            input_ids=tensors["input_ids"][0],
-            encoders=(AUDIO_ENCODER,) * bool(audio) + (IMAGE_ENCODER,) * bool(images),
-            knobs=knobs,
-            input_features=tensors.get("input_features"),
-            feature_attention_mask=tensors.get("feature_attention_mask"),
-            pixel_values=tensors.get("pixel_values"),
-            image_grid_thw=tensors.get("image_grid_thw"),
-        )
+        return Preprocessed(knobs=knobs, **preprocessed_fields(tensors))
 
 
 def create_preprocess_stage(

@@ -19,9 +19,9 @@ import torch
 
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
+from schedulers.front.stages import preprocessed_fields
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.front.processor import OmniProcessor
-from schedulers.qwen3_omni.graph import AUDIO_ENCODER, IMAGE_ENCODER
 from schedulers.qwen3_omni.handoffs import Knobs, Preprocessed
 from schedulers.simple import SimpleScheduler
 
@@ -76,15 +76,7 @@ class Preprocessor:
             speaker=speaker,
             want_audio=want_audio,
         )
-        return Preprocessed(
-            input_ids=tensors["input_ids"][0],
-            encoders=(AUDIO_ENCODER,) * bool(audio) + (IMAGE_ENCODER,) * bool(images),
-            knobs=knobs,
-            input_features=tensors.get("input_features"),
-            feature_attention_mask=tensors.get("feature_attention_mask"),
-            pixel_values=tensors.get("pixel_values"),
-            image_grid_thw=tensors.get("image_grid_thw"),
-        )
+        return Preprocessed(knobs=knobs, **preprocessed_fields(tensors))
 
 
 def create_preprocess_stage(
