@@ -13,8 +13,9 @@ tokens (:func:`expand_placeholders`), in order, as those processors do:
   (:meth:`ChatProcessor.audio_token_count`);
 * images: ``t * h * w / merge_size**2`` copies for the image's ``image_grid_thw``.
 
-A prompt with video is a ``ValueError``.  Instances are read-only after construction; calls from several
-threads are safe as far as the tokenizer's are.
+``device`` is where the feature extractor computes the audio's log-mel spectrogram (a subclass passes it
+on); what a call returns is on the CPU, float32.  A prompt with video is a ``ValueError``.  Instances are
+read-only after construction; calls from several threads are safe as far as the tokenizer's are.
 """
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ class ChatProcessor:
     family: ClassVar[str] = "Qwen omni"
     """The family's name, for error messages."""
 
-    def __init__(self, tokenizer: Any, feature_extractor: Any, image_processor: Any, chat_template: str) -> None:
+    def __init__(
+        self, tokenizer: Any, feature_extractor: Any, image_processor: Any, chat_template: str, device: str = "cpu"
+    ) -> None:
         self.tokenizer = tokenizer
+        self.device = device
         self.feature_extractor = feature_extractor
         self.image_processor = image_processor
         self.chat_template = chat_template
@@ -51,8 +55,9 @@ class ChatProcessor:
             raise ValueError(f"feature extractor: sampling_rate {feature_extractor.sampling_rate}, expected 16000")
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> Self:
-        """Read the parts from a checkpoint directory; a missing or unreadable part is a CheckpointError."""
+    def from_pretrained(cls, model_dir: str | Path, device: str = "cpu") -> Self:
+        """Read the parts from a checkpoint directory; a missing or unreadable part is a CheckpointError.
+        ``device``: where the audio features are computed (module docstring)."""
         # The classes themselves, not transformers' Auto* machinery: a stage imports what it runs.
         from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -68,7 +73,7 @@ class ChatProcessor:
         for name in _TOKENS:
             if not isinstance(getattr(tokenizer, name, None), str):
                 raise CheckpointError(f"{directory}: the tokenizer has no {name} ({cls.family}'s special tokens)")
-        return cls(tokenizer, feature_extractor, image_processor, read_chat_template(directory, tokenizer))
+        return cls(tokenizer, feature_extractor, image_processor, read_chat_template(directory, tokenizer), device)
 
     def render(self, messages: Sequence[dict[str, Any]]) -> str:
         """The prompt text of chat ``messages`` (transformers' chat format), generation prompt appended."""

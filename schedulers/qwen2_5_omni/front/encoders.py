@@ -18,19 +18,20 @@ The stages (:func:`create_audio_encoder_stage`, :func:`create_image_encoder_stag
 its :class:`~schedulers.qwen2_5_omni.handoffs.AudioEmbeddings` (``ImageEmbeddings``), batched as
 :func:`schedulers.front.stages.create_encoder_stage` batches.
 
-Each tower is built in ``dtype`` (transformers' own rule for which buffers stay float32), filled from the
-checkpoint and moved to ``device``; inputs are moved there and outputs come back on the CPU.  One thread at
-a time; every call runs under ``torch.inference_mode``.
+``device`` and ``dtype`` place each tower (:mod:`schedulers.devices`): it is built in ``dtype`` as
+``from_pretrained`` builds it, filled from the checkpoint, moved to ``device``; inputs go there and outputs
+come back on the CPU in float32 wherever it ran.  One thread at a time; every call runs under
+``torch.inference_mode``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from schedulers.devices import Placement, to_host
 from schedulers.front.stages import Batch, audio_batch_fn, create_encoder_stage, handoffs, pack_clips
 from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
 from schedulers.qwen2_5_omni.handoffs import ImageEmbeddings, ImageEncoderInput
@@ -40,37 +41,27 @@ AUDIO_PREFIX = "thinker.audio_tower."
 VISION_PREFIX = "thinker.visual."
 
 
-def _tower(cls: Any, config: Any, model_dir: str | Path, prefix: str, device: str, dtype: torch.dtype) -> Any:
-    """``cls`` built without initialising its weights, filled from ``prefix``, on ``device``, eval."""
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights():
-        module = cls._from_config(config, dtype=dtype)
-    load_weights(model_dir, prefix, module)
-    return module.to(device).eval()
-
-
 class AudioTower:
     """The thinker's audio tower alone (module docstring)."""
 
-    def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, model_dir: str | Path, placement: Placement = Placement()) -> None:
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
 
         config = load_config(model_dir).thinker_config.audio_config
-        self.tower = _tower(Qwen2_5OmniAudioEncoder, config, model_dir, AUDIO_PREFIX, device, dtype)
-        self.device = torch.device(device)
+        self.placement = placement
+        self.tower = placement.build(Qwen2_5OmniAudioEncoder, config)
+        load_weights(model_dir, AUDIO_PREFIX, self.tower)
+        placement.move(self.tower)
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
         packed, lengths = pack_clips(requests)
         frames = torch.cat(lengths)
         after_cnn, tokens = self.tower._get_feat_extract_output_lengths(frames)
+        put = self.placement.put
         with torch.inference_mode():
-            out = self.tower(
-                packed.to(self.device),
-                feature_lens=frames.to(self.device),
-                aftercnn_lens=after_cnn.to(self.device),
-            ).last_hidden_state.cpu()
+            encoded = self.tower(put(packed), feature_lens=put(frames), aftercnn_lens=put(after_cnn))
+        out = to_host(encoded.last_hidden_state)
         per_request = [int(n.sum()) for n in tokens.split([len(clips) for clips in lengths])]
         return list(zip(torch.split(out, per_request), lengths, strict=True))
 
@@ -78,12 +69,14 @@ class AudioTower:
 class VisionTower:
     """The thinker's vision tower alone (module docstring)."""
 
-    def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, model_dir: str | Path, placement: Placement = Placement()) -> None:
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
 
         config = load_config(model_dir).thinker_config.vision_config
-        self.tower = _tower(Qwen2_5OmniVisionEncoder, config, model_dir, VISION_PREFIX, device, dtype)
-        self.device = torch.device(device)
+        self.placement = placement
+        self.tower = placement.build(Qwen2_5OmniVisionEncoder, config)
+        load_weights(model_dir, VISION_PREFIX, self.tower)
+        placement.move(self.tower)
         self.merge = int(config.spatial_merge_size) ** 2
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
@@ -93,18 +86,9 @@ class VisionTower:
         if pixels.shape[0] != int(grids.prod(-1).sum()):
             raise ValueError(f"image_encoder: {pixels.shape[0]} patches for grids {grids.tolist()}")
         with torch.inference_mode():
-            out = self.tower(pixels.to(self.device, self.tower.dtype), grid_thw=grids.to(self.device))
+            out = self.tower(self.placement.put(pixels), grid_thw=self.placement.put(grids))
         tokens = [int(g.prod(-1).sum()) // self.merge for _, g in requests]
-        return list(torch.split(out.pooler_output.cpu(), tokens))
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
+        return list(torch.split(to_host(out.pooler_output), tokens))
 
 
 def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
@@ -129,11 +113,10 @@ def create_audio_encoder_stage(
     dtype: str = "float32",
 ) -> SimpleScheduler:
     """The audio encoder stage (module docstring): the tower in ``dtype`` on ``device``."""
+    placement = Placement.of("audio_encoder", device, dtype)
     torch.set_num_threads(1)
-    tower = AudioTower(require_model_dir(model_dir), device=device, dtype=_dtype(dtype))
-    return create_encoder_stage(
-        audio_batch_fn(tower), max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms
-    )
+    encode = audio_batch_fn(AudioTower(require_model_dir(model_dir), placement))
+    return create_encoder_stage(encode, max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms)
 
 
 def create_image_encoder_stage(
@@ -145,11 +128,10 @@ def create_image_encoder_stage(
     dtype: str = "float32",
 ) -> SimpleScheduler:
     """The image encoder stage (module docstring): the tower in ``dtype`` on ``device``."""
+    placement = Placement.of("image_encoder", device, dtype)
     torch.set_num_threads(1)
-    tower = VisionTower(require_model_dir(model_dir), device=device, dtype=_dtype(dtype))
-    return create_encoder_stage(
-        image_batch_fn(tower), max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms
-    )
+    encode = image_batch_fn(VisionTower(require_model_dir(model_dir), placement))
+    return create_encoder_stage(encode, max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms)
 
 
 create_audio_encoder_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -20,6 +20,9 @@ brings its own system message keeps it.
 
 ``stream`` (the chat request's own flag; absent: True) says whether the answer's audio may be decoded in
 chunks as it comes; ``stream: false`` asks for the whole decode, equal to ``generate``'s audio.
+
+``device`` is where the feature extractor computes the audio's log-mel spectrogram; the stage has no
+weights, so no ``dtype``: what it hands on is on the CPU, features and pixels in float32.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 import torch
 
+from schedulers.devices import Placement
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
 from schedulers.front.stages import preprocessed_fields
@@ -55,9 +59,14 @@ class Preprocessor:
     """One checkpoint's processor, speakers and system prompt: :meth:`__call__` preprocesses a request."""
 
     def __init__(
-        self, model_dir: str | Path, *, system_prompt: str = SYSTEM_PROMPT, default_speaker: str | None = None
+        self,
+        model_dir: str | Path,
+        *,
+        system_prompt: str = SYSTEM_PROMPT,
+        default_speaker: str | None = None,
+        device: str = "cpu",
     ) -> None:
-        self.processor = OmniProcessor.from_pretrained(model_dir)
+        self.processor = OmniProcessor.from_pretrained(model_dir, device)
         self.system_prompt = system_prompt
         voiced = load_config(model_dir).enable_audio_output
         self.speakers: Speakers | None = speakers(model_dir) if voiced else None
@@ -119,12 +128,17 @@ def create_preprocess_stage(
     system_prompt: str = SYSTEM_PROMPT,
     default_speaker: str | None = None,
     max_concurrency: int = 1,
+    device: str = "cpu",
 ) -> SimpleScheduler:
     """The preprocess stage (module docstring) of the checkpoint at ``model_dir``; ``system_prompt`` is
     the one a request without its own gets, ``default_speaker`` the voice of OpenAI's names."""
+    placement = Placement.of("preprocess", device)
     torch.set_num_threads(1)
     preprocessor = Preprocessor(
-        require_model_dir(model_dir), system_prompt=system_prompt, default_speaker=default_speaker
+        require_model_dir(model_dir),
+        system_prompt=system_prompt,
+        default_speaker=default_speaker,
+        device=str(placement.device),
     )
     return preprocess_stage(preprocessor, max_concurrency=max_concurrency)
 

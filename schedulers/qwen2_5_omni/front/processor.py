@@ -53,6 +53,7 @@ class OmniProcessor(ChatProcessor):
             truncation=True,
             return_attention_mask=True,
             return_tensors="pt",
+            device=self.device,
         )
         mask = features["attention_mask"]
         frames = int(mask.sum(-1).max())

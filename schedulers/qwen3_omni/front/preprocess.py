@@ -7,6 +7,10 @@ feature extractor's 16 kHz, ``image_url`` data URLs; video parts and any other m
 ``audio.voice`` picks the talker's speaker (:func:`resolve_speaker`).  The output payload's data is a
 :class:`~schedulers.qwen3_omni.handoffs.Preprocessed` (:mod:`schedulers.qwen3_omni.graph` says what each
 branch receives of it).
+
+``device`` is where the feature extractor computes the audio's log-mel spectrogram; the stage has no
+weights, so no ``dtype``: what it hands on is on the CPU, features and pixels in float32, and each
+encoder casts them to its own dtype (as transformers' towers do).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import torch
 
+from schedulers.devices import Placement
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
 from schedulers.front.stages import preprocessed_fields
@@ -56,8 +61,8 @@ def resolve_speaker(voice: Any, names: Sequence[str], default: str) -> str:
 class Preprocessor:
     """One checkpoint's processor and speakers: :meth:`__call__` turns raw inputs into the stage's output."""
 
-    def __init__(self, model_dir: str | Path, default_speaker_name: str | None = None) -> None:
-        self.processor = OmniProcessor.from_pretrained(model_dir)
+    def __init__(self, model_dir: str | Path, default_speaker_name: str | None = None, device: str = "cpu") -> None:
+        self.processor = OmniProcessor.from_pretrained(model_dir, device)
         self.speakers = tuple(speakers(load_config(model_dir)))
         self.default_speaker = default_speaker(self.speakers, default_speaker_name) if self.speakers else None
 
@@ -80,11 +85,12 @@ class Preprocessor:
 
 
 def create_preprocess_stage(
-    *, model_dir: str | None = None, default_speaker: str | None = None, max_concurrency: int = 1
+    *, model_dir: str | None = None, default_speaker: str | None = None, max_concurrency: int = 1, device: str = "cpu"
 ) -> SimpleScheduler:
     """Preprocessing (module docstring); bad inputs fail the request with a ``ValueError`` (a 400)."""
+    placement = Placement.of("preprocess", device)
     torch.set_num_threads(1)
-    preprocessor = Preprocessor(require_model_dir(model_dir), default_speaker)
+    preprocessor = Preprocessor(require_model_dir(model_dir), default_speaker, str(placement.device))
     return preprocess_stage(preprocessor, max_concurrency=max_concurrency)
 
 

@@ -42,6 +42,7 @@ class OmniProcessor(ChatProcessor):
             truncation=False,
             return_attention_mask=True,
             return_tensors="pt",
+            device=self.device,
         )
         return features["input_features"], features["attention_mask"]
 
