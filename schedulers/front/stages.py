@@ -4,7 +4,8 @@
   preprocess handoff; a ``ValueError`` it raises is the client's mistake (a 400 naming the field,
   :func:`schedulers.front.chat.client_error`), anything else a stage failure.  :func:`preprocessed_fields`
   gives that handoff's fields from the processor's tensors.
-* :func:`create_encoder_stage`: a tower over a batch of requests.  A batch forms only from requests
+* :func:`encoder_stage_factory`: a family's encoder stage factory (what its config names) from its tower
+  and batch compute; :func:`create_encoder_stage`: a tower over a batch of requests.  A batch forms only from requests
   already waiting (``batch_wait_when_idle=False``): a lone request never waits for company.  Requests
   batch *packed*, not padded, as the towers batch clips and images themselves: every clip (image) of
   every request goes into one call along the sequence axis with its own length (grid), and the output
@@ -23,6 +24,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from omnitrio.contract import StagePayload
+from schedulers.checkpoints import require_model_dir
+from schedulers.devices import Placement
 from schedulers.front.chat import client_error
 from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput
 from schedulers.graph.front import AUDIO_ENCODER, IMAGE_ENCODER
@@ -118,6 +121,37 @@ def create_encoder_stage(
     )
 
 
+def encoder_stage_factory(
+    stage: str,
+    tower: Callable[[str, Placement], T],
+    batch_fn: Callable[[T], Callable[[Batch], Batch]],
+    preflight: Callable[..., None],
+) -> Callable[..., SimpleScheduler]:
+    """The factory of ``stage``: ``(*, model_dir, max_batch_size=8, max_batch_wait_ms=0, device="cpu",
+    dtype="float32")`` builds ``tower(model_dir, placement)`` (``device`` and ``dtype`` checked by
+    :meth:`schedulers.devices.Placement.of`), runs torch with one intra-op thread and serves
+    ``batch_fn(tower)`` as :func:`create_encoder_stage`; ``omnitrio check`` runs ``preflight`` on its
+    arguments."""
+
+    def create(
+        *,
+        model_dir: str | None = None,
+        max_batch_size: int = 8,
+        max_batch_wait_ms: float = 0,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> SimpleScheduler:
+        placement = Placement.of(stage, device, dtype)
+        torch.set_num_threads(1)
+        encode = batch_fn(tower(require_model_dir(model_dir), placement))
+        return create_encoder_stage(encode, max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms)
+
+    create.__name__ = create.__qualname__ = f"create_{stage}_stage"
+    create.__doc__ = f"The {stage} stage: {tower.__qualname__} batched across requests ({__name__})."
+    create.preflight = preflight  # type: ignore[attr-defined]
+    return create
+
+
 def create_aggregate_stage() -> SimpleScheduler:
     """The fan-in point (module docstring): passes on what the family's ``merge_fn`` built."""
     return SimpleScheduler(lambda payload: payload)
@@ -129,6 +163,7 @@ __all__ = [
     "create_aggregate_stage",
     "create_encoder_stage",
     "create_preprocess_stage",
+    "encoder_stage_factory",
     "handoffs",
     "pack_clips",
     "preprocessed_fields",

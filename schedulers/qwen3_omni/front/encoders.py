@@ -24,10 +24,10 @@ from collections.abc import Callable
 import torch
 
 from schedulers.devices import Placement, to_host
-from schedulers.front.stages import Batch, audio_batch_fn, create_encoder_stage, handoffs, pack_clips
-from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
+from schedulers.front.stages import Batch, audio_batch_fn, encoder_stage_factory, handoffs, pack_clips
+from schedulers.graph.front import AUDIO_ENCODER, IMAGE_ENCODER
+from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight
 from schedulers.qwen3_omni.handoffs import ImageEmbeddings, ImageEncoderInput
-from schedulers.simple import SimpleScheduler
 
 
 class AudioTower:
@@ -96,35 +96,5 @@ def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
     return encode_batch
 
 
-def create_audio_encoder_stage(
-    *,
-    model_dir: str | None = None,
-    max_batch_size: int = 8,
-    max_batch_wait_ms: float = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-) -> SimpleScheduler:
-    """The audio encoder stage (module docstring)."""
-    placement = Placement.of("audio_encoder", device, dtype)
-    torch.set_num_threads(1)
-    encode = audio_batch_fn(AudioTower(require_model_dir(model_dir), placement))
-    return create_encoder_stage(encode, max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms)
-
-
-def create_image_encoder_stage(
-    *,
-    model_dir: str | None = None,
-    max_batch_size: int = 8,
-    max_batch_wait_ms: float = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-) -> SimpleScheduler:
-    """The image encoder stage (module docstring)."""
-    placement = Placement.of("image_encoder", device, dtype)
-    torch.set_num_threads(1)
-    encode = image_batch_fn(VisionTower(require_model_dir(model_dir), placement))
-    return create_encoder_stage(encode, max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms)
-
-
-create_audio_encoder_stage.preflight = preflight  # type: ignore[attr-defined]
-create_image_encoder_stage.preflight = preflight  # type: ignore[attr-defined]
+create_audio_encoder_stage = encoder_stage_factory(AUDIO_ENCODER, AudioTower, audio_batch_fn, preflight)
+create_image_encoder_stage = encoder_stage_factory(IMAGE_ENCODER, VisionTower, image_batch_fn, preflight)
