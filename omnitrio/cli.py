@@ -6,16 +6,20 @@
                              [--port 8000] [--set k=v ...] [--api-key KEY ...] [--allowed-origin URL ...]
                              [--limit NAME=VALUE ...]
     python -m omnitrio run [--config FILE] [--device D] [--dtype T] [--set k=v ...] [--audio-out FILE.wav] INPUT
-    python -m omnitrio check [--model PATH] [--device D] [--dtype T] [--set k=v ...] FILE
+    python -m omnitrio check [--model PATH] [--device D] [--dtype T] [--set k=v ...] [FILE]
     python -m omnitrio tiny-model FAMILY DIR [--size tiny|medium] [--seed N]
     python -m omnitrio trace ...            (omnitrio.trace, when it is installed)
 
 Without ``--config``, ``serve`` and ``run`` use the default pipeline: ``configs/speech.toml`` next to
-the ``omnitrio`` package (the repository checkout an editable install points at). The server listens
+the ``omnitrio`` package (the repository checkout an editable install points at). ``--model PATH``
+without ``--config`` (``serve``, ``check``) picks the pipeline from what PATH is
+(:func:`omnitrio.families.config_for_model`): a checkpoint directory its family's config by
+``config.json``'s ``model_type``, a ``.gguf`` file the default pipeline; anything else is a config
+error naming what was found and what is served. The server listens
 on loopback unless told otherwise; a busy port is an error that names the address (checked before
 any model loads, never a silent switch to another port). SIGINT or SIGTERM drains in-flight requests
 and exits 0. Exit codes: 0 success, 1 the request or the server failed, 2 bad usage or config.
-``tiny-model`` writes a random checkpoint of a served model family (:mod:`omnitrio.tiny_models`) and
+``tiny-model`` writes a random checkpoint of a served model family (:mod:`omnitrio.families`) and
 prints the command that serves it.
 
 Who may use the server: with ``--api-key`` (repeatable) or ``OMNITRIO_API_KEY`` (keys separated by
@@ -46,8 +50,8 @@ import trio
 from omnitrio.config import PipelineConfig
 from omnitrio.config_loading import load
 from omnitrio.errors import ConfigError, StartupError
+from omnitrio.families import FAMILIES, SIZES, config_for_model, write_tiny_model
 from omnitrio.importing import import_object
-from omnitrio.tiny_models import SIZES, TINY_MODELS, config_for, write_tiny_model
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "speech.toml"
 log = logging.getLogger("omnitrio.cli")
@@ -98,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         type=Path,
         metavar="PATH",
-        help="the model the pipeline loads: the fields its config's model_args name (default: the responder's "
-        "GGUF file, same as --set responder.factory.model_path=FILE)",
+        help="the model to serve: a checkpoint directory (without --config, its config.json's model_type picks "
+        "the pipeline) or a .gguf file (the default pipeline's responder); it fills the config's model_args",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s; 0: any free port)")
@@ -182,7 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
         "and print its stages and edges. Exit 0 when valid, 2 with the error otherwise (a stage that "
         "needs a package not installed here included).",
     )
-    check.add_argument("file", type=Path, metavar="FILE", help="pipeline TOML file")
+    check.add_argument(
+        "file",
+        type=Path,
+        nargs="?",
+        metavar="FILE",
+        help="pipeline TOML file (default: the one --model picks, else the default pipeline)",
+    )
     check.add_argument(
         "--model",
         type=Path,
@@ -198,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tokenizer, processor files), small enough to answer on a CPU in seconds, and print the serve "
         "command for it. The same --seed writes the same weights.",
     )
-    tiny.add_argument("family", choices=sorted(TINY_MODELS), metavar="FAMILY", help=f"one of {sorted(TINY_MODELS)}")
+    tiny.add_argument("family", choices=sorted(FAMILIES), metavar="FAMILY", help=f"one of {sorted(FAMILIES)}")
     tiny.add_argument("directory", type=Path, metavar="DIR", help="where to write it (created)")
     tiny.add_argument("--size", choices=SIZES, default="tiny", help="tiny (default) or medium (a few M parameters)")
     tiny.add_argument("--seed", type=int, default=0, help="the weights' seed (default: 0)")
@@ -258,8 +268,11 @@ def load_config(
     device: str | None = None,
     dtype: str | None = None,
 ) -> PipelineConfig:
-    """The pipeline at ``path`` (the default pipeline when None), pointed at ``model``, placed on
-    ``device`` in ``dtype``, overridden, validated."""
+    """The pipeline at ``path`` pointed at ``model``, placed on ``device`` in ``dtype``, overridden,
+    validated.  Without ``path``: the config ``model`` picks (:func:`~omnitrio.families.config_for_model`),
+    else the default pipeline."""
+    if path is None and model is not None:
+        path = config_for_model(model)
     if path is None:
         if not DEFAULT_CONFIG.is_file():
             raise UsageError(
@@ -290,7 +303,7 @@ def _check(args: argparse.Namespace) -> int:
 def _tiny_model(args: argparse.Namespace) -> int:
     written = write_tiny_model(args.family, args.directory, size=args.size, seed=args.seed)
     print(f"wrote a {args.size} random {args.family} checkpoint to {written}")
-    print(f"serve it: python -m omnitrio serve --config {config_for(args.family)} --model {written}")
+    print(f"serve it: python -m omnitrio serve --model {written}")
     return 0
 
 

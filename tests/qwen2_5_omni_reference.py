@@ -4,15 +4,19 @@
   its torchvision video processor (its constructor insists on one; the CPU torch pin has no torchvision);
 * :func:`reference_answer`: ``Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`` greedy (thinker
   and talker), recording the talker's codes as ``generate`` hands them to token2wav;
-* :func:`clip`, :func:`picture`: media whose content the tiny checkpoints' answers depend on;
+* :func:`clip`, :func:`picture`: media whose content the tiny checkpoints' answers depend on; :func:`wav`,
+  :func:`png`: them as a chat request carries them, :func:`pcm16`: a clip as the model reads it from a WAV;
 * the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`) and
   ``model`` (transformers' model of it: :func:`reference_model`): a test module imports the functions.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import types
+import wave
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +174,29 @@ def clip(frequency: float, seconds: float = 1.0) -> np.ndarray:
     """A modulated tone at 16 kHz: its pitch changes the tiny checkpoints' answers."""
     t = np.arange(int(16_000 * seconds)) / 16_000
     return (0.3 * np.sin(2 * np.pi * frequency * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
+
+
+def wav(samples: np.ndarray, rate: int = 16_000) -> str:
+    """``samples`` as a base64 PCM16 WAV file at ``rate``."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def pcm16(samples: np.ndarray) -> np.ndarray:
+    """What a 16 kHz PCM16 WAV of ``samples`` holds, as the model reads it: int16 / 32768."""
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").astype(np.float32) / 32768.0
+
+
+def png(image: Any) -> str:
+    """A PIL ``image`` as a PNG ``data:`` URL."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def picture(seed: int, height: int = 56, width: int = 56) -> Any:

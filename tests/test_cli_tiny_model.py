@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from omnitrio.cli import main
-from omnitrio.tiny_models import TINY_MODELS, config_for
+from omnitrio.families import FAMILIES, config_for
 from schedulers.qwen3_omni.tiny import write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,11 +29,10 @@ def test_the_command_writes_a_checkpoint_its_config_checks_and_says_how_to_serve
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
-    config = ROOT / "configs" / "qwen3-omni.toml"
-    assert f"serve it: python -m omnitrio serve --config {config} --model {target}" in done.stdout
-    assert config_for("qwen3-omni") == config
-    assert main(["check", "--model", str(target), str(config)]) == 0
-    capsys.readouterr()
+    assert f"serve it: python -m omnitrio serve --model {target}" in done.stdout
+    assert config_for("qwen3-omni") == ROOT / "configs" / "qwen3-omni.toml"
+    assert main(["check", "--model", str(target)]) == 0
+    assert capsys.readouterr().out.startswith("pipeline 'q3':")
 
     again = write_checkpoint(tmp_path / "again", seed=3)
     shards = sorted(p.name for p in target.glob("*.safetensors"))
@@ -42,9 +41,22 @@ def test_the_command_writes_a_checkpoint_its_config_checks_and_says_how_to_serve
         assert (target / name).read_bytes() == (again / name).read_bytes(), name
 
 
+def test_the_qwen2_5_omni_command_writes_a_checkpoint_its_config_checks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "q25"
+    assert main(["tiny-model", "qwen2.5-omni", str(target)]) == 0
+    assert f"serve it: python -m omnitrio serve --model {target}" in capsys.readouterr().out
+    assert (target / "spk_dict.pt").is_file()
+    assert main(["check", "--model", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pipeline 'q25':") and "schedulers.qwen2_5_omni.front.preprocess" in out
+
+
 def test_an_unknown_family_is_a_usage_error_naming_the_families(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
         main(["tiny-model", "qwen9-omni", "/nonexistent/never-written"])
     assert caught.value.code == 2
-    assert all(family in capsys.readouterr().err for family in TINY_MODELS)
+    err = capsys.readouterr().err
+    assert all(family in err for family in FAMILIES)
     assert not Path("/nonexistent/never-written").exists()

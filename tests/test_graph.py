@@ -50,7 +50,25 @@ def test_an_unknown_task_is_an_error_or_a_chat_for_the_models_stages_to_judge(in
 )
 def test_an_answer_is_spoken_for_speech_and_for_a_chat_that_asks_for_audio(inputs: Any, spoken: bool) -> None:
     assert tasks.wants_audio(inputs) is spoken
-    assert front.answer_terminals(inputs, "decode", "code2wav") == (["decode", "code2wav"] if spoken else ["decode"])
+
+
+ROUTES = tasks.TaskRoutes(model="preprocess", text="decode", audio="code2wav")
+
+
+@pytest.mark.parametrize(
+    ("inputs", "first", "terminals"),
+    [
+        ("hello", "preprocess", ["decode"]),
+        ({"task": "chat", "modalities": ["text", "audio"]}, "preprocess", ["decode", "code2wav"]),
+        ({"task": "transcription"}, "asr", ["asr"]),
+        ({"task": "asr_session", "command": {}}, "stream_asr", ["stream_asr"]),
+    ],
+)
+def test_a_request_starts_at_its_tasks_stage_and_ends_where_its_answer_is_made(
+    inputs: Any, first: str, terminals: list[str]
+) -> None:
+    assert ROUTES.route_ingress("r1", payload(inputs=inputs)) == first
+    assert ROUTES.terminal_stages("r1", inputs) == terminals
 
 
 def test_a_session_command_goes_where_the_session_stage_reads_it() -> None:

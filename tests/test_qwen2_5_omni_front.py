@@ -8,9 +8,6 @@ request at a time.
 
 from __future__ import annotations
 
-import base64
-import io
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +20,13 @@ from schedulers.qwen2_5_omni.front.encoders import AudioTower, VisionTower
 from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT, Preprocessor
 from tests.qwen2_5_omni_reference import (
     clip,
+    pcm16,
     picture,
+    png,
     reference_inputs,
     reference_processor,
     tiny_checkpoint,  # noqa: F401  (fixture tiny)
+    wav,
 )
 
 
@@ -38,28 +38,6 @@ def preprocessor(tiny: Path) -> Preprocessor:
 @pytest.fixture(scope="module")
 def reference(tiny: Path) -> Any:
     return reference_processor(tiny)
-
-
-def wav(samples: np.ndarray, rate: int) -> str:
-    """``samples`` as a base64 PCM16 WAV file at ``rate``."""
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def pcm16(samples: np.ndarray) -> np.ndarray:
-    """What a 16 kHz PCM16 WAV of ``samples`` holds, as the model reads it: int16 / 32768."""
-    return (np.clip(samples, -1, 1) * 32767).astype("<i2").astype(np.float32) / 32768.0
-
-
-def png(image: Any) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def request(*parts: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -5,14 +5,20 @@ turn too), ``speech``, ``transcription``, or ``asr_session`` (a realtime session
 detection, whose commands a session stage reads from ``request.metadata["session"]``).  A graph sends
 ``asr_session`` to :data:`STREAM_ASR` and ``transcription`` to :data:`ASR` (:data:`ASR_STAGES`), and the
 rest to its own stages.
+
+An omni model's graph starts at an ingress stage (:func:`create_ingress_stage`); :class:`TaskRoutes`
+gives its route and the pipeline's ``terminal_stages_fn`` for the model's own stages.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers.session import SESSION_METADATA_KEY
+from schedulers.simple import SimpleScheduler
 
 TASKS = ("chat", "speech", "transcription", "asr_session")
 STREAM_ASR = "stream_asr"
@@ -59,4 +65,44 @@ def admit_session_command(payload: StagePayload) -> StagePayload:
     return payload
 
 
-__all__ = ["ASR", "ASR_STAGES", "STREAM_ASR", "TASKS", "admit_session_command", "task_of", "wants_audio"]
+@attrs.frozen
+class TaskRoutes:
+    """Where an omni model's requests go by task: ``model`` is the model's first stage, ``text`` and
+    ``audio`` the terminal stages of its answer's words and speech.  A family's graph module binds the
+    methods to module names its config names (``route_ingress = TASKS.route_ingress``)."""
+
+    model: str
+    text: str
+    audio: str
+
+    def route_ingress(self, request_id: str, payload: StagePayload) -> str:
+        """The first stage of the request's task: the ASR stage for its tasks, the model's for a chat."""
+        return ASR_STAGES.get(task_of(payload.request.inputs, strict=False), self.model)
+
+    def chat_terminal_stages(self, request_id: str, inputs: Any) -> list[str]:
+        """A chat's terminal stages: ``text`` always, ``audio`` too when the answer is spoken."""
+        return [self.text, self.audio] if wants_audio(inputs) else [self.text]
+
+    def terminal_stages(self, request_id: str, inputs: Any) -> list[str]:
+        """The pipeline's ``terminal_stages_fn``: the ASR stage for its tasks, :meth:`chat_terminal_stages`
+        for a chat."""
+        task = task_of(inputs, strict=False)
+        return [ASR_STAGES[task]] if task in ASR_STAGES else self.chat_terminal_stages(request_id, inputs)
+
+
+def create_ingress_stage() -> SimpleScheduler:
+    """The ingress: :func:`admit_session_command` on every request (no model, no weights)."""
+    return SimpleScheduler(admit_session_command)
+
+
+__all__ = [
+    "ASR",
+    "ASR_STAGES",
+    "STREAM_ASR",
+    "TASKS",
+    "TaskRoutes",
+    "admit_session_command",
+    "create_ingress_stage",
+    "task_of",
+    "wants_audio",
+]

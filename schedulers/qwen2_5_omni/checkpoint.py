@@ -25,6 +25,7 @@ import torch
 
 from schedulers import checkpoints
 from schedulers.checkpoints import CheckpointError, require_model_dir
+from schedulers.devices import check_placement
 from schedulers.qwen2_5_omni.token2wav.noise import NOISE_BLOCK
 
 MODEL_TYPE = "qwen2_5_omni"
@@ -36,8 +37,10 @@ PREPROCESSOR_FILE = "preprocessor_config.json"
 PARTS = ("thinker.", "talker.", "token2wav.")
 
 
-def preflight(*, model_dir: str | None = None, **_: Any) -> None:
-    """What ``omnitrio check`` runs for a stage reading this checkpoint: :func:`check_checkpoint`."""
+def preflight(*, model_dir: str | None = None, **factory_args: Any) -> None:
+    """What ``omnitrio check`` runs for a stage reading this checkpoint: its ``device`` and ``dtype``
+    (:func:`schedulers.devices.check_placement`), then :func:`check_checkpoint`."""
+    check_placement(**factory_args)
     check_checkpoint(require_model_dir(model_dir))
 
 

@@ -1,13 +1,113 @@
-"""What Qwen2.5-Omni's stages hand each other: one attrs class per edge, its promise in its docstring.
+"""What Qwen2.5-Omni's stages hand each other: one attrs class per edge, its promise in its docstring, built
+by its producer, read by its consumer (:mod:`.graph` says which edge goes where).
 
-Stream chunks and result payloads carry these objects as they are (same process) or pickled (other
-processes); tensors are CPU tensors.
+Shapes: ``P`` prompt tokens, ``H`` the thinker's hidden size.  Every tensor here is on the CPU (the
+producer moves it there), so any process can read it.
+
+Ownership, for every class: a handoff is built once and never changed (frozen); the consumer reads its
+tensors and does not write into them.  Between processes the runtime copies tensors through shared
+memory and the consumer gets zero-copy views that stay valid while its stage holds the request; in one
+process the object itself is handed on.  A consumer that keeps a tensor longer than the request copies
+it.  Classes that hold tensors compare by identity; the others (knobs, names, counts) by value.
+
+The front's classes pickle as a constructor call with their fields in order
+(:func:`schedulers.handoff.handoff`), so they cost the wire no more than a dict of the same fields.  The
+encoders' inputs and the audio encoder's output (:class:`AudioEncoderInput`, :class:`ImageEncoderInput`,
+:class:`AudioEmbeddings`) are the same for every family: they are :mod:`schedulers.front.handoffs`'s,
+re-exported here.
 """
 
 from __future__ import annotations
 
 import attrs
 import torch
+
+from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
+from schedulers.handoff import handoff
+
+
+@handoff
+@attrs.frozen
+class Knobs:
+    """What the client asked of the answer, read from the chat request by ``preprocess`` and carried to the
+    thinker and, through it, the talker and token2wav.
+
+    ``max_new_tokens``, ``temperature``: the thinker's (None: the stage's default; ``temperature`` 0 is
+    greedy); ``seed``: the request's seed (None: none given); ``speaker``: a speaker of the checkpoint's
+    ``spk_dict.pt`` exactly as the file spells it (None when the answer is not spoken); ``stream``: the
+    answer's audio may be decoded in chunks as the codes come (False: decoded whole, equal to
+    ``generate``'s audio); ``want_audio``: the answer is spoken."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    speaker: str | None = None
+    stream: bool = True
+    want_audio: bool = False
+
+
+@handoff
+@attrs.frozen(eq=False)
+class Preprocessed:
+    """``preprocess`` → the graph's projections (:mod:`.graph` splits it for the encoders and the aggregate).
+
+    ``input_ids`` ``Long[P]``: the prompt under the model's system prompt, the media placeholders expanded;
+    ``encoders``: the encoder stages this request needs, in graph order.  Audio: ``input_features``
+    ``Float[clips, 128, T]`` and ``feature_attention_mask`` ``Int[clips, T]`` (both or neither); images:
+    ``pixel_values`` ``Float[patches, D]`` and ``image_grid_thw`` ``Long[images, 3]`` (both or neither)."""
+
+    input_ids: torch.Tensor
+    encoders: tuple[str, ...]
+    knobs: Knobs
+    input_features: torch.Tensor | None = None
+    feature_attention_mask: torch.Tensor | None = None
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+
+@handoff
+@attrs.frozen(eq=False)
+class PreprocessedText:
+    """``preprocess`` → ``aggregate`` (projected from :class:`Preprocessed`): the prompt's ``input_ids``,
+    the request's ``encoders`` and its :class:`Knobs`."""
+
+    input_ids: torch.Tensor
+    encoders: tuple[str, ...]
+    knobs: Knobs
+
+
+@handoff
+@attrs.frozen(eq=False)
+class ImageEmbeddings:
+    """``image_encoder`` → ``aggregate``: ``image_embeds`` ``Float[Ni, H]`` (every image's tokens in order,
+    what the thinker's ``get_image_features`` gives), the ``image_grid_thw`` they came from, and the
+    request's ``encoders``."""
+
+    image_embeds: torch.Tensor
+    image_grid_thw: torch.Tensor
+    encoders: tuple[str, ...]
+
+
+@handoff
+@attrs.frozen(eq=False)
+class ThinkerInput:
+    """``aggregate`` (``merge_fn``: :func:`.graph.merge_aggregate`) → ``thinker``; also what a caller
+    submits to a pipeline that starts at the thinker.
+
+    ``input_ids`` ``Long[P]`` with one ``<|AUDIO|>`` (``<|IMAGE|>``) placeholder per row of
+    ``audio_embeds`` ``Float[Na, H]`` (``image_embeds`` ``Float[Ni, H]``), in order; the embeddings are not
+    yet placed: the thinker puts them at their placeholders and computes the 3-D rope positions from
+    ``input_ids``, ``image_grid_thw`` ``Long[images, 3]`` and ``audio_feature_lengths`` ``Long[clips]``
+    (mel frames per clip) — the arguments of
+    :meth:`schedulers.qwen2_5_omni.thinker.model.ThinkerLM.prompt_inputs`, which checks that the counts
+    agree.  A medium the request does not have is None.  :class:`Knobs` as the client asked."""
+
+    input_ids: torch.Tensor
+    knobs: Knobs = Knobs()
+    audio_embeds: torch.Tensor | None = None
+    audio_feature_lengths: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
 
 
 @attrs.frozen
@@ -42,4 +142,16 @@ class TalkerDone:
     voice: Voice | None = None
 
 
-__all__ = ["TalkerCodes", "TalkerDone", "Voice"]
+__all__ = [
+    "AudioEmbeddings",
+    "AudioEncoderInput",
+    "ImageEmbeddings",
+    "ImageEncoderInput",
+    "Knobs",
+    "Preprocessed",
+    "PreprocessedText",
+    "TalkerCodes",
+    "TalkerDone",
+    "ThinkerInput",
+    "Voice",
+]

@@ -31,7 +31,6 @@ per-call overhead on CPU).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -39,11 +38,18 @@ from typing import Any, Literal
 import torch
 
 from schedulers.qwen2_5_omni.tiny_tokenizer import CHAT_TEMPLATE, ReservedIds, build_tokenizer, reserved_ids, token_id
+from schedulers.tiny_omni import ImageProcessing, save_weights, write_processor_files
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("Chelsie", "Ethan")
-SAMPLE_RATE = 16_000
 IMAGE_MAX_PIXELS = 56 * 56  # images resize to at most 4x4 patches of 14 pixels: 4 image tokens
+PROCESSOR_CLASS = "Qwen2_5OmniProcessor"
+IMAGE_PROCESSING = ImageProcessing(
+    patch_size=14,
+    max_pixels=IMAGE_MAX_PIXELS,
+    mean=(0.48145466, 0.4578275, 0.40821073),
+    std=(0.26862954, 0.26130258, 0.27577711),
+)
 
 # The release's codec ids (Qwen2_5OmniTalkerConfig's defaults and generate's talker_eos_token_id).
 CODEC_VOCAB = 8448
@@ -353,44 +359,7 @@ def write_checkpoint(directory: Path, *, size: Size = "tiny", seed: int = 0) -> 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     model, speakers = build_model(size, seed, tokenizer)
-    total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
-    model.save_pretrained(directory, max_shard_size=total // 3 + 1)
-    tokenizer.save_pretrained(directory)
+    save_weights(model, tokenizer, directory)
     torch.save(speakers, directory / "spk_dict.pt")
-    _write_processor_files(directory)
+    write_processor_files(directory, PROCESSOR_CLASS, IMAGE_PROCESSING, CHAT_TEMPLATE)
     return directory
-
-
-def _write_processor_files(directory: Path) -> None:
-    """``preprocessor_config.json`` (feature extractor and image processor) and ``chat_template.json``."""
-    preprocessor = {
-        "processor_class": "Qwen2_5OmniProcessor",
-        "feature_extractor_type": "WhisperFeatureExtractor",
-        "feature_size": 128,
-        "sampling_rate": SAMPLE_RATE,
-        "hop_length": 160,
-        "n_fft": 400,
-        "chunk_length": 300,
-        "n_samples": 300 * SAMPLE_RATE,
-        "nb_max_frames": 30000,
-        "padding_side": "right",
-        "padding_value": 0.0,
-        "return_attention_mask": True,
-        "dither": 0.0,
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "do_resize": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "do_convert_rgb": True,
-        "min_pixels": 28 * 28,
-        "max_pixels": IMAGE_MAX_PIXELS,
-        "size": {"shortest_edge": 28 * 28, "longest_edge": IMAGE_MAX_PIXELS},
-        "patch_size": 14,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-    }
-    (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
-    (directory / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")

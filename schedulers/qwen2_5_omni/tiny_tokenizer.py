@@ -1,10 +1,9 @@
 """The tokenizer and chat template of the tiny Qwen2.5-Omni checkpoints, built offline.
 
-:func:`build_tokenizer` trains a small byte-level BPE (the ``tokenizers`` library, a fixed corpus: the same
-tokenizer every time) and wraps it in transformers' ``Qwen2Tokenizer`` with the added tokens under the names
-the released Qwen2.5-Omni tokenizer gives them (``<|AUDIO|>``, ``<|audio_bos|>``, ``<|IMAGE|>``,
-``<|vision_bos|>``, ...) and the attributes ``Qwen2_5OmniProcessor`` reads (``audio_token``,
-``image_token``, ...).  ``system``, ``user`` and ``assistant`` are one token each, as in Qwen's vocabulary.
+:func:`build_tokenizer` is :func:`schedulers.tiny_omni.build_tokenizer` on a fixed corpus with the added
+tokens under the names the released Qwen2.5-Omni tokenizer gives them (``<|AUDIO|>``, ``<|audio_bos|>``,
+``<|IMAGE|>``, ``<|vision_bos|>``, ...) and the attributes ``Qwen2_5OmniProcessor`` reads (``audio_token``,
+``image_token``, ...).
 
 The talker's text ids (``<tts_text_bos>``, ``<tts_text_eod>``, ``<tts_pad>`` in the thinker's embedding)
 and the speakers' ``bos_token`` ids are not tokens of the released tokenizer: they are embedding rows past
@@ -17,11 +16,14 @@ images as ``<|vision_bos|><|IMAGE|><|vision_eos|>``, videos as ``<|vision_bos|><
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import attrs
+
+from schedulers.tiny_omni import ROLES, Media, chat_template
+from schedulers.tiny_omni import build_tokenizer as build_qwen_tokenizer
+from schedulers.tiny_omni import token_id as token_id
 
 ADDED_TOKENS = (
     "<|endoftext|>",
@@ -50,7 +52,6 @@ PROCESSOR_TOKENS = {
     "vision_eos_token": "<|vision_eos|>",
 }
 
-ROLES = ("system", "user", "assistant")
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 _TEXT = (
@@ -62,32 +63,11 @@ _TEXT = (
     "Please reply briefly. Tell me about the river, the hill, the town and the people who live there.",
 )
 
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
-    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}"
-    "{{- message['content'] -}}"
-    "{%- else -%}"
-    "{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'audio' or 'audio' in part or 'audio_url' in part -%}"
-    "{{- '<|audio_bos|><|AUDIO|><|audio_eos|>' -}}"
-    "{%- elif part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
-    "{{- '<|vision_bos|><|IMAGE|><|vision_eos|>' -}}"
-    "{%- elif part['type'] == 'video' or 'video' in part -%}"
-    "{{- '<|vision_bos|><|VIDEO|><|vision_eos|>' -}}"
-    "{%- elif 'text' in part -%}"
-    "{{- part['text'] -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- endif -%}"
+CHAT_TEMPLATE = chat_template(
+    audio=Media("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"),
+    image=Media("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>"),
+    video=Media("<|vision_bos|>", "<|VIDEO|>", "<|vision_eos|>"),
+    default_system=DEFAULT_SYSTEM_PROMPT,
 )
 
 
@@ -111,40 +91,5 @@ def reserved_ids(tokenizer: Any, speakers: int) -> ReservedIds:
 
 def build_tokenizer(vocab_size: int = 320) -> Any:
     """A ``Qwen2Tokenizer`` of about ``vocab_size`` tokens with the release's added tokens (module docstring)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(ADDED_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    roles = [" ".join(ROLES), "\n".join(ROLES)] * 40
-    bpe.train_from_iterator([*_TEXT, *roles], trainer)
-    state = json.loads(bpe.model.__getstate__())
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
-    options: dict[str, Any] = {"merges": merges, "unk_token": None}  # merge pairs, no unknown token
-    tokenizer = Qwen2Tokenizer(
-        vocab=dict(bpe.get_vocab()),
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        extra_special_tokens=PROCESSOR_TOKENS,
-        **options,
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": list(ADDED_TOKENS)})
-    tokenizer.chat_template = CHAT_TEMPLATE
-    for role in ROLES:
-        ids = tokenizer.encode(f"<|im_start|>{role}\n", add_special_tokens=False)
-        if len(ids) != 3:
-            raise RuntimeError(f"build_tokenizer: {role!r} after <|im_start|> is not one token ({ids})")
-    return tokenizer
-
-
-def token_id(tokenizer: Any, token: str) -> int:
-    """The id of ``token`` (an added token or a role word); a RuntimeError if it is not one token."""
-    ids = tokenizer.encode(token, add_special_tokens=False)
-    if len(ids) != 1:
-        raise RuntimeError(f"{token!r} is not one token of this tokenizer ({ids})")
-    return int(ids[0])
+    corpus = [*_TEXT, *[" ".join(ROLES), "\n".join(ROLES)] * 40]
+    return build_qwen_tokenizer(corpus, ADDED_TOKENS, PROCESSOR_TOKENS, CHAT_TEMPLATE, vocab_size)

@@ -44,110 +44,46 @@ module names Qwen3-Omni's stages, builds its handoffs and composes them.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
-
 from omnitrio.contract import StagePayload
 from schedulers.graph.front import (
     AGGREGATE,
     AUDIO_ENCODER,
     IMAGE_ENCODER,
     PREPROCESS,
-    answer_terminals,
+    FrontEdges,
+    handoff_of,
     route_preprocess,
     wait_for_aggregate,
 )
-from schedulers.graph.tasks import ASR, ASR_STAGES, STREAM_ASR, admit_session_command, task_of
+from schedulers.graph.tasks import ASR, STREAM_ASR, TaskRoutes, create_ingress_stage, task_of
 from schedulers.qwen3_omni.handoffs import (
-    AudioEmbeddings,
-    AudioEncoderInput,
     ImageEmbeddings,
-    ImageEncoderInput,
     Preprocessed,
     PreprocessedText,
     ThinkerInput,
     ThinkerResult,
 )
-from schedulers.simple import SimpleScheduler
 
 THINKER = "thinker"
 DECODE = "decode"
 TALKER = "talker"
 CODE2WAV = "code2wav"
 INGRESS = "ingress"
-T = TypeVar("T")
 
+EDGES = FrontEdges(Preprocessed, PreprocessedText, ImageEmbeddings, ThinkerInput)
+project_to_audio_encoder = EDGES.project_to_audio_encoder
+project_to_image_encoder = EDGES.project_to_image_encoder
+project_to_aggregate = EDGES.project_to_aggregate
+merge_aggregate = EDGES.merge_aggregate
 
-def _data(payload: Any, kind: type[T], where: str) -> T:
-    data = getattr(payload, "data", None)
-    if not isinstance(data, kind):
-        raise ValueError(f"{where}: expected a payload holding a {kind.__name__}, got {type(data).__name__}")
-    return data
-
-
-def _with(payload: StagePayload, data: Any) -> StagePayload:
-    return StagePayload(payload.request_id, payload.request, data)
-
-
-def project_to_audio_encoder(payload: StagePayload) -> StagePayload:
-    data = _data(payload, Preprocessed, "project_to_audio_encoder")
-    if data.input_features is None or data.feature_attention_mask is None:
-        raise ValueError("project_to_audio_encoder: the request has no audio features")
-    return _with(payload, AudioEncoderInput(data.input_features, data.feature_attention_mask, data.encoders))
-
-
-def project_to_image_encoder(payload: StagePayload) -> StagePayload:
-    data = _data(payload, Preprocessed, "project_to_image_encoder")
-    if data.pixel_values is None or data.image_grid_thw is None:
-        raise ValueError("project_to_image_encoder: the request has no image pixels")
-    return _with(payload, ImageEncoderInput(data.pixel_values, data.image_grid_thw, data.encoders))
-
-
-def project_to_aggregate(payload: StagePayload) -> StagePayload:
-    data = _data(payload, Preprocessed, "project_to_aggregate")
-    return _with(payload, PreprocessedText(data.input_ids, data.encoders, data.knobs))
-
-
-def merge_aggregate(inputs: dict[str, StagePayload]) -> StagePayload:
-    """The thinker's input (module docstring) from the preprocess payload and the encoders' outputs."""
-    base = inputs[PREPROCESS]
-    text = _data(base, PreprocessedText, "merge_aggregate")
-    audio = _data(inputs[AUDIO_ENCODER], AudioEmbeddings, "merge_aggregate") if AUDIO_ENCODER in inputs else None
-    image = _data(inputs[IMAGE_ENCODER], ImageEmbeddings, "merge_aggregate") if IMAGE_ENCODER in inputs else None
-    merged = ThinkerInput(
-        text.input_ids,
-        text.knobs,
-        audio_embeds=None if audio is None else audio.audio_embeds,
-        audio_feature_lengths=None if audio is None else audio.audio_feature_lengths,
-        image_embeds=None if image is None else image.image_embeds,
-        deepstack_image_embeds=None if image is None else image.deepstack_image_embeds,
-        image_grid_thw=None if image is None else image.image_grid_thw,
-    )
-    return _with(base, merged)
+TASKS = TaskRoutes(model=PREPROCESS, text=DECODE, audio=CODE2WAV)
+route_ingress = TASKS.route_ingress
+chat_terminal_stages = TASKS.chat_terminal_stages
+terminal_stages = TASKS.terminal_stages
 
 
 def route_thinker(request_id: str, payload: StagePayload) -> list[str]:
-    return [DECODE, TALKER] if _data(payload, ThinkerResult, "route_thinker").want_audio else [DECODE]
-
-
-def chat_terminal_stages(request_id: str, inputs: Any) -> list[str]:
-    """``decode`` always; ``code2wav`` too when the request asks for audio."""
-    return answer_terminals(inputs, DECODE, CODE2WAV)
-
-
-def route_ingress(request_id: str, payload: StagePayload) -> str:
-    """The first stage of the request's task (module docstring)."""
-    return ASR_STAGES.get(task_of(payload.request.inputs, strict=False), PREPROCESS)
-
-
-def terminal_stages(request_id: str, inputs: Any) -> list[str]:
-    """The ASR stage for its tasks; the model's terminal stages (:func:`chat_terminal_stages`) for a chat."""
-    task = task_of(inputs, strict=False)
-    return [ASR_STAGES[task]] if task in ASR_STAGES else chat_terminal_stages(request_id, inputs)
-
-
-def create_ingress_stage() -> SimpleScheduler:
-    """Routes by task (module docstring); no model, no weights."""
-    return SimpleScheduler(admit_session_command)
+    return [DECODE, TALKER] if handoff_of(payload, ThinkerResult, "route_thinker").want_audio else [DECODE]
 
 
 __all__ = [

@@ -13,6 +13,10 @@ compare by identity; the others (knobs, ids, counts) by value.
 
 Each class pickles as a constructor call with its fields in order (:func:`schedulers.handoff.handoff`), so
 it costs the wire no more than the dict it replaces; its tensors go through shared memory as a dict's do.
+
+The encoders' inputs and the audio encoder's output (:class:`AudioEncoderInput`, :class:`ImageEncoderInput`,
+:class:`AudioEmbeddings`) are the same for every family: they are :mod:`schedulers.front.handoffs`'s,
+re-exported here.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Literal
 import attrs
 import torch
 
+from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
 from schedulers.handoff import handoff
 
 FinishReason = Literal["stop", "length"]
@@ -63,28 +68,6 @@ class Preprocessed:
 
 @handoff
 @attrs.frozen(eq=False)
-class AudioEncoderInput:
-    """→ ``audio_encoder`` (projected from :class:`Preprocessed`): the clips' features and mask, and the
-    request's ``encoders`` (the aggregate's fan-in reads them from whichever input comes first)."""
-
-    input_features: torch.Tensor
-    feature_attention_mask: torch.Tensor
-    encoders: tuple[str, ...]
-
-
-@handoff
-@attrs.frozen(eq=False)
-class ImageEncoderInput:
-    """→ ``image_encoder`` (projected from :class:`Preprocessed`): the images' patches and grids, and
-    the request's ``encoders``."""
-
-    pixel_values: torch.Tensor
-    image_grid_thw: torch.Tensor
-    encoders: tuple[str, ...]
-
-
-@handoff
-@attrs.frozen(eq=False)
 class PreprocessedText:
     """``preprocess`` → ``aggregate`` (projected from :class:`Preprocessed`): the prompt's ids, the
     request's ``encoders`` and its :class:`Knobs`."""
@@ -92,18 +75,6 @@ class PreprocessedText:
     input_ids: torch.Tensor
     encoders: tuple[str, ...]
     knobs: Knobs
-
-
-@handoff
-@attrs.frozen(eq=False)
-class AudioEmbeddings:
-    """``audio_encoder`` → ``aggregate``: ``audio_embeds`` ``Float[Na, H]`` (every clip's tokens in order,
-    what ``thinker.get_audio_features`` gives), ``audio_feature_lengths`` ``Long[clips]`` (mel frames per
-    clip), and the request's ``encoders``."""
-
-    audio_embeds: torch.Tensor
-    audio_feature_lengths: torch.Tensor
-    encoders: tuple[str, ...]
 
 
 @handoff

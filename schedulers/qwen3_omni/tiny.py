@@ -20,7 +20,6 @@ audio in well under a second on one core) and ``medium`` (thinker hidden 256, 8 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -28,12 +27,14 @@ from typing import Any, Literal
 import torch
 
 from schedulers.qwen3_omni.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer, token_id
+from schedulers.tiny_omni import ImageProcessing, save_weights, write_processor_files
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("chelsie", "ethan", "aiden")
 DEFAULT_SPEAKER = "ethan"  # generate's own default ("Ethan")
-SAMPLE_RATE = 16_000
 IMAGE_PIXELS = 32 * 32 * 4  # the image processor's max_pixels: images resize to at most 64x64
+PROCESSOR_CLASS = "Qwen3OmniMoeProcessor"
+IMAGE_PROCESSING = ImageProcessing(patch_size=16, max_pixels=IMAGE_PIXELS, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
 # (parameter-name prefix, gain): the first prefix a name starts with gives the gain of its matrices.
 _GAINS: tuple[tuple[str, float], ...] = (
@@ -307,43 +308,6 @@ def write_checkpoint(directory: str | Path, *, size: Size = "tiny", seed: int = 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     model = build_model(size, seed, tokenizer)
-    total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
-    model.save_pretrained(directory, max_shard_size=total // 3 + 1)
-    tokenizer.save_pretrained(directory)
-    _write_processor_files(directory)
+    save_weights(model, tokenizer, directory)
+    write_processor_files(directory, PROCESSOR_CLASS, IMAGE_PROCESSING, CHAT_TEMPLATE)
     return directory
-
-
-def _write_processor_files(directory: Path) -> None:
-    """``preprocessor_config.json`` (feature extractor and image processor) and ``chat_template.json``."""
-    preprocessor = {
-        "processor_class": "Qwen3OmniMoeProcessor",
-        "feature_extractor_type": "WhisperFeatureExtractor",
-        "feature_size": 128,
-        "sampling_rate": SAMPLE_RATE,
-        "hop_length": 160,
-        "n_fft": 400,
-        "chunk_length": 300,
-        "n_samples": 300 * SAMPLE_RATE,
-        "nb_max_frames": 30000,
-        "padding_side": "right",
-        "padding_value": 0.0,
-        "return_attention_mask": True,
-        "dither": 0.0,
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "do_resize": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "do_convert_rgb": True,
-        "min_pixels": 32 * 32,
-        "max_pixels": IMAGE_PIXELS,
-        "size": {"shortest_edge": 32 * 32, "longest_edge": IMAGE_PIXELS},
-        "patch_size": 16,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-    }
-    (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
-    (directory / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")

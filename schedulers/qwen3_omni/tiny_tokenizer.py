@@ -1,21 +1,18 @@
 """A small Qwen-style tokenizer and Qwen3-Omni's chat template, for the tiny random checkpoints (:mod:`.tiny`).
 
-:func:`build_tokenizer` trains a byte-level BPE (the ``tokenizers`` library) on a fixed English corpus and
-wraps it in transformers' ``Qwen2Tokenizer`` (Qwen's pre-tokenizer and byte-level decoder) with the special
-tokens Qwen3-Omni's processor and generate read (``<|im_start|>``, ``<|audio_pad|>``, ``<tts_pad>``, ...).
-``user``, ``assistant`` and ``system`` are single tokens, as in Qwen's vocabulary: the talker finds the
-user and assistant turns by the token after ``<|im_start|>``.  Same corpus, same tokenizer: training is
-deterministic.
-
-:data:`CHAT_TEMPLATE` renders messages the way the released checkpoint's template does for text, audio and
-image parts: ``<|im_start|>{role}\\n``, each part in order (audio as ``<|audio_start|><|audio_pad|>
-<|audio_end|>``, images as ``<|vision_start|><|image_pad|><|vision_end|>``, videos as ``<|vision_start|>
-<|video_pad|><|vision_end|>``), ``<|im_end|>\\n``, and ``<|im_start|>assistant\\n`` as the generation prompt.
+:func:`build_tokenizer` is :func:`schedulers.tiny_omni.build_tokenizer` on a fixed English corpus with the
+special tokens Qwen3-Omni's processor and generate read (``<|im_start|>``, ``<|audio_pad|>``, ``<tts_pad>``,
+...).  :data:`CHAT_TEMPLATE` renders audio as ``<|audio_start|><|audio_pad|><|audio_end|>``, images as
+``<|vision_start|><|image_pad|><|vision_end|>``, videos as ``<|vision_start|><|video_pad|><|vision_end|>``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from schedulers.tiny_omni import ROLES, Media, chat_template
+from schedulers.tiny_omni import build_tokenizer as build_qwen_tokenizer
+from schedulers.tiny_omni import token_id as token_id
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -46,7 +43,7 @@ NAMED_TOKENS = {
     "audio_eos_token": "<|audio_end|>",
 }
 
-ROLE_WORDS = ("system", "user", "assistant")
+ROLE_WORDS = ROLES
 
 _CORPUS = (
     "You are a helpful assistant. The user asks a question and the assistant answers it.",
@@ -57,72 +54,14 @@ _CORPUS = (
     "Please answer in a short sentence. Tell me a story about a cat, a dog and a bird in the garden.",
 )
 
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}"
-    "{{- message['content'] -}}"
-    "{%- else -%}"
-    "{%- for content in message['content'] -%}"
-    "{%- if content['type'] == 'audio' or 'audio' in content or 'audio_url' in content -%}"
-    "{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
-    "{%- elif content['type'] == 'image' or 'image' in content or 'image_url' in content -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif content['type'] == 'video' or 'video' in content -%}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- elif content['type'] == 'text' -%}"
-    "{{- content['text'] -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- endif -%}"
+CHAT_TEMPLATE = chat_template(
+    audio=Media("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"),
+    image=Media("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
+    video=Media("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
 )
 
 
 def build_tokenizer(vocab_size: int = 384) -> Any:
     """A ``Qwen2Tokenizer`` of about ``vocab_size`` ids: byte-level BPE + :data:`SPECIAL_TOKENS` after it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     corpus = [*_CORPUS, *(" ".join(ROLE_WORDS) for _ in range(50)), *("\n".join(ROLE_WORDS) for _ in range(50))]
-    bpe.train_from_iterator(corpus, trainer)
-    state = bpe.model.__getstate__()
-    import json
-
-    model = json.loads(state) if isinstance(state, str | bytes) else state
-    vocab = dict(bpe.get_vocab())
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tokenizer = Qwen2Tokenizer(  # transformers' hints: merges as strings only, unk_token never None
-        vocab=vocab,
-        merges=merges,  # type: ignore[arg-type]
-        unk_token=None,  # type: ignore[arg-type]
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        extra_special_tokens=NAMED_TOKENS,
-    )
-    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
-    tokenizer.chat_template = CHAT_TEMPLATE
-    for word in ROLE_WORDS:
-        ids = tokenizer.encode(f"<|im_start|>{word}\n", add_special_tokens=False)
-        if len(ids) != 3:
-            raise RuntimeError(f"build_tokenizer: {word!r} after <|im_start|> is not one token: {ids}")
-    return tokenizer
-
-
-def token_id(tokenizer: Any, token: str) -> int:
-    """The id of one token (a special token or a role word), or a RuntimeError naming it."""
-    ids = tokenizer.encode(token, add_special_tokens=False)
-    if len(ids) != 1:
-        raise RuntimeError(f"token {token!r} is not a single token of this tokenizer: {ids}")
-    return int(ids[0])
+    return build_qwen_tokenizer(corpus, SPECIAL_TOKENS, NAMED_TOKENS, CHAT_TEMPLATE, vocab_size)

@@ -1,4 +1,5 @@
-"""Qwen2.5-Omni's audio and vision towers, each alone with its own weights, batched across requests.
+"""Qwen2.5-Omni's audio and image encoder stages: the thinker's towers, each alone with its own weights,
+batched across requests.
 
 * :class:`AudioTower`: ``Qwen2_5OmniAudioEncoder`` with the checkpoint's ``thinker.audio_tower.`` weights.
   Per request ``(input_features [n_clips, 128, T], feature_attention_mask [n_clips, T])`` →
@@ -12,63 +13,56 @@ Requests batch *packed*, as the towers batch clips and images themselves: every 
 request goes into one call along the sequence axis with its own length (grid), so attention stays within
 each clip's chunks (image's windows), and the output is split back by token counts.
 
-Each tower is built in ``dtype`` (transformers' own rule for which buffers stay float32), filled from the
-checkpoint and moved to ``device``; inputs are moved there and outputs come back on the CPU.  One thread at
-a time; every call runs under ``torch.inference_mode``.
+The stages (:func:`create_audio_encoder_stage`, :func:`create_image_encoder_stage`) take a batch of
+:class:`~schedulers.qwen2_5_omni.handoffs.AudioEncoderInput` (``ImageEncoderInput``) and give each request
+its :class:`~schedulers.qwen2_5_omni.handoffs.AudioEmbeddings` (``ImageEmbeddings``), batched as
+:func:`schedulers.front.stages.create_encoder_stage` batches.
+
+``device`` and ``dtype`` place each tower (:mod:`schedulers.devices`): it is built in ``dtype`` as
+``from_pretrained`` builds it, filled from the checkpoint, moved to ``device``; inputs go there and outputs
+come back on the CPU in float32 wherever it ran.  One thread at a time; every call runs under
+``torch.inference_mode``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights
+from schedulers.devices import Placement, to_host
+from schedulers.front.stages import Batch, audio_batch_fn, encoder_stage_factory, handoffs, pack_clips
+from schedulers.front.warm_up import audio_warm_up, image_warm_up
+from schedulers.graph.front import AUDIO_ENCODER, IMAGE_ENCODER
+from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights, preflight
+from schedulers.qwen2_5_omni.handoffs import ImageEmbeddings, ImageEncoderInput
 
 AUDIO_PREFIX = "thinker.audio_tower."
 VISION_PREFIX = "thinker.visual."
 
 
-def _tower(cls: Any, config: Any, model_dir: str | Path, prefix: str, device: str, dtype: torch.dtype) -> Any:
-    """``cls`` built without initialising its weights, filled from ``prefix``, on ``device``, eval."""
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights():
-        module = cls._from_config(config, dtype=dtype)
-    load_weights(model_dir, prefix, module)
-    return module.to(device).eval()
-
-
 class AudioTower:
     """The thinker's audio tower alone (module docstring)."""
 
-    def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, model_dir: str | Path, placement: Placement = Placement()) -> None:
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
 
         config = load_config(model_dir).thinker_config.audio_config
-        self.tower = _tower(Qwen2_5OmniAudioEncoder, config, model_dir, AUDIO_PREFIX, device, dtype)
-        self.device = torch.device(device)
+        self.placement = placement
+        self.tower = placement.build(Qwen2_5OmniAudioEncoder, config)
+        load_weights(model_dir, AUDIO_PREFIX, self.tower)
+        placement.move(self.tower)
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
-        packed, lengths = [], []
-        for features, mask in requests:
-            if features.ndim != 3 or mask.shape != (features.shape[0], features.shape[2]):
-                raise ValueError(
-                    f"audio_encoder: input_features {list(features.shape)} and feature_attention_mask "
-                    f"{list(mask.shape)} do not match ([clips, mels, T] and [clips, T])"
-                )
-            packed.append(features.permute(0, 2, 1)[mask.bool()].permute(1, 0))
-            lengths.append(mask.sum(-1).long())
+        packed, lengths = pack_clips(requests)
         frames = torch.cat(lengths)
         after_cnn, tokens = self.tower._get_feat_extract_output_lengths(frames)
+        put = self.placement.put
         with torch.inference_mode():
-            out = self.tower(
-                torch.cat(packed, dim=1).to(self.device),
-                feature_lens=frames.to(self.device),
-                aftercnn_lens=after_cnn.to(self.device),
-            ).last_hidden_state.cpu()
+            encoded = self.tower(put(packed), feature_lens=put(frames), aftercnn_lens=put(after_cnn))
+        out = to_host(encoded.last_hidden_state)
         per_request = [int(n.sum()) for n in tokens.split([len(clips) for clips in lengths])]
         return list(zip(torch.split(out, per_request), lengths, strict=True))
 
@@ -76,12 +70,14 @@ class AudioTower:
 class VisionTower:
     """The thinker's vision tower alone (module docstring)."""
 
-    def __init__(self, model_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, model_dir: str | Path, placement: Placement = Placement()) -> None:
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
 
         config = load_config(model_dir).thinker_config.vision_config
-        self.tower = _tower(Qwen2_5OmniVisionEncoder, config, model_dir, VISION_PREFIX, device, dtype)
-        self.device = torch.device(device)
+        self.placement = placement
+        self.tower = placement.build(Qwen2_5OmniVisionEncoder, config)
+        load_weights(model_dir, VISION_PREFIX, self.tower)
+        placement.move(self.tower)
         self.merge = int(config.spatial_merge_size) ** 2
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
@@ -91,6 +87,31 @@ class VisionTower:
         if pixels.shape[0] != int(grids.prod(-1).sum()):
             raise ValueError(f"image_encoder: {pixels.shape[0]} patches for grids {grids.tolist()}")
         with torch.inference_mode():
-            out = self.tower(pixels.to(self.device, self.tower.dtype), grid_thw=grids.to(self.device))
+            out = self.tower(self.placement.put(pixels), grid_thw=self.placement.put(grids))
         tokens = [int(g.prod(-1).sum()) // self.merge for _, g in requests]
-        return list(torch.split(out.pooler_output.cpu(), tokens))
+        return list(torch.split(to_host(out.pooler_output), tokens))
+
+
+def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
+    """The image stage's batch compute: payloads in, the same payloads out holding their embeddings."""
+
+    def encode_batch(payloads: Batch) -> Batch:
+        inputs = handoffs(payloads, ImageEncoderInput, "image_encoder")
+        outputs = tower.encode([(i.pixel_values, i.image_grid_thw) for i in inputs])
+        for payload, given, embeds in zip(payloads, inputs, outputs, strict=True):
+            payload.data = ImageEmbeddings(embeds, given.image_grid_thw, given.encoders)
+        return payloads
+
+    return encode_batch
+
+
+create_audio_encoder_stage = encoder_stage_factory(
+    AUDIO_ENCODER,
+    AudioTower,
+    audio_batch_fn,
+    preflight,
+    lambda tower: audio_warm_up(tower.encode, tower.tower.config.num_mel_bins),
+)
+create_image_encoder_stage = encoder_stage_factory(
+    IMAGE_ENCODER, VisionTower, image_batch_fn, preflight, lambda tower: image_warm_up(tower.encode, tower.tower.config)
+)

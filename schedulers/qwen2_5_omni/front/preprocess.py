@@ -1,16 +1,11 @@
-"""Preprocessing: a chat request → the checkpoint processor's tensors and what the client asked of the answer.
+"""The preprocess stage: a chat request → the checkpoint processor's tensors, the encoders to run, the knobs.
 
-Inputs are what the HTTP layer hands a chat pipeline (:mod:`omnitrio.serve`): ``{"task": "chat",
-"messages": [OpenAI messages], "modalities", "audio": {"voice", "format"} | None, "max_tokens",
-"temperature", "seed", ...}``, or a bare prompt string (one user message).  Content parts:
-
-* ``text``;
-* ``input_audio``: base64 WAV of any rate or raw 24 kHz ``pcm16``, or Python ``{"array", "sample_rate"}``
-  (:func:`schedulers.media.decode_audio`).  Audio at 16 kHz reaches the feature extractor as it
-  came (PCM16 / 32768, never resampled: the answer changes otherwise); other rates are resampled to 16 kHz;
-* ``image_url`` with a PNG/JPEG ``data:`` URL (never fetched), or Python ``{"type": "image", "image":
-  HxWx3 array}``; images keep their size (the image processor resizes them as the checkpoint says);
-* video parts are refused, as is any other malformed input: a ``ValueError`` (a 400) naming the part.
+The request is read by :mod:`schedulers.front.chat` (its parts, media and numbers; any malformed input, a
+video part included, is a ``ValueError`` naming the field, which the stage answers as a 400).  Audio at
+16 kHz reaches the feature extractor as it came (PCM16 / 32768, never resampled: the answer changes
+otherwise); other rates are resampled to 16 kHz.  The stage's output is a
+:class:`~schedulers.qwen2_5_omni.handoffs.Preprocessed` (:mod:`schedulers.qwen2_5_omni.graph` says what
+each branch receives of it).
 
 **The system prompt.**  Qwen2.5-Omni speaks only under the system prompt it was trained with
 (:data:`SYSTEM_PROMPT`, the one the release's model card uses and older transformers warned about when it
@@ -22,6 +17,12 @@ brings its own system message keeps it.
 ``audio.voice`` picks the speaker (:meth:`Preprocessor.speaker`): a speaker of the checkpoint's
 ``spk_dict.pt`` in any case, or one of OpenAI's voice names for the default speaker (``Chelsie``,
 ``generate``'s default, when the checkpoint has it); any other name is a 400 listing the speakers.
+
+``stream`` (the chat request's own flag; absent: True) says whether the answer's audio may be decoded in
+chunks as it comes; ``stream: false`` asks for the whole decode, equal to ``generate``'s audio.
+
+``device`` is where the feature extractor computes the audio's log-mel spectrogram; the stage has no
+weights, so no ``dtype``: what it hands on is on the CPU, features and pixels in float32.
 """
 
 from __future__ import annotations
@@ -29,108 +30,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import attrs
-import numpy as np
 import torch
 
-from schedulers.media import decode_audio, read_image_url
-from schedulers.qwen2_5_omni.checkpoint import Speakers, load_config, speakers
+from schedulers.devices import Placement
+from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
+from schedulers.front.stages import create_preprocess_stage as preprocess_stage
+from schedulers.front.stages import preprocessed_fields
+from schedulers.front.warm_up import preprocess_warm_up
+from schedulers.qwen2_5_omni.checkpoint import Speakers, load_config, preflight, require_model_dir, speakers
 from schedulers.qwen2_5_omni.front.processor import OmniProcessor
+from schedulers.qwen2_5_omni.handoffs import Knobs, Preprocessed
+from schedulers.simple import SimpleScheduler
 
 SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory "
     "and visual inputs, as well as generating text and speech."
 )
 DEFAULT_SPEAKER = "Chelsie"  # generate's default speaker
-# OpenAI's voice names (and "default") all mean the default speaker.
-OPENAI_VOICES = (
-    "default", "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
-    "marin", "cedar",
-)  # fmt: skip
-_VIDEO_PARTS = ("input_video", "video_url", "video")
-
-
-@attrs.frozen
-class Knobs:
-    """What the client asked of the answer: ``max_new_tokens`` and ``temperature`` (None: the stage's
-    default), ``seed`` (None: none given), ``speaker`` (a name exactly as the checkpoint spells it; None
-    when the answer is not spoken) and ``want_audio``."""
-
-    max_new_tokens: int | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    speaker: str | None = None
-    want_audio: bool = False
-
-
-@attrs.frozen(eq=False)
-class Preprocessed:
-    """One request, preprocessed: ``input_ids`` ``Long[P]`` with the placeholders expanded; audio
-    ``input_features`` ``Float[clips, 128, T]`` and ``feature_attention_mask`` ``Int[clips, T]`` (both or
-    neither); images ``pixel_values`` ``Float[patches, D]`` and ``image_grid_thw`` ``Long[images, 3]`` (both
-    or neither); and the :class:`Knobs`."""
-
-    input_ids: torch.Tensor
-    knobs: Knobs
-    input_features: torch.Tensor | None = None
-    feature_attention_mask: torch.Tensor | None = None
-    pixel_values: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
-
-
-def chat_messages(inputs: Any) -> tuple[list[dict[str, Any]], list[np.ndarray], list[np.ndarray]]:
-    """OpenAI chat inputs → (transformers chat messages, audio clips at 16 kHz, RGB uint8 images), in order."""
-    if isinstance(inputs, str):
-        return [{"role": "user", "content": inputs}], [], []
-    if not isinstance(inputs, dict) or inputs.get("task", "chat") != "chat":
-        raise ValueError(f"this pipeline serves chat requests (or a prompt string), got {type(inputs).__name__}")
-    messages = inputs.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages: must be a non-empty list")
-    out: list[dict[str, Any]] = []
-    audio: list[np.ndarray] = []
-    images: list[np.ndarray] = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise ValueError(f"{where}: must be a dict with a string 'role'")
-        match message.get("content"):
-            case None | str() as content:
-                out.append({"role": message["role"], "content": content or ""})
-            case list(content):
-                parts = [_part(part, f"{where}.content[{j}]", audio, images) for j, part in enumerate(content)]
-                out.append({"role": message["role"], "content": parts})
-            case content:
-                raise ValueError(f"{where}.content: must be a string or a list of parts, got {type(content).__name__}")
-    return out, audio, images
-
-
-def _part(part: Any, where: str, audio: list[np.ndarray], images: list[np.ndarray]) -> dict[str, Any]:
-    match part:
-        case {"type": "text", "text": str(words)}:
-            return {"type": "text", "text": words}
-        case {"type": "input_audio", "input_audio": dict(spec)}:
-            audio.append(decode_audio(spec, f"{where}.input_audio"))
-            return {"type": "audio"}
-        case {"type": "image_url", "image_url": dict(spec)}:
-            images.append(read_image_url(spec.get("url"), f"{where}.image_url.url"))
-            return {"type": "image"}
-        case {"type": "image", "image": image}:
-            images.append(_rgb(image, f"{where}.image"))
-            return {"type": "image"}
-        case {"type": str(kind)} if kind in _VIDEO_PARTS:
-            raise ValueError(f"{where}: video input is not supported by this model server (audio and images are)")
-        case _:
-            raise ValueError(f"{where}: unsupported part; expected text, input_audio or image_url")
-
-
-def _rgb(image: Any, where: str) -> np.ndarray:
-    pixels = np.asarray(image)
-    if pixels.ndim != 3 or pixels.shape[2] != 3 or min(pixels.shape[:2]) < 1:
-        raise ValueError(f"{where}: must be an HxWx3 RGB array, got shape {pixels.shape}")
-    if pixels.dtype != np.uint8:
-        pixels = np.clip(np.round(pixels.astype(np.float64) * 255.0), 0, 255).astype(np.uint8)
-    return pixels
 
 
 def with_system_prompt(messages: list[dict[str, Any]], system_prompt: str) -> list[dict[str, Any]]:
@@ -140,24 +56,18 @@ def with_system_prompt(messages: list[dict[str, Any]], system_prompt: str) -> li
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def _number(inputs: Any, key: str, kind: type, minimum: float | None) -> Any:
-    value = inputs.get(key) if isinstance(inputs, dict) else None
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)):
-        raise ValueError(f"{key}: must be {'an integer' if kind is int else 'a number'}, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{key}: must be >= {minimum}, got {value!r}")
-    return kind(value)
-
-
 class Preprocessor:
     """One checkpoint's processor, speakers and system prompt: :meth:`__call__` preprocesses a request."""
 
     def __init__(
-        self, model_dir: str | Path, *, system_prompt: str = SYSTEM_PROMPT, default_speaker: str | None = None
+        self,
+        model_dir: str | Path,
+        *,
+        system_prompt: str = SYSTEM_PROMPT,
+        default_speaker: str | None = None,
+        device: str = "cpu",
     ) -> None:
-        self.processor = OmniProcessor.from_pretrained(model_dir)
+        self.processor = OmniProcessor.from_pretrained(model_dir, device)
         self.system_prompt = system_prompt
         voiced = load_config(model_dir).enable_audio_output
         self.speakers: Speakers | None = speakers(model_dir) if voiced else None
@@ -196,27 +106,42 @@ class Preprocessor:
     def __call__(self, inputs: Any) -> Preprocessed:
         """The request preprocessed; a ``ValueError`` naming the field for anything malformed."""
         messages, audio, images = chat_messages(inputs)
-        request = inputs if isinstance(inputs, dict) else {}
-        modalities = request.get("modalities") or ["text"]
-        if not isinstance(modalities, list | tuple) or not set(modalities) <= {"text", "audio"}:
-            raise ValueError(f"modalities: must be a subset of ['text', 'audio'], got {modalities!r}")
-        want_audio = "audio" in modalities
-        spec = request.get("audio")
-        voice = spec.get("voice") if isinstance(spec, dict) else None
+        want_audio, voice = spoken(inputs)
+        stream = inputs.get("stream") if isinstance(inputs, dict) else None
+        if stream is not None and not isinstance(stream, bool):
+            raise ValueError(f"stream: must be a boolean, got {stream!r}")
         knobs = Knobs(
-            max_new_tokens=_number(request, "max_tokens", int, 1),
-            temperature=_number(request, "temperature", float, 0.0),
-            seed=_number(request, "seed", int, None),
+            max_new_tokens=number(inputs, "max_tokens", int, 1),
+            temperature=number(inputs, "temperature", float, 0.0),
+            seed=number(inputs, "seed", int),
             speaker=self.speaker(voice) if want_audio or voice is not None else None,
+            stream=stream is not False,
             want_audio=want_audio,
         )
         text = self.processor.render(with_system_prompt(messages, self.system_prompt))
         tensors = self.processor(text, audio=audio, images=images)
-        return Preprocessed(
-            input_ids=tensors["input_ids"][0],
-            knobs=knobs,
-            input_features=tensors.get("input_features"),
-            feature_attention_mask=tensors.get("feature_attention_mask"),
-            pixel_values=tensors.get("pixel_values"),
-            image_grid_thw=tensors.get("image_grid_thw"),
-        )
+        return Preprocessed(knobs=knobs, **preprocessed_fields(tensors))
+
+
+def create_preprocess_stage(
+    *,
+    model_dir: str | None = None,
+    system_prompt: str = SYSTEM_PROMPT,
+    default_speaker: str | None = None,
+    max_concurrency: int = 1,
+    device: str = "cpu",
+) -> SimpleScheduler:
+    """The preprocess stage (module docstring) of the checkpoint at ``model_dir``; ``system_prompt`` is
+    the one a request without its own gets, ``default_speaker`` the voice of OpenAI's names."""
+    placement = Placement.of("preprocess", device)
+    torch.set_num_threads(1)
+    preprocessor = Preprocessor(
+        require_model_dir(model_dir),
+        system_prompt=system_prompt,
+        default_speaker=default_speaker,
+        device=str(placement.device),
+    )
+    return preprocess_stage(preprocessor, max_concurrency=max_concurrency, warm_up=preprocess_warm_up(preprocessor))
+
+
+create_preprocess_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -1,0 +1,192 @@
+"""What the tiny random checkpoints of the Qwen omni families share besides their weights: a Qwen-style
+tokenizer trained offline, the chat template in the releases' form, the processor's files, the shards.
+
+* :func:`build_tokenizer` trains a byte-level BPE (the ``tokenizers`` library) on a family's fixed corpus
+  and wraps it in transformers' ``Qwen2Tokenizer`` (Qwen's pre-tokenizer and byte-level decoder) with the
+  family's special tokens after it, the attributes its processor reads (``audio_token``, ...) and its chat
+  template.  The role words are single tokens, as in Qwen's vocabulary (a talker finds the turns by the
+  token after ``<|im_start|>``).  Same corpus, same tokenizer: training is deterministic.
+* :func:`chat_template` renders messages as the releases' templates do for text, audio, image and video
+  parts: ``<|im_start|>{role}\\n``, each part in order between its medium's start and end tokens,
+  ``<|im_end|>\\n``, ``<|im_start|>assistant\\n`` as the generation prompt; optionally a default system
+  turn when the first message is not a system message.
+* :func:`write_processor_files` writes ``preprocessor_config.json`` (Whisper feature extractor and the
+  Qwen2-VL image processor together) and ``chat_template.json``; :func:`save_weights` the model in at least
+  two safetensors shards with their index, as released checkpoints are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+SAMPLE_RATE = 16_000
+ROLES = ("system", "user", "assistant")
+
+
+@attrs.frozen
+class Media:
+    """One medium's tokens in a prompt: ``start``, the placeholder ``pad``, ``end``."""
+
+    start: str
+    pad: str
+    end: str
+
+    def render(self) -> str:
+        return self.start + self.pad + self.end
+
+
+def build_tokenizer(
+    corpus: Sequence[str],
+    special_tokens: Sequence[str],
+    named_tokens: Mapping[str, str],
+    template: str,
+    vocab_size: int,
+) -> Any:
+    """A ``Qwen2Tokenizer`` of about ``vocab_size`` ids: a byte-level BPE trained on ``corpus``, then
+    ``special_tokens``; ``named_tokens`` its attributes (``audio_token``: ``"<|AUDIO|>"``, ...) and
+    ``template`` its chat template (module docstring)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(list(corpus), trainer)
+    state = bpe.model.__getstate__()
+    model = json.loads(state) if isinstance(state, str | bytes) else state
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    options: dict[str, Any] = {"merges": merges, "unk_token": None}  # merge pairs, no unknown token
+    tokenizer = Qwen2Tokenizer(
+        vocab=dict(bpe.get_vocab()),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=dict(named_tokens),
+        **options,
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens)})
+    tokenizer.chat_template = template
+    for role in ROLES:
+        ids = tokenizer.encode(f"<|im_start|>{role}\n", add_special_tokens=False)
+        if len(ids) != 3:
+            raise RuntimeError(f"build_tokenizer: {role!r} after <|im_start|> is not one token ({ids})")
+    return tokenizer
+
+
+def token_id(tokenizer: Any, token: str) -> int:
+    """The id of ``token`` (a special token or a role word); a RuntimeError if it is not one token."""
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise RuntimeError(f"{token!r} is not one token of this tokenizer ({ids})")
+    return int(ids[0])
+
+
+def chat_template(audio: Media, image: Media, video: Media, default_system: str | None = None) -> str:
+    """The Jinja chat template (module docstring)."""
+    system = (
+        "{%- if loop.first and message['role'] != 'system' -%}"
+        "{{- '<|im_start|>system\\n" + default_system + "<|im_end|>\\n' -}}"
+        "{%- endif -%}"
+        if default_system is not None
+        else ""
+    )
+    return (
+        "{%- for message in messages -%}" + system + "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+        "{%- if message['content'] is string -%}"
+        "{{- message['content'] -}}"
+        "{%- else -%}"
+        "{%- for part in message['content'] -%}"
+        "{%- if part['type'] == 'audio' or 'audio' in part or 'audio_url' in part -%}"
+        "{{- '" + audio.render() + "' -}}"
+        "{%- elif part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+        "{{- '" + image.render() + "' -}}"
+        "{%- elif part['type'] == 'video' or 'video' in part -%}"
+        "{{- '" + video.render() + "' -}}"
+        "{%- elif 'text' in part -%}"
+        "{{- part['text'] -}}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+        "{%- endif -%}"
+        "{{- '<|im_end|>\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}"
+        "{{- '<|im_start|>assistant\\n' -}}"
+        "{%- endif -%}"
+    )
+
+
+@attrs.frozen
+class ImageProcessing:
+    """The Qwen2-VL image processor's settings: ``patch_size``, ``max_pixels`` (images resize to at most that
+    many), the normalisation; the smallest image is one merged patch (``merge_size`` patches a side)."""
+
+    patch_size: int
+    max_pixels: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    merge_size: int = 2
+
+
+def write_processor_files(directory: Path, processor_class: str, image: ImageProcessing, template: str) -> None:
+    """``preprocessor_config.json`` (feature extractor and image processor) and ``chat_template.json``."""
+    min_pixels = (image.patch_size * image.merge_size) ** 2
+    preprocessor = {
+        "processor_class": processor_class,
+        "feature_extractor_type": "WhisperFeatureExtractor",
+        "feature_size": 128,
+        "sampling_rate": SAMPLE_RATE,
+        "hop_length": 160,
+        "n_fft": 400,
+        "chunk_length": 300,
+        "n_samples": 300 * SAMPLE_RATE,
+        "nb_max_frames": 30000,
+        "padding_side": "right",
+        "padding_value": 0.0,
+        "return_attention_mask": True,
+        "dither": 0.0,
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(image.mean),
+        "image_std": list(image.std),
+        "do_convert_rgb": True,
+        "min_pixels": min_pixels,
+        "max_pixels": image.max_pixels,
+        "size": {"shortest_edge": min_pixels, "longest_edge": image.max_pixels},
+        "patch_size": image.patch_size,
+        "temporal_patch_size": 2,
+        "merge_size": image.merge_size,
+    }
+    (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2) + "\n")
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": template}, indent=2) + "\n")
+
+
+def save_weights(model: Any, tokenizer: Any, directory: Path) -> None:
+    """``model`` (``save_pretrained``: config, generation config, three safetensors shards and their index)
+    and ``tokenizer`` into ``directory``."""
+    total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    model.save_pretrained(directory, max_shard_size=total // 3 + 1)
+    tokenizer.save_pretrained(directory)
+
+
+__all__ = [
+    "ROLES",
+    "SAMPLE_RATE",
+    "ImageProcessing",
+    "Media",
+    "build_tokenizer",
+    "chat_template",
+    "save_weights",
+    "token_id",
+    "write_processor_files",
+]
