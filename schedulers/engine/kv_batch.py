@@ -1,0 +1,320 @@
+"""The keys/values of many requests in one batch that grows in place and steps any subset of its rows.
+
+Every model layer keeps one tensor ``[2, R, H, C, D]`` (keys, then values).  Row ``r`` belongs to one
+request and holds its ``length`` cached positions in columns ``[0, length)``, left-aligned; the
+columns past a row's length are never attended (:meth:`KVStep.attention_mask` marks them 0).  ``R``
+and ``C`` have spare room and grow geometrically when a row or a column more is needed (that copies
+the batch once, amortised over the steps that follow); a step writes only its new columns.
+
+* :meth:`KVBatch.add` gives a request a row: empty (its prefill then steps into it in place), or a
+  copy of a prefilled cache (that request's rows only).
+* :meth:`KVBatch.remove` frees a request's row.  Rows stay dense: the last row moves into the gap
+  (one request's cached columns are copied), so requests that step together are usually a
+  contiguous range.  The vacated row is zeroed.  With ``release_when_empty`` (the default) the
+  storage itself is released when the last row leaves.
+* :meth:`KVBatch.step` prepares one forward for any subset of rows, in the caller's order: it returns
+  a :class:`KVStep` whose ``cache`` is a transformers :class:`~transformers.cache_utils.Cache` to pass
+  as ``past_key_values``.  Each layer's ``update`` writes the new keys/values at each row's own
+  length and returns what the model attends over, ``[B, H, width + tokens, D]`` (``width``: the
+  longest stepping row): a view of the storage when the stepping rows are a contiguous ascending
+  range of rows (:meth:`KVBatch.order` sorts ids that way), else a gather of the stepping rows alone.
+  Rows that sit a step out are neither read nor copied.  A step of ``tokens > 1`` (a prefill, the
+  first step of a fresh batch) needs every stepping row at the same length.
+
+Lengths advance by ``tokens`` when :meth:`KVBatch.step` returns: a forward that raises leaves its rows
+with columns it never wrote, so the caller removes them (the engines fail those requests).  A
+:class:`KVStep` is valid until the next ``step``, ``add``, ``remove`` or ``truncate``.
+
+The storage is made of inference tensors: run the forwards under ``torch.inference_mode()``.  Every
+layer attends over the whole sequence (no sliding window).  Not thread-safe: one thread (the
+scheduler's) owns a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
+
+import attrs
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+RowId = Hashable
+Prefilled = Cache | Sequence[tuple[torch.Tensor, torch.Tensor]]
+"""A request's keys/values to copy into a row: a batch-1 transformers cache, or ``(keys, values)`` per
+layer, each ``[1, H, n, D]``."""
+
+_SPARE_COLUMNS = 16
+
+
+@attrs.frozen
+class _Plan:
+    """One step's rows and columns, shared by every layer."""
+
+    rows: slice | torch.Tensor  # storage rows in the step's order: a slice when they are a contiguous range
+    index: torch.Tensor  # the same rows as a [B] long tensor
+    starts: torch.Tensor | None  # [B] each row's write column, when they differ (tokens == 1)
+    start: int | None  # the common write column, when every row has the same length
+    width: int  # the longest stepping row before the step
+    tokens: int
+    rows_needed: int
+
+
+@attrs.frozen
+class KVStep:
+    """One forward's view of the batch: pass ``cache`` as ``past_key_values``."""
+
+    cache: Cache
+    lengths: list[int]  # each stepping row's cached positions before the step (its first new token's position)
+    tokens: int
+    device: torch.device
+
+    @property
+    def width(self) -> int:
+        """The longest stepping row before the step; the model attends over ``width + tokens`` columns."""
+        return max(self.lengths)
+
+    def attention_mask(self) -> torch.Tensor:
+        """``[B, width + tokens]`` long: 1 on each row's cached columns and its new tokens, 0 past them."""
+        columns = torch.arange(self.width + self.tokens, device=self.device)
+        ends = torch.tensor(self.lengths, device=self.device).unsqueeze(1) + self.tokens
+        return (columns < ends).long()
+
+
+class _Layer(CacheLayerMixin):
+    """One model layer's storage, seen by transformers as a cache layer for the current step."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, batch: KVBatch) -> None:
+        super().__init__()
+        self._batch = batch
+        self.data: torch.Tensor | None = None  # [2, R, H, C, D]
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def reserve(self, like: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+        """The storage, grown to at least ``rows`` x ``columns`` (shaped, typed and placed like ``like``)."""
+        data = self.data
+        if data is not None and data.shape[1] >= rows and data.shape[3] >= columns:
+            return data
+        old_rows, old_columns = (0, 0) if data is None else (data.shape[1], data.shape[3])
+        new_rows = old_rows
+        if rows > old_rows:
+            new_rows = max(rows, self._batch.row_hint) if data is None else rows * 3 // 2 + 1
+        new_columns = columns * 3 // 2 + _SPARE_COLUMNS if columns > old_columns else old_columns
+        heads, dim = like.shape[1], like.shape[-1]
+        grown = like.new_zeros((2, new_rows, heads, new_columns, dim))
+        if data is not None:
+            grown[:, :old_rows, :, :old_columns] = data
+        self.data = grown
+        return grown
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = self._batch.plan()
+        width = plan.width + plan.tokens
+        data = self.reserve(key_states, plan.rows_needed, width)
+        keys, values = data[0], data[1]
+        if plan.start is not None:
+            end = plan.start + plan.tokens
+            keys[plan.rows, :, plan.start : end] = key_states
+            values[plan.rows, :, plan.start : end] = value_states
+        else:
+            keys[plan.index, :, plan.starts] = key_states[:, :, 0]
+            values[plan.index, :, plan.starts] = value_states[:, :, 0]
+        if isinstance(plan.rows, slice):
+            return keys[plan.rows, :, :width], values[plan.rows, :, :width]
+        attended = data[:, :, :, :width].index_select(1, plan.index)
+        return attended[0], attended[1]
+
+    def get_seq_length(self) -> int:
+        return self._batch.plan().width
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def nbytes(self) -> int:
+        return 0 if self.data is None else self.data.numel() * self.data.element_size()
+
+
+class KVBatch:
+    """Rows of keys/values, one per request (module docstring).
+
+    ``device`` is where masks and row indices are made (the model's device); ``rows`` is how many rows
+    to make room for at the first allocation."""
+
+    def __init__(
+        self, num_layers: int, *, device: str | torch.device = "cpu", rows: int = 0, release_when_empty: bool = True
+    ) -> None:
+        if num_layers < 1:
+            raise ValueError(f"KVBatch: num_layers={num_layers} must be >= 1")
+        self.device = torch.device(device)
+        self.row_hint = rows
+        self.release_when_empty = release_when_empty
+        self._ids: list[RowId] = []
+        self._row: dict[RowId, int] = {}
+        self._lengths: list[int] = []
+        self._layers = [_Layer(self) for _ in range(num_layers)]
+        self._cache = Cache(layers=list(self._layers))
+        self._plan: _Plan | None = None
+
+    # -- what it holds --------------------------------------------------------------------
+
+    @property
+    def rows(self) -> list[RowId]:
+        """The ids, in row order."""
+        return list(self._ids)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Each row's cached positions, in row order."""
+        return list(self._lengths)
+
+    def __contains__(self, row_id: object) -> bool:
+        return row_id in self._row
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def length(self, row_id: RowId) -> int:
+        return self._lengths[self._row[row_id]]
+
+    def order(self, row_ids: Iterable[RowId]) -> list[RowId]:
+        """``row_ids`` in row order (a step over them in that order reads a view when they are contiguous)."""
+        return sorted(row_ids, key=self._row.__getitem__)
+
+    def nbytes(self) -> int:
+        """Bytes the storage holds now, spare room included."""
+        return sum(layer.nbytes() for layer in self._layers)
+
+    # -- joining and leaving ---------------------------------------------------------------
+
+    def add(self, row_id: RowId, prefilled: Prefilled | None = None) -> None:
+        """Give ``row_id`` the next row: empty, or holding a copy of ``prefilled`` (module docstring)."""
+        if row_id in self._row:
+            raise ValueError(f"KVBatch: {row_id!r} already has a row")
+        pairs = _pairs(prefilled, len(self._layers)) if prefilled is not None else []
+        row = len(self._ids)
+        length = pairs[0][0].shape[-2] if pairs else 0
+        with torch.inference_mode():
+            for layer, (keys, values) in zip(self._layers, pairs, strict=False):
+                data = layer.reserve(keys, row + 1, length)
+                data[0, row, :, :length] = keys[0]
+                data[1, row, :, :length] = values[0]
+        self._plan = None
+        self._ids.append(row_id)
+        self._row[row_id] = row
+        self._lengths.append(length)
+
+    def remove(self, row_id: RowId) -> bool:
+        """Free ``row_id``'s row; False when it has none (module docstring)."""
+        row = self._row.pop(row_id, None)
+        if row is None:
+            return False
+        self._plan = None
+        last = len(self._ids) - 1
+        gone, moved = self._lengths[row], self._lengths[last]
+        with torch.inference_mode():
+            for layer in self._layers:
+                data = layer.data
+                if data is None:
+                    continue
+                if row != last:
+                    data[:, row, :, :moved] = data[:, last, :, :moved]
+                    data[:, row, :, moved:gone] = 0
+                data[:, last, :, : moved if row != last else gone] = 0
+        if row != last:
+            self._ids[row] = self._ids[last]
+            self._lengths[row] = moved
+            self._row[self._ids[row]] = row
+        self._ids.pop()
+        self._lengths.pop()
+        if not self._ids and self.release_when_empty:
+            for layer in self._layers:
+                layer.data = None
+        return True
+
+    def clear(self) -> None:
+        """Free every row."""
+        for row_id in reversed(self._ids):
+            self.remove(row_id)
+
+    def truncate(self, row_id: RowId, length: int) -> None:
+        """Keep the first ``length`` cached positions of ``row_id`` (the rest are never attended again)."""
+        row = self._row[row_id]
+        if not 0 <= length <= self._lengths[row]:
+            raise ValueError(f"KVBatch: cannot truncate {row_id!r} from {self._lengths[row]} to {length} positions")
+        self._plan = None
+        self._lengths[row] = length
+
+    def copy_out(self, row_id: RowId, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of the first ``length`` positions of ``row_id``, as :meth:`add` takes them back."""
+        row = self._row[row_id]
+        if not 0 < length <= self._lengths[row]:
+            raise ValueError(f"KVBatch: {row_id!r} holds {self._lengths[row]} positions, not {length}")
+        pairs = []
+        with torch.inference_mode():
+            for layer in self._layers:
+                assert layer.data is not None
+                part = layer.data[:, row : row + 1, :, :length].clone()
+                pairs.append((part[0], part[1]))
+        return pairs
+
+    # -- stepping ---------------------------------------------------------------------------
+
+    def step(self, row_ids: Sequence[RowId], tokens: int = 1) -> KVStep:
+        """Prepare one forward of ``tokens`` new positions for each of ``row_ids`` (module docstring)."""
+        if not row_ids or tokens < 1:
+            raise ValueError(f"KVBatch.step: needs at least one row and one token, got {len(row_ids)}, {tokens}")
+        try:
+            rows = [self._row[row_id] for row_id in row_ids]
+        except KeyError as missing:
+            raise ValueError(f"KVBatch.step: {missing.args[0]!r} has no row") from None
+        lengths = [self._lengths[row] for row in rows]
+        same = all(n == lengths[0] for n in lengths)
+        if tokens > 1 and not same:
+            raise ValueError(f"KVBatch.step: {tokens} tokens at once need rows of one length, got {lengths}")
+        first = rows[0]
+        contiguous = rows == list(range(first, first + len(rows)))
+        index = torch.tensor(rows, device=self.device)
+        self._plan = _Plan(
+            rows=slice(first, first + len(rows)) if contiguous else index,
+            index=index,
+            starts=None if same else torch.tensor(lengths, device=self.device),
+            start=lengths[0] if same else None,
+            width=max(lengths),
+            tokens=tokens,
+            rows_needed=len(self._ids),
+        )
+        for row in rows:
+            self._lengths[row] += tokens
+        return KVStep(self._cache, lengths, tokens, self.device)
+
+    def plan(self) -> _Plan:
+        if self._plan is None:
+            raise RuntimeError("KVBatch: the cache was used outside the step it was prepared for")
+        return self._plan
+
+
+def _pairs(prefilled: Prefilled, layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if isinstance(prefilled, Cache):
+        pairs = [(getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in prefilled.layers]
+    else:
+        pairs = list(prefilled)
+    if len(pairs) != layers:
+        raise ValueError(f"KVBatch: the prefilled cache has {len(pairs)} layers, the batch {layers}")
+    checked = []
+    for i, (keys, values) in enumerate(pairs):
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor) or keys.shape[0] != 1:
+            raise ValueError(f"KVBatch: layer {i} of the prefilled cache holds no batch-1 keys/values")
+        checked.append((keys, values))
+    return checked
