@@ -1,6 +1,6 @@
 """Qwen3-Omni served (configs/qwen3-omni.toml, one process per stage) beside transformers' ``generate``.
 
-For each checkpoint size (random weights, toys/qwen3_omni_checkpoint.py): ``generate(return_audio=True)``
+For each checkpoint size (random weights, schedulers/qwen3_omni/tiny.py): ``generate(return_audio=True)``
 runs the prompts one after another (batch 1; it is not streaming, so its time to first audio is its whole
 time), then the pipeline answers ``c`` concurrent requests for each ``c`` of ``--concurrency``: time to
 first audio (submit → first pcm chunk) and audio seconds produced per wall second.  Both greedy (thinker
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from omnitrio import StreamMessage, open_pipeline  # noqa: E402
 from omnitrio.config import PipelineConfig  # noqa: E402
 from omnitrio.config_loading import load  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     load_reference_model,
     processor_inputs,

@@ -44,6 +44,7 @@ from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, Stream
 from schedulers.qwen3_omni.code2wav.model import Code2WavRunner, decode_whole  # noqa: E402
 from schedulers.qwen3_omni.code2wav.stage import Qwen3OmniCode2WavScheduler  # noqa: E402
 from schedulers.qwen3_omni.code2wav.windows import Chunking  # noqa: E402
+from schedulers.qwen3_omni.handoffs import Codes, TalkerResult  # noqa: E402
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen3_omni_code2wav.json"
@@ -67,11 +68,11 @@ def serving(model: torch.nn.Module, chunking: Chunking) -> Iterator[Qwen3OmniCod
 def talker_messages(rid: str, codes: torch.Tensor, *, end: bool = True) -> list[IncomingMessage]:
     frames = codes.shape[-1]
     messages = [
-        IncomingMessage(rid, "stream_chunk", StreamItem(i, {"codes": codes[:, s : s + MESSAGE_FRAMES]}, "talker"))
+        IncomingMessage(rid, "stream_chunk", StreamItem(i, Codes(codes[:, s : s + MESSAGE_FRAMES]), "talker"))
         for i, s in enumerate(range(0, frames, MESSAGE_FRAMES))
     ]
     if end:
-        payload = StagePayload(rid, OmniRequest(inputs=None), {"num_frames": frames})
+        payload = StagePayload(rid, OmniRequest(inputs=None), TalkerResult(frames))
         messages += [IncomingMessage(rid, "new_request", payload), IncomingMessage(rid, "stream_done", "talker")]
     return messages
 

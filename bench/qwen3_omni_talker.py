@@ -1,6 +1,6 @@
 """Talker stage throughput (codec frames per second) at 1, 4 and 8 concurrent requests, tiny and medium.
 
-For each size, a random checkpoint is written (toys/qwen3_omni_checkpoint.py) and transformers'
+For each size, a random checkpoint is written (schedulers/qwen3_omni/tiny.py) and transformers'
 ``generate`` produces one thinker stream per request (toys/qwen3_omni_talker_feed.py); the talker stage
 (:class:`schedulers.qwen3_omni.talker.stage.TalkerScheduler`, greedy, ``min_new_tokens = max_new_tokens`` so
 every request speaks exactly ``--frames`` + 1 talker tokens) is then fed all streams at once and timed
@@ -31,10 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, StreamItem  # noqa: E402
+from schedulers.qwen3_omni.handoffs import TalkerPrompt, TalkerToken, ThinkerResult  # noqa: E402
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling  # noqa: E402
 from schedulers.qwen3_omni.talker.model import TalkerModel  # noqa: E402
 from schedulers.qwen3_omni.talker.stage import TalkerScheduler  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor  # noqa: E402
 from toys.qwen3_omni_talker_feed import reference_run  # noqa: E402
 
@@ -73,7 +74,7 @@ def streams(model_dir: Path, count: int) -> list[list[dict[str, Any]]]:
     return out
 
 
-def measure(talker: TalkerModel, chunks: list[list[dict[str, Any]]], frames: int) -> dict[str, float]:
+def measure(talker: TalkerModel, chunks: list[list[TalkerPrompt | TalkerToken]], frames: int) -> dict[str, float]:
     sampling = TalkerSampling(do_sample=False, max_new_tokens=frames + 1, min_new_tokens=frames + 1)
     scheduler = TalkerScheduler(talker, sampling=sampling)
     forward, predict = Timed(talker.forward), Timed(scheduler.predictor.frames)
@@ -84,7 +85,7 @@ def measure(talker: TalkerModel, chunks: list[list[dict[str, Any]]], frames: int
         messages += [IncomingMessage(rid, "stream_chunk", StreamItem(i, c, "thinker")) for i, c in enumerate(stream)]
         messages += [
             IncomingMessage(rid, "stream_done", "thinker"),
-            IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(), {})),
+            IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(), ThinkerResult((), 0, "stop", True))),
         ]
     thread = threading.Thread(target=scheduler.start, name="talker-bench")
     thread.start()
@@ -98,7 +99,7 @@ def measure(talker: TalkerModel, chunks: list[list[dict[str, Any]]], frames: int
             raise RuntimeError(f"talker failed request {out.request_id}: {out.data}")
         if out.type == "result":
             done += 1
-            total_frames += out.data.data["num_frames"]
+            total_frames += out.data.data.num_frames
     wall = time.perf_counter() - start
     scheduler.stop()
     thread.join()

@@ -1,6 +1,6 @@
 """Decode throughput of the Qwen3-Omni thinker engine at batch 1, 4 and 8, beside transformers' ``generate``.
 
-For each checkpoint size (random ``tiny`` and ``medium`` ones, :mod:`toys.qwen3_omni_checkpoint`), ``batch``
+For each checkpoint size (random ``tiny`` and ``medium`` ones, :mod:`schedulers.qwen3_omni.tiny`), ``batch``
 requests with random text prompts of ``--prompt`` tokens are added to one
 :class:`~schedulers.qwen3_omni.thinker.engine.ThinkerEngine` at once and decoded greedily, ``--tokens`` each
 (eos ignored); tokens per second is every generated token over the wall time of all steps (prefills
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from schedulers.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerRequest  # noqa: E402
 from schedulers.qwen3_omni.thinker.model import ThinkerLM  # noqa: E402
 from schedulers.qwen3_omni.thinker.sampling import Sampler, SamplingDefaults  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model  # noqa: E402
 from toys.qwen3_omni_thinker import thinker_scheduler  # noqa: E402
 

@@ -8,7 +8,7 @@ at 1 and 4 concurrent sessions, after one turn that warms the server up (not mea
 one after the other:
 
 * ``qwen3-omni``: ``--config configs/qwen3-omni.toml --model DIR`` on a medium random checkpoint
-  (:func:`toys.qwen3_omni_checkpoint.write_checkpoint`, ``size="medium"``), the turn's audio heard by the
+  (:func:`schedulers.qwen3_omni.tiny.write_checkpoint`, ``size="medium"``), the turn's audio heard by the
   thinker, the answer spoken by talker → code2wav; the thinker's answer and the talker's codes are
   capped (``--omni-set``) so a random model's endless answer does not load the machine between turns;
 * ``cascade``: the default pipeline (Whisper → SmolLM2 → Piper; ``--cascade-set
@@ -70,7 +70,7 @@ async def main(
 ) -> dict[str, Any]:
     import torch
 
-    from toys.qwen3_omni_checkpoint import write_checkpoint
+    from schedulers.qwen3_omni.tiny import write_checkpoint
 
     clips = synthesize(UTTERANCES)
     results: dict[str, Any] = {

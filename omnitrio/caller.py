@@ -7,12 +7,18 @@ until every stage has let go of it, and only then may its id be used again.  Its
 
 * ``RUNNING``: sent to the entry stage; results (and stream chunks) are arriving.
 * ``COMPLETED``: every expected terminal stage answered, or was cut off by routes that
-  left it out (:mod:`omnitrio.reach`) while another answered; the id stays taken until
-  the caller lets go (its stream closes), since nothing is left to release.
-* ``RELEASING``: it failed, was aborted, or its deadline passed; the caller has its error,
-  and every stage that may hold it was asked to let go (``Abort``); it waits for their
-  ``Released``.
+  left it out (:mod:`omnitrio.reach`) while another answered; every stage that may still
+  hold it (:mod:`omnitrio.lingering`: a side stage still working, a stage a stream reached
+  that the route then left out) was asked to let go (``Abort``).  The id stays taken
+  until the caller lets go (its stream closes).
+* ``RELEASING``: it failed, was aborted, or its deadline passed (the caller has its error),
+  or it completed and the caller let go; it waits for the ``Released`` of every stage it
+  asked to let go.  A new request with its id waits for it to be gone
+  (:meth:`omnitrio.coordinator.Coordinator.admit`).
 * ``GONE``: out of the table; :attr:`CallerRequest.gone` is set.
+
+Routes the request took (``Skipped``) also tell the fan-in stages which of their sources
+can no longer arrive (``Cut``).
 
 :class:`RequestStream` is what the caller holds: an async iterator and async context
 manager over the request's events.  Leaving it (or dropping it unclosed) before the end
@@ -25,7 +31,7 @@ import enum
 import math
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -33,10 +39,11 @@ import attrs
 import trio
 
 from omnitrio.contract import OmniRequest, StagePayload
-from omnitrio.envelopes import COORDINATOR, Abort, Credit, ToStage
+from omnitrio.envelopes import COORDINATOR, Abort, Credit, Cut, ToStage
 from omnitrio.errors import RequestAborted, RequestError, RequestFailed, RequestTimeout
 from omnitrio.events import REQUEST_ABORTED, REQUEST_FAILED, TERMINAL_RESPONSE
 from omnitrio.flow import CREDIT_BATCH, Consumed
+from omnitrio.lingering import Lingering
 from omnitrio.mailbox import Mailbox
 from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.reach import Reach, Skips
@@ -81,6 +88,9 @@ class Table(Protocol):
         """The stages that may hold the request of incarnation ``inc`` (their process is up)."""
         ...
 
+    @property
+    def lingering(self) -> Lingering: ...
+
     def forget(self, request: CallerRequest) -> None: ...
 
     def emit(self, request_id: str, name: str, fields: dict[str, Any]) -> None: ...
@@ -91,7 +101,9 @@ class CallerRequest:
 
     __slots__ = (
         "_consumed",
+        "_cut",
         "_skips",
+        "_streamed",
         "_table",
         "awaited",
         "deadline",
@@ -125,6 +137,10 @@ class CallerRequest:
         self.gone = trio.Event()
         self._consumed: Consumed | None = None
         self._skips: Skips = ()
+        self._streamed: frozenset[str] = frozenset()
+        """Stages routes left out after streaming to them, which another stage could still reach."""
+        self._cut: dict[str, frozenset[str]] | None = None
+        """Per fan-in stage, the cut-off sources it was told of."""
 
     # -- 1. answered (by the stages, through the coordinator) -------------------------
     # A terminal stage's stream chunk goes straight into ``events`` while the request runs.
@@ -138,16 +154,23 @@ class CallerRequest:
         if self.results.keys() == self.awaited:
             self._completed(stage)
 
-    def skipped(self, stage: str, left_out: tuple[str, ...], reach: Reach) -> None:
-        """``stage``'s route left ``left_out`` out: stop waiting for the terminals no stage can
-        still send to (:mod:`omnitrio.reach`).
+    def skipped(self, stage: str, left_out: tuple[str, ...], streamed: tuple[str, ...], reach: Reach) -> None:
+        """``stage``'s route left ``left_out`` out: tell the fan-in stages which of their sources can
+        no longer arrive, and stop waiting for the terminals no stage can still send to
+        (:mod:`omnitrio.reach`).  ``streamed``: stages it streamed to before leaving them out,
+        which must let go of the request when it completes (at once, when it already has).
 
         Once every awaited terminal answered or was cut off, the request completes with those
         that answered; when none did, it fails naming ``stage``.
         """
+        if streamed:
+            self._streamed |= frozenset(streamed)
+            if self.phase is not Phase.RUNNING:
+                self._let_go(frozenset(streamed))
         if self.phase is not Phase.RUNNING:
             return
         self._skips = skips = (*self._skips, (stage, left_out))
+        self._tell_fan_ins(stage, reach.fan_in_cuts(skips))
         cut_off = reach.cut_off(skips)
         if self.awaited.isdisjoint(cut_off):
             return
@@ -167,10 +190,29 @@ class CallerRequest:
         error = RequestFailed(self.request_id, stage, "Unreachable", message)
         self.fail(error, REQUEST_FAILED, {"stage": stage, "error_type": "Unreachable", "message": message})
 
+    def _tell_fan_ins(self, stage: str, cuts: Iterable[tuple[str, frozenset[str]]]) -> None:
+        for fan_in, sources in cuts:
+            if self._cut is None:
+                self._cut = {}
+            told = self._cut.get(fan_in, frozenset())
+            if not sources <= told:
+                self._table.send(Cut(self.request_id, self.inc, fan_in, tuple(sorted(sources - told)), stage))
+                self._cut[fan_in] = sources | told
+
     def _completed(self, stage: str) -> None:
         self._table.emit(self.request_id, TERMINAL_RESPONSE, {"from_stage": stage})
         self.phase = Phase.COMPLETED
         self.events.close()
+        self._let_go(self._table.lingering.after(frozenset(self.results), self._skips, self._streamed))
+
+    def _let_go(self, stages: frozenset[str]) -> None:
+        """Ask ``stages`` (those whose process is up) to let go of the completed request."""
+        if not stages:
+            return
+        asked = stages & self._table.holders(self.inc)
+        self.unacked |= asked
+        for stage in asked:
+            self._table.send(Abort(self.request_id, self.inc, stage))
 
     def consumed(self, stage: str) -> None:
         """The caller took one of ``stage``'s chunks: give it credit back, in batches."""
@@ -201,13 +243,15 @@ class CallerRequest:
         return True
 
     def leave(self, error: RequestError | None = None) -> None:
-        """The caller stopped waiting: abort the request if it still runs; forget it if it completed."""
+        """The caller stopped waiting: abort the request if it still runs; once it completed, forget
+        it as soon as every stage asked to let go has."""
         if self.phase is Phase.RUNNING:
             reason = "timeout" if isinstance(error, RequestTimeout) else "client"
             aborted = error or RequestAborted(self.request_id, "aborted: the caller left")
             self.fail(aborted, REQUEST_ABORTED, {"reason": reason})
         elif self.phase is Phase.COMPLETED:
-            self._forget()
+            self.phase = Phase.RELEASING
+            self._maybe_gone()
 
     # -- 3. let go (by the stages) ---------------------------------------------------
 
@@ -242,8 +286,10 @@ class RequestStream:
     a deadline aborts it and raises :class:`RequestTimeout`.
     """
 
-    def __init__(self, open_request: Callable[[Submission, float], CallerRequest], submission: Submission) -> None:
-        """``open_request(submission, deadline)`` admits the request (the coordinator's ``open``)."""
+    def __init__(
+        self, open_request: Callable[[Submission, float], Awaitable[CallerRequest]], submission: Submission
+    ) -> None:
+        """``open_request(submission, deadline)`` admits the request (the coordinator's ``admit``)."""
         self._open = open_request
         self.submission = submission
         self._deadline = math.inf
@@ -265,13 +311,13 @@ class RequestStream:
             return next(iter(results.values()))
         return dict(results)
 
-    def _start(self) -> CallerRequest:
+    async def _start(self) -> CallerRequest:
         timeout = self.submission.timeout
         if timeout is not None:
             if timeout <= 0:
                 raise ValueError(f"timeout must be > 0, got {timeout}")
             self._deadline = trio.current_time() + timeout
-        request = self._request = self._open(self.submission, self._deadline)
+        request = self._request = await self._open(self.submission, self._deadline)
         token = trio.lowlevel.current_trio_token()
         self._finalizer = weakref.finalize(self, _leave_later, token, request)
         self._finalizer.atexit = False
@@ -279,7 +325,7 @@ class RequestStream:
 
     async def __aenter__(self) -> RequestStream:
         if self._request is None:
-            self._start()
+            await self._start()
         return self
 
     async def __aexit__(
@@ -301,7 +347,7 @@ class RequestStream:
     async def __anext__(self) -> StreamMessage | CompleteMessage:
         request = self._request
         if request is None:
-            request = self._start()
+            request = await self._start()
         elif self._done and not request.events:
             raise StopAsyncIteration
         try:

@@ -6,6 +6,7 @@
                              [--api-key KEY ...] [--allowed-origin URL ...] [--limit NAME=VALUE ...]
     python -m omnitrio run [--config FILE] [--set k=v ...] [--audio-out FILE.wav] INPUT
     python -m omnitrio check [--model PATH] [--set k=v ...] FILE
+    python -m omnitrio tiny-model FAMILY DIR [--size tiny|medium] [--seed N]
     python -m omnitrio trace ...            (omnitrio.trace, when it is installed)
 
 Without ``--config``, ``serve`` and ``run`` use the default pipeline: ``configs/speech.toml`` next to
@@ -13,6 +14,8 @@ the ``omnitrio`` package (the repository checkout an editable install points at)
 on loopback unless told otherwise; a busy port is an error that names the address (checked before
 any model loads, never a silent switch to another port). SIGINT or SIGTERM drains in-flight requests
 and exits 0. Exit codes: 0 success, 1 the request or the server failed, 2 bad usage or config.
+``tiny-model`` writes a random checkpoint of a served model family (:mod:`omnitrio.tiny_models`) and
+prints the command that serves it.
 
 Who may use the server: with ``--api-key`` (repeatable) or ``OMNITRIO_API_KEY`` (keys separated by
 commas), every ``/v1/*`` route needs ``Authorization: Bearer KEY`` (:mod:`omnitrio.serve.auth`);
@@ -39,7 +42,7 @@ from omnitrio.config import PipelineConfig
 from omnitrio.config_loading import load
 from omnitrio.errors import ConfigError, StartupError
 from omnitrio.importing import import_object
-from omnitrio.reach import route_warnings
+from omnitrio.tiny_models import SIZES, TINY_MODELS, config_for, write_tiny_model
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "speech.toml"
 log = logging.getLogger("omnitrio.cli")
@@ -161,8 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate a config and print its stage graph",
         description="Load and validate a pipeline file (importing every factory and function it names) "
         "and print its stages and edges. Exit 0 when valid, 2 with the error otherwise (a stage that "
-        "needs a package not installed here included). Warns (exit 0) of a route_fn that can leave a "
-        "terminal stage out when no terminal_stages_fn is set.",
+        "needs a package not installed here included).",
     )
     check.add_argument("file", type=Path, metavar="FILE", help="pipeline TOML file")
     check.add_argument(
@@ -172,6 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="as serve's --model; stages that can check it (files, not weights) do",
     )
     overrides(check)
+
+    tiny = commands.add_parser(
+        "tiny-model",
+        help="write a tiny random checkpoint of a model family, to try its pipeline without weights",
+        description="Write a random checkpoint laid out as the family's released one (config, shards, "
+        "tokenizer, processor files), small enough to answer on a CPU in seconds, and print the serve "
+        "command for it. The same --seed writes the same weights.",
+    )
+    tiny.add_argument("family", choices=sorted(TINY_MODELS), metavar="FAMILY", help=f"one of {sorted(TINY_MODELS)}")
+    tiny.add_argument("directory", type=Path, metavar="DIR", help="where to write it (created)")
+    tiny.add_argument("--size", choices=SIZES, default="tiny", help="tiny (default) or medium (a few M parameters)")
+    tiny.add_argument("--seed", type=int, default=0, help="the weights' seed (default: 0)")
 
     trace = commands.add_parser(
         "trace",
@@ -197,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _run(args)
             case "check":
                 return _check(args)
+            case "tiny-model":
+                return _tiny_model(args)
             case "trace":
                 return _trace(args.args)
     except (ConfigError, UsageError) as exc:
@@ -242,12 +258,17 @@ def _check(args: argparse.Namespace) -> int:
     print(f"server limits (serve --limit NAME=VALUE):\n{limits_for(config).describe()}")
     stages = ", ".join(f"{name} max_sessions={limit}" for name, limit in session_stages(config).items())
     print(f"  (max_realtime_sessions follows the session stages: {stages or 'none'})")
-    for warning in route_warnings(config):
-        print(f"omnitrio: warning: {warning}", file=sys.stderr)
     problems = preflight(config)
     for problem in problems:
         print(f"omnitrio: error: {problem}", file=sys.stderr)
     return 2 if problems else 0  # a config that cannot run here (a package missing) is a config error
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    written = write_tiny_model(args.family, args.directory, size=args.size, seed=args.seed)
+    print(f"wrote a {args.size} random {args.family} checkpoint to {written}")
+    print(f"serve it: python -m omnitrio serve --config {config_for(args.family)} --model {written}")
+    return 0
 
 
 def preflight(config: PipelineConfig) -> list[str]:

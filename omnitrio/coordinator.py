@@ -2,10 +2,12 @@
 
 Each submission (a :class:`~omnitrio.caller.Submission`) gets a
 :class:`~omnitrio.caller.CallerRequest` that lives in the coordinator's table until the
-request is finished everywhere: completed by every expected terminal stage, or — after a
-failure, abort or deadline — until every stage has answered the broadcast abort with
-``Released``.  Only then may its id be used again, so a reused id never meets a stage or
-scheduler that still holds its previous life.  :mod:`omnitrio.caller` holds the request's
+request is finished everywhere: completed by every expected terminal stage, or failed,
+aborted or past its deadline — and every stage asked to let go of it (all of them after
+a failure; after a completion those that may still hold it, :mod:`omnitrio.lingering`)
+has answered with ``Released``.  Only then may its id be used again, so a reused id never
+meets a stage or scheduler that still holds its previous life; a new request with that id
+waits for it (:meth:`Coordinator.admit`).  :mod:`omnitrio.caller` holds the request's
 life; this module admits requests, keeps the table and routes what stages send back.
 
 A request is bound to one replica of each replicated process group when it is opened
@@ -48,6 +50,7 @@ from omnitrio.errors import (
     RequestAborted,
     RequestError,
     RequestFailed,
+    RequestTimeout,
 )
 from omnitrio.events import (
     FIRST_STREAM_CHUNK,
@@ -57,6 +60,7 @@ from omnitrio.events import (
     REQUEST_REJECTED,
     REQUEST_SUBMITTED,
 )
+from omnitrio.lingering import Lingering
 from omnitrio.messages import StreamMessage
 from omnitrio.replicas import Bindings, Replicas
 from omnitrio.topology import MAIN, StageFunctionError, Topology
@@ -161,7 +165,7 @@ class Coordinator:
         early aborts the request everywhere.  A bare ``async for`` works too.
         """
         timeout = self.default_timeout if timeout is None else timeout
-        return RequestStream(self.open, Submission(request_id, inputs, params, timeout, metadata))
+        return RequestStream(self.admit, Submission(request_id, inputs, params, timeout, metadata))
 
     async def abort(self, request_id: str, *, wait: bool = False) -> bool:
         """Abort a live request at every stage.
@@ -177,6 +181,22 @@ class Coordinator:
         if wait:
             await request.gone.wait()
         return aborted
+
+    async def admit(self, submission: Submission, deadline: float = math.inf) -> CallerRequest:
+        """:meth:`open`, once an earlier request with the same id whose caller has its answer is
+        gone (every stage it asked to let go has): what :class:`RequestStream` calls.
+
+        Raises what :meth:`open` raises, and :class:`RequestTimeout` when ``deadline`` passes first.
+        """
+        request_id = submission.request_id
+        earlier = self._requests.get(request_id) if isinstance(request_id, str) else None
+        while earlier is not None and earlier.phase is Phase.RELEASING:
+            with trio.move_on_at(deadline):
+                await earlier.gone.wait()
+            if not earlier.gone.is_set():
+                raise RequestTimeout(request_id, submission.timeout or 0)
+            earlier = self._requests.get(request_id)
+        return self.open(submission, deadline)
 
     def open(self, submission: Submission, deadline: float = math.inf) -> CallerRequest:
         """Admit ``submission`` and send it to the entry stage (what :class:`RequestStream` calls).
@@ -215,6 +235,10 @@ class Coordinator:
 
     def holders(self, inc: int) -> set[str]:
         return {stage for stage in self._stages if self._bindings.reachable(stage, inc)}
+
+    @property
+    def lingering(self) -> Lingering:
+        return self.topology.lingering
 
     def forget(self, request: CallerRequest) -> None:
         """The request is finished everywhere: its id may be used again."""
@@ -278,5 +302,5 @@ class Coordinator:
                     request.fail(error, REQUEST_FAILED, fields)
             case Released(stage=stage):
                 request.released((stage,))
-            case Skipped(stage=stage, targets=targets):
-                request.skipped(stage, targets, self.topology.reach)
+            case Skipped(stage=stage, targets=targets, streamed=streamed):
+                request.skipped(stage, targets, streamed, self.topology.reach)

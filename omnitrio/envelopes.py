@@ -60,6 +60,17 @@ class Abort(msgspec.Struct, tag="a", array_like=True):
     to: str
 
 
+class Cut(msgspec.Struct, tag="x", array_like=True):
+    """Fan-in stage ``to`` gets no payload from ``sources`` for this request: stage ``by``'s route
+    left out every way to them (the coordinator sends it, :mod:`omnitrio.reach`)."""
+
+    rid: str
+    inc: int
+    to: str
+    sources: tuple[str, ...]
+    by: str
+
+
 class Credit(msgspec.Struct, tag="g", array_like=True):
     """``src`` (the caller, or a stage) consumed ``n`` of this request's chunks from stage ``to``,
     which may send it ``n`` more."""
@@ -115,14 +126,18 @@ class Released(msgspec.Struct, tag="R", array_like=True):
 
 
 class Skipped(msgspec.Struct, tag="K", array_like=True):
-    """Stage ``stage``'s route left ``targets`` out, so terminals the request waits for may be
-    unreachable now (:mod:`omnitrio.reach` says when a stage sends one)."""
+    """Stage ``stage``'s route left ``targets`` out, so terminals the request waits for or fan-in
+    sources may be unreachable now (:mod:`omnitrio.reach` says when a stage sends one).
+
+    ``streamed``: stages it streamed to and then left out that another stage may still send a
+    payload; they are let go of when the request completes (:mod:`omnitrio.lingering`)."""
 
     rid: str
     inc: int
     stage: str
     targets: tuple[str, ...]
+    streamed: tuple[str, ...] = ()
 
 
-ToStage = Payload | Chunk | Done | Abort | Credit
+ToStage = Payload | Chunk | Done | Cut | Abort | Credit
 ToCoordinator = Complete | StreamOut | Failed | Released | Skipped

@@ -1,23 +1,28 @@
-"""Which terminal stages a request can still reach after the routes it took.
+"""Which stages a request can still reach after the routes it took.
 
 A request runs each stage at most once (a stage refuses a second payload), and ``next``
 edges form no cycle, so which stages a request can still reach follows from the routes
-already taken.  A stage is **cut off** for a request when it is not the entry stage, some
-stage sends to it, and every stage that does (by ``next`` or ``stream_to``) is either cut
-off itself or routed this request elsewhere (its ``route_fn`` left it out).  A stream
-sender that runs never cuts a stage off: its chunks do not follow the route.  A stage no
-stage sends to (one a scheduler admits by itself) is never cut off.
+already taken.  A stage that some stage sends payloads to (by ``next``) runs a request
+only once its payload arrives: stream chunks alone never complete it.  Such a stage is
+**cut off** for a request when every stage that sends to it is either cut off itself or
+routed this request elsewhere (its ``route_fn`` left it out).  A stage only streams
+reach (``stream_to``, no ``next`` edge to it) is cut off when every stage streaming to it
+is.  The entry stage, and a stage nothing sends or streams to (one a scheduler admits by
+itself), are never cut off.  A routing stage sends neither its end of stream nor its
+result to a stage its route alone cuts off, and lets go of any stream it had sent there
+(:meth:`RouteSkips.choice`), so nothing is held where the route did not go; a stage it
+left out that another stage may still send a payload to gets the end of its stream.
 
-A stage with a ``route_fn`` reports what its route left out (:meth:`RouteSkips.reported`)
+A stage with a ``route_fn`` reports what its route left out (:attr:`RouteChoice.reported`)
 only when that can matter: when a terminal the left-out targets reach is not one the
 chosen targets reach for sure (whatever later routes pick; past a fan-in stage nothing
-is sure).  A route that keeps every terminal reachable therefore sends nothing, and
-whether to report is a lookup; an unreported skip never keeps a cut-off terminal waited
-for, since every terminal it leads to is reached anyway.  The coordinator works out the
-cut-off stages once per distinct set of reports (:meth:`Reach.cut_off`).
-
-What this does not see: a fan-in stage (``wait_for``) one of whose sources was routed
-elsewhere still counts as reachable while another source sends to it.
+is sure), or when they lead to a fan-in source.  A route that keeps every terminal and
+every fan-in source reachable therefore sends nothing, and whether to report is a lookup;
+an unreported skip never keeps a cut-off terminal waited for, since every terminal it
+leads to is reached anyway.  The coordinator works out the cut-off stages once per
+distinct set of reports (:meth:`Reach.cut_off`), and tells each fan-in stage which of its
+sources were cut off (:meth:`Reach.fan_in_cuts`): a fan-in waits only for the sources that
+can still arrive.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from omnitrio.config import PipelineConfig
 
 Skips = tuple[tuple[str, tuple[str, ...]], ...]
 """What routes left out so far for one request: ``(stage, targets)`` pairs, in arrival order."""
+FanInCuts = tuple[tuple[str, frozenset[str]], ...]
+"""``(fan-in stage, its cut-off sources)`` pairs, for the fan-in stages not cut off themselves."""
 CACHED = 4096
 """Most ``Skips`` whose cut-off stages :meth:`Reach.cut_off` keeps (a graph has few)."""
 
@@ -47,7 +54,13 @@ class Reach:
     """Per stage, the terminal stages some path from it leads to (itself, if terminal)."""
     sure: dict[str, frozenset[str]]
     """Per stage, the terminal stages a request that runs it reaches whatever any route decides."""
-    _cut_off: dict[Skips, frozenset[str]] = attrs.field(factory=dict, init=False, repr=False, eq=False)
+    downstream: dict[str, frozenset[str]]
+    """Per stage, the stages its ``next`` edges lead to, itself included."""
+    fan_ins: dict[str, frozenset[str]]
+    """Per fan-in stage (``wait_for``), its sources."""
+    _cut_off: dict[Skips, tuple[frozenset[str], FanInCuts]] = attrs.field(
+        factory=dict, init=False, repr=False, eq=False
+    )
 
     @classmethod
     def of(cls, config: PipelineConfig) -> Reach:
@@ -62,18 +75,20 @@ class Reach:
                 streamers[target].append(s.name)
         reach = {s.name: frozenset((s.name,)) if s.terminal else frozenset() for s in stages}
         sure = dict(reach)
+        downstream = {s.name: frozenset((s.name,)) for s in stages}
         changed = True
         while changed:  # each pass only grows the sets, which are bounded: it ends
             changed = False
             for s in stages:
                 found = reach[s.name].union(*(reach[t] for t in [*s.next_stages, *s.stream_to]))
+                below = downstream[s.name].union(*(downstream[t] for t in s.next_stages))
                 certain = sure[s.name]
                 if s.route_fn and not s.terminal:  # whichever targets it picks, it picks one
                     certain = frozenset.intersection(*(sure[t] for t in s.next_stages))
                 elif not (s.terminal or s.wait_for):
                     certain = certain.union(*(sure[t] for t in s.next_stages))
-                if found != reach[s.name] or certain != sure[s.name]:
-                    reach[s.name], sure[s.name] = found, certain
+                if found != reach[s.name] or certain != sure[s.name] or below != downstream[s.name]:
+                    reach[s.name], sure[s.name], downstream[s.name] = found, certain, below
                     changed = True
         assert config.entry_stage is not None
         return cls(
@@ -82,22 +97,37 @@ class Reach:
             streamers={k: tuple(v) for k, v in streamers.items()},
             reach=reach,
             sure=sure,
+            downstream=downstream,
+            fan_ins={s.name: frozenset(s.wait_for) for s in stages if s.wait_for},
         )
 
-    def skippable(self, next_stages: Collection[str]) -> frozenset[str]:
-        """The terminals some one-target route over ``next_stages`` leaves unreachable from there."""
-        every = frozenset().union(*(self.reach[t] for t in next_stages))
-        return frozenset().union(*(every - self.reach[t] for t in next_stages))
+    @property
+    def sources(self) -> frozenset[str]:
+        """Every stage some fan-in waits for."""
+        return frozenset().union(*self.fan_ins.values())
 
-    def route_skips(self, next_stages: tuple[str, ...]) -> RouteSkips:
-        return RouteSkips(self, next_stages)
+    def route_skips(self, stage: str, next_stages: tuple[str, ...], stream_to: tuple[str, ...]) -> RouteSkips:
+        return RouteSkips(self, stage, next_stages, stream_to)
 
     def cut_off(self, skips: Skips) -> frozenset[str]:
         """The stages a request can no longer reach, given what routing stages left out: ``skips``
         holds ``(stage, left_out)`` in arrival order.  Worked out once per ``skips`` seen."""
+        return self._known(skips)[0]
+
+    def fan_in_cuts(self, skips: Skips) -> FanInCuts:
+        """Per fan-in stage still reachable, the sources of it that ``skips`` cut off (those with any)."""
+        return self._known(skips)[1]
+
+    def _known(self, skips: Skips) -> tuple[frozenset[str], FanInCuts]:
         found = self._cut_off.get(skips)
         if found is None:
-            found = self._work_out(dict(skips))
+            dead = self._work_out(dict(skips))
+            cuts = tuple(
+                (stage, sources & dead)
+                for stage, sources in self.fan_ins.items()
+                if stage not in dead and not sources.isdisjoint(dead)
+            )
+            found = (dead, cuts)
             if len(self._cut_off) < CACHED:
                 self._cut_off[skips] = found
         return found
@@ -108,54 +138,64 @@ class Reach:
         while changed:
             changed = False
             for name, senders in self.senders.items():
-                if name in dead or name == self.entry or not (senders or self.streamers[name]):
+                if name in dead or name == self.entry:
                     continue
-                if all(s in dead or name in skips.get(s, ()) for s in senders) and all(
-                    s in dead for s in self.streamers[name]
-                ):
+                if senders:
+                    gone = all(s in dead or name in skips.get(s, ()) for s in senders)
+                else:
+                    streamers = self.streamers[name]
+                    gone = bool(streamers) and all(s in dead for s in streamers)
+                if gone:
                     dead.add(name)
                     changed = True
         return frozenset(dead)
 
 
+@attrs.frozen
+class RouteChoice:
+    """What follows from one choice of a routing stage (:meth:`RouteSkips.choice`)."""
+
+    reported: tuple[str, ...]
+    """The targets left out, when the coordinator must hear of them; else ()."""
+    done_to: tuple[str, ...]
+    """The ``stream_to`` stages that get the end of its stream: those the choice does not cut off
+    (those chosen, and those another stage may still send a payload to)."""
+    cut: frozenset[str]
+    """The stages this choice alone cuts off: a stream sent there is let go of."""
+
+
 class RouteSkips:
-    """What one routing stage reports of its routes; a lookup once a choice has been seen."""
+    """What one routing stage's choices mean; a lookup once a choice has been seen."""
 
-    __slots__ = ("_known", "_next", "_reach")
+    __slots__ = ("_known", "_name", "_next", "_reach", "_stream_to")
 
-    def __init__(self, reach: Reach, next_stages: tuple[str, ...]) -> None:
+    def __init__(self, reach: Reach, name: str, next_stages: tuple[str, ...], stream_to: tuple[str, ...]) -> None:
         self._reach = reach
+        self._name = name
         self._next = next_stages
-        self._known: dict[str | frozenset[str], tuple[str, ...]] = {}
+        self._stream_to = stream_to
+        self._known: dict[str | frozenset[str], RouteChoice] = {}
 
-    def reported(self, targets: list[str]) -> tuple[str, ...]:
-        """The targets a route to ``targets`` left out, when the coordinator must hear of them; else ()."""
-        if len(targets) == len(self._next):
-            return ()
+    def choice(self, targets: list[str]) -> RouteChoice:
+        """What a route to ``targets`` (a non-empty subset of ``next``) means for the request."""
         key: str | frozenset[str] = targets[0] if len(targets) == 1 else frozenset(targets)
         found = self._known.get(key)
         if found is None:
             found = self._known[key] = self._work_out(targets)
         return found
 
-    def _work_out(self, targets: list[str]) -> tuple[str, ...]:
+    def reported(self, targets: list[str]) -> tuple[str, ...]:
+        """The targets a route to ``targets`` left out, when the coordinator must hear of them; else ()."""
+        return self.choice(targets).reported
+
+    def _work_out(self, targets: list[str]) -> RouteChoice:
         reach = self._reach
         left_out = tuple(t for t in self._next if t not in targets)
+        if not left_out:
+            return RouteChoice((), self._stream_to, frozenset())
         at_risk = frozenset().union(*(reach.reach[t] for t in left_out))
         certain = frozenset().union(*(reach.sure[t] for t in targets))
-        return left_out if at_risk - certain else ()
-
-
-def route_warnings(config: PipelineConfig) -> list[str]:
-    """One line per ``route_fn`` that can leave a terminal stage out while no ``terminal_stages_fn``
-    says which terminals each request waits for (``omnitrio check`` prints them)."""
-    if config.terminal_stages_fn is not None:
-        return []
-    reach = Reach.of(config)
-    return [
-        f"stage {stage.name!r}: its route_fn can leave out terminal stage(s) {sorted(skippable)} and no "
-        "terminal_stages_fn says which terminals a request waits for; a request routed away from one "
-        "completes with the terminals that answered"
-        for stage in config.stages
-        if stage.route_fn and not stage.terminal and (skippable := reach.skippable(stage.next_stages))
-    ]
+        feeds_fan_in = not reach.sources.isdisjoint(frozenset().union(*(reach.downstream[t] for t in left_out)))
+        cut = reach.cut_off(((self._name, left_out),))
+        done_to = tuple(t for t in self._stream_to if t not in cut)
+        return RouteChoice(left_out if at_risk - certain or feeds_fan_in else (), done_to, cut)

@@ -33,7 +33,7 @@ import trio
 
 from omnitrio.bridge import LoopIdle, SchedulerBridge
 from omnitrio.contract import IncomingMessage, OutgoingMessage
-from omnitrio.envelopes import UNBOUND, Abort, Chunk, Credit, Done, Failed, Payload, Released, ToStage
+from omnitrio.envelopes import UNBOUND, Abort, Chunk, Credit, Cut, Done, Failed, Payload, Released, ToStage
 from omnitrio.events import EventRecorder
 from omnitrio.flow import hold_back
 from omnitrio.inbox_feed import InboxFeed
@@ -161,26 +161,32 @@ class Stage:
                 req = self.requests.get(rid)
                 if req is not None and req.inc <= inc:
                     req.abort()  # its task answers with Released when it has let go
-                else:
-                    self.board.send(Released(rid, inc, self.name))
+                    if req.inc in (inc, UNBOUND):
+                        return
+                self.board.send(Released(rid, inc, self.name))
             case Credit(rid=rid, inc=inc, n=n, src=src):
                 req = self.requests.get(rid)
                 if req is not None and (req.inc == inc or req.inc == UNBOUND):
                     req.grant(src, n)
-            case Payload() | Chunk() | Done():
+            case Payload() | Chunk() | Done() | Cut():
                 req = self._request_for(envelope)
                 if req is None:
                     self.board.release(leases)
                 else:
                     req.arrive(envelope, leases)
 
-    def _request_for(self, envelope: Payload | Chunk | Done) -> StageRequest | None:
+    def _request_for(self, envelope: Payload | Chunk | Done | Cut) -> StageRequest | None:
         """The live request this input belongs to, made (and its task started) if new;
-        None when the input is for a buried life of the id or the stage is full."""
+        None when the input is for a buried or earlier life of the id, clashes with an
+        earlier life the stage still holds, or the stage is full."""
         rid, inc = envelope.rid, envelope.inc
         req = self.requests.get(rid)
         if req is not None:
-            return req if req.inc == inc else None
+            if req.inc == inc or req.inc == UNBOUND:
+                return req
+            if req.inc < inc:
+                self._clash(req, inc)
+            return None  # else a late input of an earlier life
         if self.tombstones.buries(rid, inc) or self._nursery is None:
             return None
         if self.supervisor.dead_reason is not None:
@@ -195,6 +201,17 @@ class Stage:
             self.tombstones.add(rid, inc)
             return None
         return self._start(StageRequest(self, rid, inc))
+
+    def _clash(self, held: StageRequest, inc: int) -> None:
+        """An input of a later life of an id this stage still holds: the later life fails (its
+        caller sees why), and the stage lets go of the earlier one, which nobody waits for any more
+        (the coordinator gives an id a new life only once it is done with the old one)."""
+        rid = held.request_id
+        message = f"request id {rid!r} clashes with an earlier request of that id this stage still holds"
+        log.warning("stage %r: %s; letting go of the earlier one", self.name, message)
+        self.tombstones.add(rid, inc)
+        self.board.send(Failed(rid, inc, self.name, "RequestClash", message))
+        held.abort()
 
     def _start(self, req: StageRequest) -> StageRequest:
         assert self._nursery is not None

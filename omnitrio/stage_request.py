@@ -31,9 +31,11 @@ from omnitrio.contract import (
 )
 from omnitrio.envelopes import (
     COORDINATOR,
+    Abort,
     Chunk,
     Complete,
     Credit,
+    Cut,
     Done,
     Failed,
     Payload,
@@ -59,6 +61,7 @@ from omnitrio.topology import StageFunctionError
 if TYPE_CHECKING:
     from omnitrio.bridge import SchedulerBridge
     from omnitrio.events import EventRecorder
+    from omnitrio.reach import RouteChoice
     from omnitrio.switchboard import Switchboard
     from omnitrio.tombstones import Tombstones
     from omnitrio.topology import StagePlan
@@ -157,7 +160,7 @@ class StageRequest:
 
     # -- 1. arrive ------------------------------------------------------------------
 
-    def arrive(self, envelope: Payload | Chunk | Done, leases: Sequence[Any]) -> None:
+    def arrive(self, envelope: Payload | Chunk | Done | Cut, leases: Sequence[Any]) -> None:
         """Take one input; what completes an input goes to the scheduler now (never blocks)."""
         self.leases.extend(leases)
         stage, rid = self.stage, self.request_id
@@ -173,9 +176,7 @@ class StageRequest:
                     self.fail_with(exc)
                     return
                 if payload is not None:
-                    self._to_scheduler(IncomingMessage(rid, "new_request", payload), _AFTER_PAYLOAD)
-                    if rec is not None:
-                        rec.emit(rid, stage.name, STAGE_DISPATCH)
+                    self._dispatch(payload)
             case Chunk(src=src, chunk_id=chunk_id, body=body, metadata=metadata):
                 if self._refuse_early_stream(f"stream chunk #{chunk_id} from {src!r}"):
                     return
@@ -186,6 +187,22 @@ class StageRequest:
             case Done(src=src):
                 if not self._refuse_early_stream(f"end of stream from {src!r}"):
                     self._to_scheduler(IncomingMessage(rid, "stream_done", src), _AFTER_STREAM)
+            case Cut(sources=sources, by=by):
+                if self.fan_in is None:
+                    return
+                try:
+                    complete, merged = self.fan_in.cut(frozenset(sources), by)
+                except StageFunctionError as exc:
+                    self.fail_with(exc)
+                    return
+                if complete:
+                    self._dispatch(merged)
+
+    def _dispatch(self, payload: Any) -> None:
+        self._to_scheduler(IncomingMessage(self.request_id, "new_request", payload), _AFTER_PAYLOAD)
+        rec = self.stage.recorder
+        if rec is not None:
+            rec.emit(self.request_id, self.stage.name, STAGE_DISPATCH)
 
     def _gather(self, src: str, body: Any) -> Any:
         """The payload to hand the scheduler, or None while fan-in inputs are missing."""
@@ -340,31 +357,54 @@ class StageRequest:
     def _route(self, result: Any) -> None:
         """End-of-stream signals first, then the result to each next stage (or the caller).
 
-        A route that leaves out targets through which a terminal could be reached tells the
-        coordinator first (:class:`~omnitrio.envelopes.Skipped`).
+        The end of its stream goes where the route went (:meth:`StagePlan.stream_done_targets`).
+        A route that leaves out targets through which a terminal or a fan-in source could be
+        reached tells the coordinator first (:class:`~omnitrio.envelopes.Skipped`); a stage it
+        streamed to and then cut off is told to let go (:mod:`omnitrio.reach`).
         """
         stage, rid, inc = self.stage, self.request_id, self.inc
         plan, board, rec = stage.plan, stage.board, stage.recorder
-        if plan.stream_to:
-            for target in plan.stream_done_targets(rid, result):
-                board.send(Done(rid, inc, target, stage.name))
         if plan.terminal:
+            if plan.stream_to:
+                self._end_streams(plan.stream_done_targets(rid, result, None))
             data = result.data if isinstance(result, StagePayload) else result
             if rec is not None:
                 rec.emit(rid, stage.name, STAGE_COMPLETE, terminal=True, next=[])
             board.send(Complete(rid, inc, stage.name, data))
             return
         targets = plan.targets(rid, result)
+        choice = plan.choice(targets)
+        done_to = plan.stream_done_targets(rid, result, choice) if plan.stream_to else ()
+        if done_to:
+            self._end_streams(done_to)
         fan_out = len(targets) > 1
         bodies = [plan.project(t, result, fan_out=fan_out) for t in targets]
         if rec is not None:
             rec.emit(rid, stage.name, STAGE_COMPLETE, terminal=False, next=targets)
-        if plan.route is not None and (left_out := plan.left_out(targets)):
-            board.send(Skipped(rid, inc, stage.name, left_out))  # first: a request with nothing left to reach ends
+        if choice is not None:
+            self._leave_out(choice, targets, done_to)  # first: a request with nothing left to reach ends
         for target, body in zip(targets, bodies, strict=True):
             if rec is not None:  # before the send: a local send delivers at once
                 rec.emit(rid, stage.name, STAGE_HOP_SENT, to_stage=target, transport=board.transport_to(target))
             board.send(Payload(rid, inc, target, stage.name, body))
+
+    def _end_streams(self, targets: Sequence[str]) -> None:
+        stage = self.stage
+        for target in targets:
+            stage.board.send(Done(self.request_id, self.inc, target, stage.name))
+
+    def _leave_out(self, choice: RouteChoice, targets: list[str], done_to: Sequence[str]) -> None:
+        """Tell the coordinator what the route left out, when that matters (and which of those
+        stages got this stage's stream), and let go of the streams it sent where the route cut off."""
+        stage, rid, inc = self.stage, self.request_id, self.inc
+        sent = {*self._chunk_ids, *done_to} if self._chunk_ids else done_to
+        streamed = tuple(t for t in sent if t not in targets and t in stage.plan.next and t not in choice.cut)
+        if self._chunk_ids:
+            for target in self._chunk_ids:
+                if target in choice.cut:
+                    stage.board.send(Abort(rid, inc, target))  # answered to the coordinator, which ignores it
+        if choice.reported or streamed:
+            stage.board.send(Skipped(rid, inc, stage.name, choice.reported, streamed))
 
     def _fail(self, error: Any) -> None:
         if isinstance(error, BaseException):
@@ -399,6 +439,8 @@ class StageRequest:
                 bridge.abort(rid)
         stage.board.let_go(rid, self.inc, stage.name, self.leases)
         self.leases.clear()
+        if outcome is Outcome.DONE and stage.plan.cuttable:
+            stage.tombstones.add(rid, self.inc)  # a late Cut (or payload) of this life starts nothing
         if self.cancel_scope.cancel_called:
             if stage.recorder is not None:
                 stage.recorder.emit(rid, stage.name, STAGE_ABORTED)

@@ -45,6 +45,7 @@ from omnitrio.envelopes import (
     Chunk,
     Complete,
     Credit,
+    Cut,
     Done,
     Failed,
     Payload,
@@ -254,7 +255,7 @@ class Switchboard:
             frame = frame.message
         message = wire.decode(frame)
         match message:
-            case Payload() | Chunk() | Done() | Abort() | Credit():
+            case Payload() | Chunk() | Done() | Cut() | Abort() | Credit():
                 self._to_stage(src, message, buffers)
             case Complete() | StreamOut() | Failed() | Released() | Skipped():
                 self._to_coordinator(src, message, buffers)

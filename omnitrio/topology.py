@@ -5,12 +5,16 @@ function it names is imported here, once.  Calls into user code (``route_fn``,
 projections, ``stream_done_to_fn``) go through :class:`StagePlan`, which turns a raise or
 an invalid return into :class:`StageFunctionError` — the caller fails that one request,
 never the stage.
+
+Where a stage's end of stream goes is the runtime's decision (:meth:`StagePlan.stream_done_targets`):
+only to the ``stream_to`` stages its route chose, or that the route leaves reachable;
+``stream_done_to_fn`` overrides it.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -18,7 +22,8 @@ import attrs
 from omnitrio.config import PipelineConfig, StageConfig
 from omnitrio.contract import StagePayload
 from omnitrio.importing import import_object
-from omnitrio.reach import Reach, RouteSkips
+from omnitrio.lingering import Lingering
+from omnitrio.reach import Reach, RouteChoice, RouteSkips
 
 MAIN = "main"
 """The caller's process: the coordinator's, and the home of every stage without ``process``."""
@@ -91,7 +96,9 @@ class StagePlan:
     stream_to: tuple[str, ...]
     stream_done_to: Callable[[str, Any], Any] | None
     skips: RouteSkips | None = None
-    """What this stage's route must report to the coordinator (with a ``route_fn`` only)."""
+    """What this stage's route choices mean (with a ``route_fn`` only)."""
+    cuttable: bool = False
+    """Whether routes can cut off one of this fan-in stage's sources (it may hear so after it ran)."""
 
     @property
     def terminal(self) -> bool:
@@ -109,10 +116,16 @@ class StagePlan:
         (:mod:`omnitrio.reach`); else ()."""
         return () if self.skips is None else self.skips.reported(targets)
 
-    def stream_done_targets(self, request_id: str, result: Any) -> list[str]:
-        """Which ``stream_to`` stages get this request's end-of-stream signal."""
+    def choice(self, targets: list[str]) -> RouteChoice | None:
+        """What a route to ``targets`` means (:class:`~omnitrio.reach.RouteChoice`); None without a ``route_fn``."""
+        return None if self.skips is None else self.skips.choice(targets)
+
+    def stream_done_targets(self, request_id: str, result: Any, choice: RouteChoice | None) -> Sequence[str]:
+        """Which ``stream_to`` stages get this request's end-of-stream signal: those the route
+        (``choice``) chose or leaves reachable; all of them without a route; what
+        ``stream_done_to_fn`` says when the stage has one."""
         if self.stream_done_to is None:
-            return list(self.stream_to)
+            return self.stream_to if choice is None else choice.done_to
         where = f"stream_done_to_fn of stage {self.name!r}"
         value = call_user(where, self.stream_done_to, request_id, result)
         return _target_list(where, value, self.stream_to, allow_empty=True)
@@ -168,6 +181,11 @@ def compile_stage(config: StageConfig) -> StagePlan:
     )
 
 
+def _routed_away(config: PipelineConfig, reach: Reach) -> frozenset[str]:
+    """The stages some route can leave a request without: those below a routing stage's ``next``."""
+    return frozenset().union(*(reach.downstream[t] for s in config.stages if s.route_fn for t in s.next_stages))
+
+
 @attrs.define
 class Topology:
     """The whole graph: stage plans by name, process groups, entry and terminals."""
@@ -176,6 +194,7 @@ class Topology:
     plans: dict[str, StagePlan]
     terminal_stages_fn: Callable[[str, Any], Any] | None
     reach: Reach
+    lingering: Lingering
 
     @classmethod
     def compile(cls, config: PipelineConfig, stage_names: Any = None) -> Topology:
@@ -184,9 +203,14 @@ class Topology:
         reach = Reach.of(config)
         for plan in plans.values():
             if plan.route is not None:
-                plan.skips = reach.route_skips(plan.next)
+                plan.skips = reach.route_skips(plan.name, plan.next, plan.stream_to)
+            plan.cuttable = plan.name in reach.fan_ins and not reach.fan_ins[plan.name].isdisjoint(
+                _routed_away(config, reach)
+            )
         fn = import_object(config.terminal_stages_fn) if config.terminal_stages_fn else None
-        return cls(config=config, plans=plans, terminal_stages_fn=fn, reach=reach)
+        return cls(
+            config=config, plans=plans, terminal_stages_fn=fn, reach=reach, lingering=Lingering.of(config, reach)
+        )
 
     @property
     def entry(self) -> str:

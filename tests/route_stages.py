@@ -1,6 +1,7 @@
-"""Routes chosen by the request, a stage a test opens like a gate, and a scheduler whose
-``stop()`` leaves its ``start()`` blocked: for the tests of routed-away terminals and of
-bounded shutdown.  Everything here works inline and in stage processes."""
+"""Routes, terminals and fan-in sources chosen by the request, a stage that streams to the
+stages the request names, a stage a test opens like a gate, and a scheduler whose ``stop()``
+leaves its ``start()`` blocked: for the tests of routed-away stages, of what completion
+releases, and of bounded shutdown.  Everything here works inline and in stage processes."""
 
 from __future__ import annotations
 
@@ -31,6 +32,59 @@ route_y = _route_from_inputs("y")
 
 def only_b(request_id: str, inputs: Any) -> list[str]:
     return ["b"]
+
+
+def terminals_from_inputs(request_id: str, inputs: Any) -> Any:
+    """A ``terminal_stages_fn``: the terminals the request names under ``terminals``."""
+    return inputs["terminals"]
+
+
+def every_source(request_id: str, from_stage: str, payload: StagePayload) -> list[str]:
+    """A ``wait_for_fn`` that expects both fan-in sources, whatever the route chose."""
+    return ["b", "c"]
+
+
+def source_b_only(request_id: str, from_stage: str, payload: StagePayload) -> list[str]:
+    """A ``wait_for_fn`` that expects only ``b`` (the route upstream of ``c`` leaves it out)."""
+    return ["b"]
+
+
+def merge_both(inputs: dict[str, StagePayload]) -> StagePayload:
+    """A ``merge_fn`` that needs both sources (it raises ``KeyError`` without one)."""
+    first = inputs["b"]
+    return StagePayload(first.request_id, first.request, {"b": first.data, "c": inputs["c"].data})
+
+
+class TargetedStreamer:
+    """For each stage named in ``inputs["stream"]``, streams three chunks addressed to it
+    (``OutgoingMessage.target``), then answers with its payload; one request at a time."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[IncomingMessage | None] = queue.Queue()
+        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+
+    def warm_up_serving_thread(self) -> None:
+        pass
+
+    def start(self) -> None:
+        while (msg := self.inbox.get()) is not None:
+            if msg.type != "new_request":
+                continue
+            payload: StagePayload = msg.data
+            for target in payload.request.inputs.get("stream", []):
+                for i in range(3):
+                    self.outbox.put(OutgoingMessage(msg.request_id, "stream", data={"i": i}, target=target))
+            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=payload))
+
+    def stop(self) -> None:
+        self.inbox.put(None)
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+
+def create_targeted_streamer() -> TargetedStreamer:
+    return TargetedStreamer()
 
 
 def create_gate(fifo: str) -> SimpleScheduler:

@@ -20,6 +20,8 @@ from omnitrio import PipelineConfig, StageConfig, open_pipeline
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
 from omnitrio.errors import StartupError
 from schedulers.ar.sglang_backend import SGLangScheduler, create_sglang_scheduler, per_token_hidden_states, shut_down
+from schedulers.ar.sglang_stages import chatml_prompt
+from tests.sglang_env.pipeline import pipeline_toml
 
 
 class FakeSGLangEngine:
@@ -243,16 +245,31 @@ def test_shutdown_removes_the_shm_files_the_engine_children_mapped_and_no_other(
             path.unlink(missing_ok=True)
 
 
-def test_check_names_what_to_install_when_sglang_is_missing_and_exits_2_as_its_help_says() -> None:
+def test_check_names_what_to_install_when_sglang_is_missing_and_exits_2_as_its_help_says(tmp_path: Path) -> None:
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("sglang is installed here (tests/test_sglang_engine.py checks the config with it)")
-    config = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni-sglang.toml"
+    config = pipeline_toml(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "omnitrio", "check", str(config)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 2
     assert "stage 'thinker': needs the `sglang` package" in done.stderr
     assert "pip install 'omnitrio[sglang]'" in done.stderr
+
+
+def test_a_pipeline_with_an_sglang_thinker_loads_without_importing_sglang(tmp_path: Path) -> None:
+    probe = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from omnitrio.config_loading import load\n"
+        "from tests.sglang_env.pipeline import THINKER, pipeline_toml\n"
+        f"config = load(pipeline_toml(Path({str(tmp_path)!r}), recorder='toys.stages.create_echo'))\n"
+        "assert config.stage('thinker').factory_path == THINKER\n"
+        "print('sglang' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=root)
+    assert done.stdout.split() == ["False"]
 
 
 def create_unstartable() -> SGLangScheduler:
@@ -269,3 +286,17 @@ async def test_an_engine_that_fails_to_start_fails_pipeline_start_up_naming_the_
         with pytest.raises(StartupError, match=r"stage 'thinker': scheduler failed to start: .*no GPU here"):
             async with open_pipeline(config, inline=True):
                 pass
+
+
+def test_chatml_prompt_renders_the_text_turns_and_refuses_media_naming_the_part() -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]},
+    ]
+    assert chatml_prompt({"task": "chat", "messages": messages}) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert chatml_prompt("Hi") == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[1\]: only text parts .* 'input_audio'"):
+        chatml_prompt({"task": "chat", "messages": [{"role": "user", "content": [messages[1]["content"][0], audio]}]})

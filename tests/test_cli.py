@@ -91,14 +91,11 @@ terminal = true
 """
 
 
-def test_check_warns_of_a_route_that_can_leave_a_terminal_out(
+def test_check_does_not_warn_of_a_route_that_can_leave_a_terminal_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # The runtime completes such a request with the terminals that answered: nothing to warn of.
     assert main(["check", str(write(tmp_path, ROUTED))]) == 0
-    err = capsys.readouterr().err
-    assert "omnitrio: warning: stage 'router': its route_fn can leave out terminal stage(s) ['a', 'b']" in err
-    with_fn = 'terminal_stages_fn = "tests.route_stages.only_b"\n' + ROUTED
-    assert main(["check", str(write(tmp_path, with_fn))]) == 0
     assert "warning" not in capsys.readouterr().err
 
 

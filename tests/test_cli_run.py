@@ -106,6 +106,11 @@ def test_a_factory_that_raises_at_startup_prints_one_line_then_its_traceback_onc
     assert len(lines) <= 10
 
 
-def test_check_says_what_a_pipeline_serves(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", str(ROOT / "configs" / "omni-tiny.toml")]) == 0
+def test_check_says_what_a_pipeline_serves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "chat.toml"
+    config.write_text(
+        'name = "chat"\nserves = ["chat"]\n\n[[stages]]\nname = "echo"\n'
+        'factory_path = "toys.stages.create_echo"\nterminal = true\n'
+    )
+    assert main(["check", str(config)]) == 0
     assert "\n  serves: chat\n" in capsys.readouterr().out

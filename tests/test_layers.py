@@ -256,7 +256,7 @@ def test_the_realtime_core_reaches_the_answering_pipeline_only_through_its_answe
 
 QWEN3_OMNI = ROOT / "schedulers" / "qwen3_omni"
 QWEN3_OMNI_PARTS = ("front", "thinker", "talker", "code2wav")
-RETIRED_TOYS = ("toys", "schedulers.ar.talker", "schedulers.ar.vocoder")
+RETIRED_TOYS = ("toys", "schedulers.omni", "schedulers.ar.talker", "schedulers.ar.vocoder")
 
 
 def family_part(module: str, family: str, parts: tuple[str, ...]) -> str | None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from schedulers.omni.inputs import resample
+from schedulers.media import resample
 from schedulers.qwen2_5_omni.front.encoders import AudioTower, VisionTower
 from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT, Preprocessor
 from tests.qwen2_5_omni_reference import (

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from schedulers.qwen3_omni.checkpoint import CheckpointError, check_checkpoint, load_config, load_weights  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     load_reference_model,
     reference_generate,

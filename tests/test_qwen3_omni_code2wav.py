@@ -20,8 +20,9 @@ from omnitrio.contract import IncomingMessage, OutgoingMessage, StreamItem
 from schedulers.qwen3_omni.code2wav.model import Code2WavRunner, decode_whole, geometry, to_pcm16
 from schedulers.qwen3_omni.code2wav.stage import Qwen3OmniCode2WavScheduler, create_code2wav_stage
 from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Geometry
+from schedulers.qwen3_omni.handoffs import Codes, TalkerResult
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import TIMEOUT, done, new, put_atomically, running
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes
 from toys.qwen3_omni_reference import load_reference_model
 
@@ -48,14 +49,14 @@ def reference(model: torch.nn.Module, codes: torch.Tensor) -> np.ndarray:
 
 
 def chunk(rid: str, chunk_id: int, codes: torch.Tensor) -> IncomingMessage:
-    return IncomingMessage(rid, "stream_chunk", StreamItem(chunk_id, {"codes": codes}, "talker"))
+    return IncomingMessage(rid, "stream_chunk", StreamItem(chunk_id, Codes(codes), "talker"))
 
 
 def talk(rid: str, codes: torch.Tensor, step: int) -> list[IncomingMessage]:
     """What the talker sends: chunks of ``step`` frames, then its result and the end of its stream."""
     frames = codes.shape[-1]
     chunks = [chunk(rid, i, codes[:, start : start + step]) for i, start in enumerate(range(0, frames, step))]
-    return [*chunks, new(rid, {"num_frames": frames}), done(rid)]
+    return [*chunks, new(rid, TalkerResult(frames)), done(rid)]
 
 
 def collect(outbox: queue.Queue[OutgoingMessage], rids: set[str]) -> dict[str, tuple[list[np.ndarray], object]]:
@@ -122,7 +123,7 @@ def test_the_end_of_the_stream_may_come_before_the_talkers_result(
 
 
 def test_no_frames_is_no_audio(scheduler: Qwen3OmniCode2WavScheduler) -> None:
-    put_atomically(scheduler.inbox, [new("r", {"num_frames": 0}), done("r")])
+    put_atomically(scheduler.inbox, [new("r", TalkerResult(0)), done("r")])
     ((chunks, result),) = collect(scheduler.outbox, {"r"}).values()
     assert chunks == [] and result.data["num_samples"] == 0
     assert scheduler.active_streams == 0
@@ -138,7 +139,7 @@ def test_first_audio_leaves_once_the_first_chunk_of_frames_arrived(
     first = scheduler.outbox.get(timeout=TIMEOUT)
     assert first.type == "stream" and len(first.data["pcm"]) == FIRST * 1920 - 555
     assert scheduler.outbox.empty()
-    put_atomically(scheduler.inbox, [new("r", {"num_frames": FIRST}), done("r")])
+    put_atomically(scheduler.inbox, [new("r", TalkerResult(FIRST)), done("r")])
     assert scheduler.outbox.get(timeout=TIMEOUT).data.data["num_samples"] == FIRST * 1920 - 555
 
 
@@ -201,7 +202,7 @@ def test_a_frame_count_that_disagrees_with_the_stream_is_an_error(
     model: torch.nn.Module, scheduler: Qwen3OmniCode2WavScheduler
 ) -> None:
     codes = random_codes(model, 8, seed=6)
-    put_atomically(scheduler.inbox, [chunk("r", 0, codes), new("r", {"num_frames": 9}), done("r")])
+    put_atomically(scheduler.inbox, [chunk("r", 0, codes), new("r", TalkerResult(9)), done("r")])
     ((_chunks, error),) = collect(scheduler.outbox, {"r"}).values()
     assert "num_frames=9, but 8 frames arrived" in str(error.data)
     assert scheduler.active_streams == 0

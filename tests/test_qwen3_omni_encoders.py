@@ -21,8 +21,9 @@ from schedulers.qwen3_omni.front.encoders import (  # noqa: E402
     create_image_encoder_stage,
 )
 from schedulers.qwen3_omni.front.processor import OmniProcessor  # noqa: E402
+from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from tests.scheduler_harness import by_id, new, put_atomically, running, take  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model, sample_clip, sample_image  # noqa: E402
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}  # packing changes matmul shapes, so sums may round differently
@@ -113,31 +114,40 @@ def test_audio_stage_batches_a_burst_and_answers_each_request(
 ) -> None:
     stage = create_audio_encoder_stage(model_dir=str(tiny), max_batch_size=8)
     inputs = {f"r{i}": _audio(processor, *seconds) for i, seconds in enumerate(AUDIO_REQUESTS)}
-    messages = [new(rid, {**data, "encoders": ["audio_encoder"]}) for rid, data in inputs.items()]
+    messages = [
+        new(rid, AudioEncoderInput(data["input_features"], data["feature_attention_mask"], ("audio_encoder",)))
+        for rid, data in inputs.items()
+    ]
     with running(stage):
         put_atomically(stage.inbox, messages)
         results = by_id(take(stage.outbox, len(messages)))
     for rid, data in inputs.items():
         out = results[rid].data.data
-        assert results[rid].type == "result"
-        assert out["encoders"] == ["audio_encoder"]
-        torch.testing.assert_close(out["audio_embeds"], _reference_audio(thinker, data), **TOLERANCE)
-        assert out["audio_feature_lengths"].tolist() == data["feature_attention_mask"].sum(-1).tolist()
+        assert results[rid].type == "result" and isinstance(out, AudioEmbeddings)
+        assert out.encoders == ("audio_encoder",)
+        torch.testing.assert_close(out.audio_embeds, _reference_audio(thinker, data), **TOLERANCE)
+        assert out.audio_feature_lengths.tolist() == data["feature_attention_mask"].sum(-1).tolist()
 
 
 def test_image_stage_answers_with_embeds_deepstack_and_grid(tiny: Path, thinker: Any, processor: OmniProcessor) -> None:
     stage = create_image_encoder_stage(model_dir=str(tiny), max_batch_size=8)
     inputs = {f"r{i}": _images(processor, *sizes) for i, sizes in enumerate(IMAGE_REQUESTS)}
-    messages = [new(rid, {**data, "encoders": ["image_encoder"]}) for rid, data in inputs.items()]
+    messages = [
+        new(rid, ImageEncoderInput(data["pixel_values"], data["image_grid_thw"], ("image_encoder",)))
+        for rid, data in inputs.items()
+    ]
     with running(stage):
         put_atomically(stage.inbox, messages)
         results = by_id(take(stage.outbox, len(messages)))
     for rid, data in inputs.items():
         out = results[rid].data.data
+        assert isinstance(out, ImageEmbeddings) and out.encoders == ("image_encoder",)
         expected, expected_deepstack = _reference_image(thinker, data)
-        torch.testing.assert_close(out["image_embeds"], expected, **TOLERANCE)
-        assert len(out["deepstack_image_embeds"]) == len(expected_deepstack)
-        assert torch.equal(out["image_grid_thw"], data["image_grid_thw"])
+        torch.testing.assert_close(out.image_embeds, expected, **TOLERANCE)
+        assert len(out.deepstack_image_embeds) == len(expected_deepstack)
+        for got, want in zip(out.deepstack_image_embeds, expected_deepstack, strict=True):
+            torch.testing.assert_close(got, want, **TOLERANCE)
+        assert torch.equal(out.image_grid_thw, data["image_grid_thw"])
 
 
 def test_a_stage_loads_only_its_towers_weights(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:

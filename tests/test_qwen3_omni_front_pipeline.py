@@ -19,7 +19,8 @@ pytest.importorskip("transformers")
 from omnitrio import CompleteMessage, open_pipeline  # noqa: E402
 from omnitrio.cli import main  # noqa: E402
 from omnitrio.config_loading import load  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.handoffs import ThinkerInput  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     load_reference_model,
     png_data_url,
@@ -80,11 +81,12 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
-async def _result(pipeline: Any, rid: str, inputs: Any) -> dict[str, Any]:
+async def _result(pipeline: Any, rid: str, inputs: Any) -> ThinkerInput:
     async with pipeline.stream(rid, inputs) as messages:
         async for message in messages:
             if isinstance(message, CompleteMessage):
-                return dict(message.result)
+                assert isinstance(message.result, ThinkerInput)
+                return message.result
     raise AssertionError("no result")
 
 
@@ -110,13 +112,14 @@ async def test_the_thinker_gets_what_its_own_encoders_give(tiny: Path, config_fi
     with torch.inference_mode():
         audio = thinker.get_audio_features(expected["input_features"], expected["feature_attention_mask"])
         vision = thinker.get_image_features(expected["pixel_values"], expected["image_grid_thw"])
-    assert torch.equal(got["input_ids"], expected["input_ids"][0])
-    torch.testing.assert_close(got["audio_embeds"], audio.last_hidden_state, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got["image_embeds"], torch.cat(vision.pooler_output), rtol=1e-5, atol=1e-5)
-    assert len(got["deepstack_image_embeds"]) == len(vision.deepstack_features)
-    assert got["audio_feature_lengths"].tolist() == expected["feature_attention_mask"].sum(-1).tolist()
-    assert (got["speaker"], got["want_audio"]) == ("ethan", True)
-    assert text_only["audio_embeds"] is None and text_only["image_embeds"] is None
+    assert torch.equal(got.input_ids, expected["input_ids"][0])
+    torch.testing.assert_close(got.audio_embeds, audio.last_hidden_state, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.image_embeds, torch.cat(vision.pooler_output), rtol=1e-5, atol=1e-5)
+    assert got.deepstack_image_embeds is not None and got.audio_feature_lengths is not None
+    assert len(got.deepstack_image_embeds) == len(vision.deepstack_features)
+    assert got.audio_feature_lengths.tolist() == expected["feature_attention_mask"].sum(-1).tolist()
+    assert (got.knobs.speaker, got.knobs.want_audio) == ("ethan", True)
+    assert text_only.audio_embeds is None and text_only.image_embeds is None
 
 
 def test_check_validates_the_checkpoint_given_with_model(

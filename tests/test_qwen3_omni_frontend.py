@@ -18,8 +18,18 @@ pytest.importorskip("transformers")
 from omnitrio.contract import OmniRequest, StagePayload  # noqa: E402
 from schedulers.qwen3_omni import graph  # noqa: E402
 from schedulers.qwen3_omni.front.preprocess import Preprocessor, create_preprocess_stage, resolve_speaker  # noqa: E402
+from schedulers.qwen3_omni.handoffs import (  # noqa: E402
+    AudioEmbeddings,
+    ImageEmbeddings,
+    ImageEncoderInput,
+    Knobs,
+    Preprocessed,
+    PreprocessedText,
+    ThinkerInput,
+    ThinkerResult,
+)
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from tests.scheduler_harness import new, running, take  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     png_data_url,
     processor_inputs,
@@ -65,17 +75,17 @@ def test_audio_and_image_parts_become_what_the_processor_makes(tiny: Path, prepr
     parts = [{"type": "audio", "audio": clip.astype(np.float32)}, {"type": "image", "image": image}]
     messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "What is this?"}]}]
     expected = processor_inputs(reference_processor(tiny), messages)
-    assert torch.equal(data["input_ids"], expected["input_ids"][0])
+    assert torch.equal(data.input_ids, expected["input_ids"][0])
     for key in ("input_features", "feature_attention_mask", "pixel_values", "image_grid_thw"):
-        assert torch.equal(data[key], expected[key]), key
-    assert data["encoders"] == [graph.AUDIO_ENCODER, graph.IMAGE_ENCODER]
-    assert (data["max_new_tokens"], data["temperature"], data["want_audio"]) == (7, 0.0, False)
+        assert torch.equal(getattr(data, key), expected[key]), key
+    assert data.encoders == (graph.AUDIO_ENCODER, graph.IMAGE_ENCODER)
+    assert data.knobs == Knobs(max_new_tokens=7, temperature=0.0, want_audio=False)
 
 
 def test_a_text_request_needs_no_encoder(preprocessor: Preprocessor) -> None:
     data = preprocessor(_chat())
-    assert data["encoders"] == []
-    assert "input_features" not in data and "pixel_values" not in data
+    assert data.encoders == ()
+    assert data.input_features is None and data.pixel_values is None
 
 
 @pytest.mark.parametrize(
@@ -83,7 +93,7 @@ def test_a_text_request_needs_no_encoder(preprocessor: Preprocessor) -> None:
 )
 def test_voices_map_to_the_checkpoints_speakers(preprocessor: Preprocessor, voice: str | None, speaker: str) -> None:
     data = preprocessor(_chat(modalities=("text", "audio"), voice=voice))
-    assert (data["speaker"], data["want_audio"]) == (speaker, True)
+    assert (data.knobs.speaker, data.knobs.want_audio) == (speaker, True)
 
 
 def test_an_unknown_voice_is_refused_with_the_speakers_listed() -> None:
@@ -92,7 +102,7 @@ def test_an_unknown_voice_is_refused_with_the_speakers_listed() -> None:
 
 
 def test_a_text_only_request_has_no_speaker(preprocessor: Preprocessor) -> None:
-    assert preprocessor(_chat())["speaker"] is None
+    assert preprocessor(_chat()).knobs.speaker is None
 
 
 @pytest.mark.parametrize(
@@ -116,41 +126,50 @@ def test_the_stage_fails_a_bad_request_with_a_value_error(tiny: Path) -> None:
     assert out.type == "error" and isinstance(out.data, ValueError)
 
 
-def _payload(data: dict[str, Any], inputs: Any = None) -> StagePayload:
+def _payload(data: Any, inputs: Any = None) -> StagePayload:
     return StagePayload("r1", OmniRequest(inputs=inputs), data)
 
 
 @pytest.mark.parametrize(
-    "encoders", [[], [graph.AUDIO_ENCODER], [graph.IMAGE_ENCODER], [graph.AUDIO_ENCODER, graph.IMAGE_ENCODER]]
+    "encoders", [(), (graph.AUDIO_ENCODER,), (graph.IMAGE_ENCODER,), (graph.AUDIO_ENCODER, graph.IMAGE_ENCODER)]
 )
-def test_aggregate_waits_only_for_the_encoders_a_request_uses(encoders: list[str]) -> None:
-    payload = _payload({"encoders": encoders})
+def test_aggregate_waits_only_for_the_encoders_a_request_uses(encoders: tuple[str, ...]) -> None:
+    ids = torch.tensor([1, 2])
+    payload = _payload(Preprocessed(ids, encoders, Knobs()))
     assert graph.route_preprocess("r1", payload) == [*encoders, graph.AGGREGATE]
+    arrivals = {
+        graph.PREPROCESS: PreprocessedText(ids, encoders, Knobs()),
+        graph.AUDIO_ENCODER: AudioEmbeddings(torch.zeros(1, 4), torch.tensor([3]), encoders),
+        graph.IMAGE_ENCODER: ImageEmbeddings(torch.zeros(1, 4), (), torch.ones(1, 3), encoders),
+    }
     for source in (graph.PREPROCESS, *encoders):
-        assert graph.wait_for_aggregate("r1", source, payload) == [graph.PREPROCESS, *encoders]
+        waited = graph.wait_for_aggregate("r1", source, _payload(arrivals[source]))
+        assert waited == [graph.PREPROCESS, *encoders]
 
 
 def test_merge_builds_the_thinkers_input(preprocessor: Preprocessor) -> None:
     data = preprocessor(_chat({"type": "image", "image": sample_image()}, modalities=("text", "audio")))
     pre = graph.project_to_aggregate(_payload(data))
-    image = graph.project_to_image_encoder(_payload(data))
-    assert set(image.data) == {"pixel_values", "image_grid_thw", "encoders"}
-    encoded = {"image_embeds": torch.ones(2, 32), "deepstack_image_embeds": [torch.zeros(2, 32)]}
-    merged = graph.merge_aggregate(
-        {
-            graph.PREPROCESS: pre,
-            graph.IMAGE_ENCODER: _payload({**encoded, "image_grid_thw": data["image_grid_thw"]}),
-        }
-    ).data
-    assert torch.equal(merged["input_ids"], data["input_ids"])
-    assert merged["image_embeds"] is encoded["image_embeds"]
-    assert merged["audio_embeds"] is None and merged["audio_feature_lengths"] is None
-    assert (merged["speaker"], merged["want_audio"], merged["max_new_tokens"]) == ("ethan", True, 7)
+    image = graph.project_to_image_encoder(_payload(data)).data
+    assert isinstance(image, ImageEncoderInput) and image.encoders == data.encoders
+    assert image.pixel_values is data.pixel_values and image.image_grid_thw is data.image_grid_thw
+    assert data.image_grid_thw is not None
+    encoded = ImageEmbeddings(torch.ones(2, 32), (torch.zeros(2, 32),), data.image_grid_thw, data.encoders)
+    merged = graph.merge_aggregate({graph.PREPROCESS: pre, graph.IMAGE_ENCODER: _payload(encoded)}).data
+    assert isinstance(merged, ThinkerInput)
+    assert torch.equal(merged.input_ids, data.input_ids)
+    assert merged.image_embeds is encoded.image_embeds
+    assert merged.deepstack_image_embeds is encoded.deepstack_image_embeds
+    assert merged.audio_embeds is None and merged.audio_feature_lengths is None
+    assert merged.knobs == data.knobs
+    assert (merged.knobs.speaker, merged.knobs.want_audio, merged.knobs.max_new_tokens) == ("ethan", True, 7)
 
 
 def test_text_only_requests_never_reach_the_talker() -> None:
     text, spoken = _chat(), _chat(modalities=("text", "audio"))
     assert graph.chat_terminal_stages("r1", text) == [graph.DECODE]
     assert graph.chat_terminal_stages("r1", spoken) == [graph.DECODE, graph.CODE2WAV]
-    assert graph.route_thinker("r1", _payload({"want_audio": False})) == [graph.DECODE]
-    assert graph.route_thinker("r1", _payload({"want_audio": True})) == [graph.DECODE, graph.TALKER]
+    said = ThinkerResult((5,), 3, "stop", want_audio=False)
+    assert graph.route_thinker("r1", _payload(said)) == [graph.DECODE]
+    spoke = ThinkerResult((5,), 3, "stop", want_audio=True)
+    assert graph.route_thinker("r1", _payload(spoke)) == [graph.DECODE, graph.TALKER]

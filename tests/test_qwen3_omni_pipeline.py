@@ -29,7 +29,7 @@ from omnitrio.config import PipelineConfig  # noqa: E402
 from omnitrio.config_loading import load  # noqa: E402
 from omnitrio.events import EVENT_DIR_ENV  # noqa: E402
 from omnitrio.pipeline import Pipeline  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     ReferenceOutput,
     load_reference_model,

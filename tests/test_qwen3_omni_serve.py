@@ -29,7 +29,7 @@ import trio  # noqa: E402
 from omnitrio import open_pipeline  # noqa: E402
 from omnitrio.config_loading import load  # noqa: E402
 from omnitrio.serve import serve  # noqa: E402
-from toys.qwen3_omni_checkpoint import SPEAKERS, write_checkpoint  # noqa: E402
+from schedulers.qwen3_omni.tiny import SPEAKERS, write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     ReferenceOutput,
     load_reference_model,

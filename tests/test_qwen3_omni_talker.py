@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage
+from schedulers.qwen3_omni.handoffs import Codes, TalkerResult, ThinkerResult
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling
 from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.stage import TalkerScheduler, create_talker_stage
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import chunk, done, new, running
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor, sample_messages
 from toys.qwen3_omni_talker_feed import Reference, reference_run
 
@@ -64,7 +65,7 @@ PROMPTS: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def reference(full: tuple[Any, Any]) -> Callable[..., Reference]:
     """``generate``'s run for a prompt of :data:`PROMPTS` and a speaker (each computed once per module);
-    each call returns fresh chunk dicts, so a test may edit them."""
+    each call returns a fresh chunk list, so a test may replace chunks in it."""
     model, processor = full
     runs: dict[tuple[str, str], Reference] = {}
 
@@ -79,7 +80,7 @@ def reference(full: tuple[Any, Any]) -> Callable[..., Reference]:
                 eos_token_id=processor.tokenizer.convert_tokens_to_ids("<|im_end|>"),
             )
         ref = runs[prompt, speaker]
-        return attrs.evolve(ref, chunks=[dict(c) for c in ref.chunks])
+        return attrs.evolve(ref, chunks=list(ref.chunks))
 
     return run
 
@@ -91,7 +92,7 @@ def feed(scheduler: TalkerScheduler, rid: str, ref: Reference, *, first: int = 0
         scheduler.inbox.put(chunk(rid, index, ref.chunks[index]))
     if last is None:
         scheduler.inbox.put(done(rid))
-        scheduler.inbox.put(new(rid, {"token_ids": ref.token_ids}))
+        scheduler.inbox.put(new(rid, ThinkerResult(tuple(ref.token_ids), 0, "stop", want_audio=True)))
 
 
 def collect(outbox: queue.Queue[OutgoingMessage], rids: set[str]) -> dict[str, tuple[torch.Tensor, OutgoingMessage]]:
@@ -102,8 +103,8 @@ def collect(outbox: queue.Queue[OutgoingMessage], rids: set[str]) -> dict[str, t
         out = outbox.get(timeout=TIMEOUT)
         assert out.request_id in rids and out.request_id not in final, out
         if out.type == "stream":
-            assert out.metadata == {"modality": "codes"}
-            codes[out.request_id].append(out.data["codes"])
+            assert out.metadata == {"modality": "codes"} and isinstance(out.data, Codes)
+            codes[out.request_id].append(out.data.codes)
         else:
             final[out.request_id] = out
     return {rid: (torch.cat(codes[rid], dim=1) if codes[rid] else torch.empty(0), final[rid]) for rid in rids}
@@ -114,7 +115,7 @@ def spoken(scheduler: TalkerScheduler, ref: Reference, rid: str = "r") -> torch.
         feed(scheduler, rid, ref)
         codes, final = collect(scheduler.outbox, {rid})[rid]
     assert final.type == "result", final.data
-    assert final.data.data == {"num_frames": codes.shape[1]}
+    assert final.data.data == TalkerResult(codes.shape[1])
     return codes
 
 
@@ -136,7 +137,7 @@ def test_talker_speaks_before_the_thinker_ends(reference: Callable[..., Referenc
         feed(scheduler, "r", ref, first=3)
         codes, final = collect(scheduler.outbox, {"r"})["r"]
     assert final.type == "result"
-    assert torch.equal(torch.cat((first.data["codes"], codes), dim=1), ref.codes)
+    assert torch.equal(torch.cat((first.data.codes, codes), dim=1), ref.codes)
 
 
 def test_eight_concurrent_requests_each_equal_their_solo_codes(
@@ -186,23 +187,13 @@ def test_unknown_voice_is_a_client_error_naming_the_speakers(
     reference: Callable[..., Reference], talker: TalkerModel
 ) -> None:
     ref = reference("text")
-    ref.chunks[0]["speaker"] = "nobody"
+    ref.chunks[0] = attrs.evolve(ref.chunks[0], speaker="nobody")
     scheduler = TalkerScheduler(talker, sampling=GREEDY)
     with running(scheduler):
         feed(scheduler, "r", ref)
         out = scheduler.outbox.get(timeout=TIMEOUT)
     assert out.type == "error" and isinstance(out.data, InvalidRequest)
     assert "ethan" in str(out.data) and out.data.param == "audio.voice"
-
-
-def test_a_request_without_audio_gives_no_codes(reference: Callable[..., Reference], talker: TalkerModel) -> None:
-    ref = reference("text")
-    ref.chunks[0]["want_audio"] = False
-    scheduler = TalkerScheduler(talker, sampling=GREEDY)
-    with running(scheduler):
-        feed(scheduler, "r", ref)
-        out = scheduler.outbox.get(timeout=TIMEOUT)
-    assert out.type == "result" and out.data.data == {"num_frames": 0}
 
 
 def test_a_request_waiting_for_text_does_not_hold_back_others(
@@ -215,7 +206,7 @@ def test_a_request_waiting_for_text_does_not_hold_back_others(
         feed(scheduler, "fast", fast)
         fast_codes, slow_codes = [], []
         while (out := scheduler.outbox.get(timeout=TIMEOUT)).type == "stream":
-            (fast_codes if out.request_id == "fast" else slow_codes).append(out.data["codes"])
+            (fast_codes if out.request_id == "fast" else slow_codes).append(out.data.codes)
         assert out.request_id == "fast" and out.type == "result"  # done while slow still waits for its text
         feed(scheduler, "slow", slow, first=3)
         codes, final = collect(scheduler.outbox, {"slow"})["slow"]
@@ -233,7 +224,7 @@ def test_frames_go_out_in_chunks_of_the_configured_size(
         feed(scheduler, "r", ref)
         messages = []
         while (out := scheduler.outbox.get(timeout=TIMEOUT)).type == "stream":
-            messages.append(out.data["codes"])
+            messages.append(out.data.codes)
     sizes = [codes.shape[1] for codes in messages]
     assert sizes[:-1] == [4] * (len(sizes) - 1) and 1 <= sizes[-1] <= 4
     assert torch.equal(torch.cat(messages, dim=1), ref.codes)
@@ -251,12 +242,12 @@ def test_a_text_only_request_without_a_stream_gives_no_codes(talker: TalkerModel
     scheduler = TalkerScheduler(talker, sampling=GREEDY)
     with running(scheduler):
         scheduler.inbox.put(done("text-only"))
-        scheduler.inbox.put(new("text-only", {"token_ids": [5], "want_audio": False}))
+        scheduler.inbox.put(new("text-only", ThinkerResult((5,), 3, "stop", want_audio=False)))
         scheduler.inbox.put(done("lost"))
-        scheduler.inbox.put(new("lost", {"token_ids": [5], "want_audio": True}))
+        scheduler.inbox.put(new("lost", ThinkerResult((5,), 3, "stop", want_audio=True)))
         outputs = {out.request_id: out for out in (scheduler.outbox.get(timeout=TIMEOUT) for _ in range(2))}
-    assert outputs["text-only"].type == "result" and outputs["text-only"].data.data == {"num_frames": 0}
-    assert outputs["lost"].type == "error" and "'prompt' chunk" in str(outputs["lost"].data)
+    assert outputs["text-only"].type == "result" and outputs["text-only"].data.data == TalkerResult(0)
+    assert outputs["lost"].type == "error" and "without its TalkerPrompt" in str(outputs["lost"].data)
 
 
 @pytest.mark.parametrize("options", [{"top_p": 0.0}, {"temperature": "warm"}, {"beams": 2}])
@@ -264,7 +255,7 @@ def test_bad_talker_options_are_a_client_error(
     reference: Callable[..., Reference], talker: TalkerModel, options: dict[str, Any]
 ) -> None:
     ref = reference("text")
-    ref.chunks[0]["talker"] = options
+    ref.chunks[0] = attrs.evolve(ref.chunks[0], talker=options)
     scheduler = TalkerScheduler(talker, sampling=GREEDY)
     with running(scheduler):
         feed(scheduler, "r", ref)
@@ -286,4 +277,4 @@ def test_a_thinker_answer_of_one_token_gives_no_codes(reference: Callable[..., R
     with running(scheduler):  # the one token (its eos) is never forwarded: there is no text to speak
         feed(scheduler, "r", attrs.evolve(ref, chunks=ref.chunks[:2]))
         out = scheduler.outbox.get(timeout=TIMEOUT)
-    assert out.type == "result" and out.data.data == {"num_frames": 0}
+    assert out.type == "result" and out.data.data == TalkerResult(0)

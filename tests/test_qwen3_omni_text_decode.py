@@ -10,9 +10,10 @@ import pytest
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
 from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.output import Output
+from schedulers.qwen3_omni.handoffs import DecodeToken, ThinkerResult
 from schedulers.qwen3_omni.thinker.text_decode import TextDecodeScheduler, create_decode_stage
+from schedulers.qwen3_omni.tiny_tokenizer import build_tokenizer
 from tests.scheduler_harness import running, take
-from toys.qwen3_omni_tokenizer import build_tokenizer
 
 TEXT = "héllo wörld 🙂 — ok"
 
@@ -41,11 +42,10 @@ def _decode(scheduler: TextDecodeScheduler, ids: list[int], want_audio: bool) ->
     rid = "r"
     with running(scheduler):
         for i, token in enumerate(ids):
-            chunk = {"kind": "token", "token_ids": [token], "want_audio": want_audio}
+            chunk = DecodeToken(token, want_audio)
             scheduler.inbox.put(IncomingMessage(rid, "stream_chunk", StreamItem(i, chunk, "thinker")))
         scheduler.inbox.put(IncomingMessage(rid, "stream_done", "thinker"))
-        usage = {"prompt_tokens": 7, "completion_tokens": len(ids)}
-        data = {"token_ids": ids, "finish_reason": "stop", "usage": usage, "want_audio": want_audio}
+        data = ThinkerResult(tuple(ids), 7, "stop", want_audio)
         scheduler.inbox.put(IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(), data)))
         outputs = []
         while (out := take(scheduler.outbox)[0]).type == "stream":
@@ -96,7 +96,7 @@ def test_payload_without_chunks_decodes_its_token_ids(model_dir: Path, tokenizer
     ids = _answer_ids(tokenizer)
     scheduler = create_decode_stage(model_dir=model_dir)
     with running(scheduler):
-        data = {"token_ids": ids, "finish_reason": "length", "usage": None, "want_audio": False}
+        data = ThinkerResult(tuple(ids), 7, "length", want_audio=False)
         scheduler.inbox.put(IncomingMessage("r", "new_request", StagePayload("r", OmniRequest(), data)))
         (result,) = take(scheduler.outbox)
     assert result.type == "result" and result.data.data["text"] == TEXT

@@ -12,16 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.qwen3_omni import checkpoint as checkpoint_module
+from schedulers.qwen3_omni.handoffs import DecodeToken, Knobs, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult
 from schedulers.qwen3_omni.thinker.sampling import Sampler, SamplingDefaults
 from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler, create_thinker_stage
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import running
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor
 from toys.qwen3_omni_thinker import thinker_payload, thinker_scheduler
 
@@ -81,7 +83,7 @@ def _generate(reference: Any, inputs: Any, max_new_tokens: int, **kwargs: Any) -
         )
 
 
-def _send(scheduler: ThinkerScheduler, rid: str, data: dict[str, Any]) -> None:
+def _send(scheduler: ThinkerScheduler, rid: str, data: ThinkerInput) -> None:
     scheduler.inbox.put(IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(), data)))
 
 
@@ -100,10 +102,10 @@ def _collect(scheduler: ThinkerScheduler, rids: set[str]) -> dict[str, list[Outg
 def _answer(outputs: list[OutgoingMessage]) -> list[int]:
     last = outputs[-1]
     assert last.type == "result", last.data
-    return list(last.data.data["token_ids"])
+    return list(last.data.data.token_ids)
 
 
-def _ask(scheduler: ThinkerScheduler, data: dict[str, Any], rid: str = "r") -> list[OutgoingMessage]:
+def _ask(scheduler: ThinkerScheduler, data: ThinkerInput, rid: str = "r") -> list[OutgoingMessage]:
     with running(scheduler):
         _send(scheduler, rid, data)
         return _collect(scheduler, {rid})[rid]
@@ -227,14 +229,15 @@ def test_prompt_chunk_holds_generates_embeddings_and_accept_layer_state(
     talker = [o.data for o in outputs if o.type == "stream" and o.target == "talker"]
     prompt, tokens = talker[0], talker[1:]
     layer = reference.config.talker_config.accept_hidden_layer
-    assert prompt["kind"] == "prompt" and prompt["speaker"] == "chelsie"
-    assert torch.equal(prompt["token_ids"], inputs["input_ids"][0])
-    assert torch.equal(prompt["embeds"], result.hidden_states[0][0][0])
-    assert torch.equal(prompt["hidden"], result.hidden_states[0][layer][0])
+    assert isinstance(prompt, TalkerPrompt) and prompt.speaker == "chelsie"
+    assert all(isinstance(t, TalkerToken) for t in tokens)
+    assert torch.equal(prompt.token_ids, inputs["input_ids"][0])
+    assert torch.equal(prompt.embeds, result.hidden_states[0][0][0])
+    assert torch.equal(prompt.hidden, result.hidden_states[0][layer][0])
     generated = result.sequences[0, inputs["input_ids"].shape[1] :]
-    assert [int(t["token_ids"]) for t in tokens] == generated.tolist()
+    assert [t.token_id for t in tokens] == generated.tolist()
     embed = reference.thinker.get_input_embeddings()
-    assert all(torch.equal(t["embeds"], embed(t["token_ids"])) for t in tokens)
+    assert all(torch.equal(t.embed, embed(torch.tensor([t.token_id]))) for t in tokens)
 
 
 def test_text_only_request_sends_the_talker_nothing(reference: Any, processor: Any, make_scheduler: Any) -> None:
@@ -242,7 +245,8 @@ def test_text_only_request_sends_the_talker_nothing(reference: Any, processor: A
     outputs = _ask(make_scheduler(), thinker_payload(reference, inputs, max_new_tokens=6, want_audio=False))
     streams = [o for o in outputs if o.type == "stream"]
     assert streams and all(o.target == "decode" for o in streams)
-    assert [o.data["token_ids"][0] for o in streams] == _answer(outputs)
+    assert all(isinstance(o.data, DecodeToken) and not o.data.want_audio for o in streams)
+    assert [o.data.token_id for o in streams] == _answer(outputs)
 
 
 @pytest.mark.parametrize(("asked", "stage_cap", "expected"), [(3, 50, 3), (None, 4, 4), (40, 5, 5)])
@@ -253,15 +257,16 @@ def test_max_tokens_caps_the_answer(
     data = thinker_payload(reference, inputs, max_new_tokens=asked)
     outputs = _ask(make_scheduler(max_new_tokens=stage_cap, eos_token_id=-1), data)
     result = outputs[-1].data.data
-    assert len(result["token_ids"]) == expected and result["finish_reason"] == "length"
-    assert result["usage"] == {"prompt_tokens": inputs["input_ids"].shape[1], "completion_tokens": expected}
+    assert isinstance(result, ThinkerResult)
+    assert len(result.token_ids) == expected and result.finish_reason == "length"
+    assert result.usage == {"prompt_tokens": inputs["input_ids"].shape[1], "completion_tokens": expected}
 
 
 def test_placeholder_mismatch_fails_only_that_request(reference: Any, processor: Any, make_scheduler: Any) -> None:
     inputs = processor_inputs(processor, _messages("hear", audio=_audio(1.0, 440.0)))
-    bad = thinker_payload(reference, inputs, max_new_tokens=4)
-    bad["audio_embeds"] = bad["audio_embeds"][:-1]
     good = thinker_payload(reference, inputs, max_new_tokens=4)
+    assert good.audio_embeds is not None
+    bad = attrs.evolve(good, audio_embeds=good.audio_embeds[:-1])
     scheduler = make_scheduler()
     with running(scheduler):
         _send(scheduler, "bad", bad)
@@ -273,7 +278,7 @@ def test_placeholder_mismatch_fails_only_that_request(reference: Any, processor:
 
 def test_prompt_longer_than_the_context_is_a_client_error(reference: Any, make_scheduler: Any) -> None:
     context = reference.config.thinker_config.text_config.max_position_embeddings
-    outputs = _ask(make_scheduler(), {"input_ids": torch.full((context,), 5), "max_new_tokens": 4})
+    outputs = _ask(make_scheduler(), ThinkerInput(torch.full((context,), 5), Knobs(max_new_tokens=4)))
     assert outputs[-1].type == "error"
     assert isinstance(outputs[-1].data, InvalidRequest) and outputs[-1].data.code == "context_length_exceeded"
 

@@ -12,7 +12,7 @@ import torch
 from omnitrio import CompleteMessage, StreamMessage, open_pipeline
 from omnitrio.config_loading import from_dict
 from omnitrio.pipeline import Pipeline
-from toys.qwen3_omni_checkpoint import write_checkpoint
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from toys.qwen3_omni_reference import load_reference_model, processor_inputs, reference_processor
 from toys.qwen3_omni_thinker import thinker_payload
 

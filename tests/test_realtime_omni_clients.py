@@ -20,8 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the turns' speech comes from the speech extra's Piper voice")
 
+from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.realtime_sdk_types import ga_event_types
-from toys.qwen3_omni_checkpoint import write_checkpoint
 from toys.realtime_clients.drive import turn
 from toys.realtime_omni import client_run
 

@@ -22,9 +22,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the microphone's speech comes from the speech extra's Piper voice")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
 
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from tests.test_voice_page import stats, wait_for  # noqa: E402  (the cascade page test's readers of window.voiceStats)
 from toys.browser import RATE, Server, ensure_chromium, launch_args  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

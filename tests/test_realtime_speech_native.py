@@ -26,8 +26,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the test's speech comes from the speech extra's Piper voice")
 
 from omnitrio.client import RealtimeClient, open_realtime  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.browser import Server  # noqa: E402
-from toys.qwen3_omni_checkpoint import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import (  # noqa: E402
     ReferenceOutput,
     load_reference_model,

@@ -1,4 +1,6 @@
-"""A request id aborted mid-request is usable again at once, at every scheduler family, in both modes.
+"""A request id aborted mid-request is usable again at once, at every scheduler family, in both modes;
+so is one that completed while a side stage still worked on it (completion lets every stage go), and
+an input for an id a stage still holds from another life is an error its caller sees.
 
 The runtime releases an aborted id everywhere before it may be reused; what makes reuse work at a
 scheduler is that the in-order ``abort`` message in its inbox ends the old life there, so a stage
@@ -8,19 +10,33 @@ that accepts stream data before its payload takes the new life's first chunks as
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
-from omnitrio import CompleteMessage, PipelineConfig, RequestAborted, StageConfig, StreamMessage, open_pipeline
+from omnitrio import (
+    CompleteMessage,
+    FactoryArgs,
+    PipelineConfig,
+    RequestAborted,
+    RequestFailed,
+    StageConfig,
+    StreamMessage,
+    open_pipeline,
+)
+from omnitrio.caller import Submission
 from tests.pipelines import settled, until_held
 
 R = "tests.reuse_stages"
 AR = "tests.reuse_ar_stages"
 SEED = "toys.seed.ch4_stream_stages"
+TOYS = "toys.stages"
 DEADLINE = 60  # a hang fails the test instead of the suite
 CHUNKS_BEFORE_ABORT = 20
 
@@ -53,17 +69,6 @@ def streamed_into(
 
 def alone(factory: str) -> Callable[[bool], PipelineConfig]:
     return lambda process: PipelineConfig(stages=[stage("only", factory, process, terminal=True)])
-
-
-def talker_to_vocoder(process: bool) -> PipelineConfig:
-    where = "p_torch" if process else False
-    return PipelineConfig(
-        stages=[
-            stage("prep", f"{AR}.create_talker_prep", process, next="talker"),
-            stage("talker", f"{AR}.create_talker", where, next="vocoder", stream_to=["vocoder"]),
-            stage("vocoder", f"{AR}.create_griffin_lim", where, terminal=True, can_accept_stream_before_payload=True),
-        ]
-    )
 
 
 @attrs.frozen
@@ -116,13 +121,6 @@ STREAMING_CASES = {
         Life([1, 2, 3], {"max_new_tokens": 400, "ignore_eos": True}),
         Life([1, 2, 3], {"max_new_tokens": 5, "ignore_eos": True}),
         lambda result, chunks: len(result["output_token_ids"]) == 5 and chunks == 5,
-    ),
-    "ar-talker-vocoder": StreamingCase(
-        talker_to_vocoder,
-        Life({"token_ids": list(range(1, 200))}),
-        Life({"token_ids": [1, 2, 3]}),
-        lambda result, chunks: result["num_frames"] == 6 and result["num_samples"] == 6 * 256,
-        in_processes=False,
     ),
 }
 
@@ -221,4 +219,106 @@ async def test_session_command_id_aborted_mid_append_runs_again(process: bool) -
             assert (result["op"], result["ticks"], ticks) == ("append", 3, 3)
             closed = await pipeline.submit("close", None, metadata=command("close"))
             assert closed["appends"] == [400, 3]
+            await settled(pipeline)
+
+
+# -- completion lets every stage go; a clash is an error ---------------------------------------------
+
+ROUTES = "tests.route_stages"
+
+
+def side_branch(process: bool, gate: Path) -> PipelineConfig:
+    """split → fast (terminal) and → side (a gate the test opens) → side_t (terminal); the request's
+    inputs name the terminals it waits for."""
+    return PipelineConfig(
+        terminal_stages_fn=f"{ROUTES}.terminals_from_inputs",
+        stages=[
+            stage("split", f"{TOYS}.create_echo", process, next=["fast", "side"]),
+            stage("fast", f"{TOYS}.create_echo", process, terminal=True),
+            StageConfig(
+                name="side",
+                process="p_side" if process else None,
+                factory_path=f"{ROUTES}.create_gate",
+                factory=FactoryArgs(fifo=str(gate)),
+                next="side_t",
+            ),
+            stage("side_t", f"{TOYS}.create_echo", process, terminal=True),
+        ],
+    )
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Path:
+    """A named pipe for the side stage's gate."""
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    return fifo
+
+
+def pass_one(fifo: Path) -> bool:
+    """Let one payload through the gate if a compute waits at it; False if none does."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no reader
+            return False
+        raise
+    try:
+        os.write(fd, b"x")
+    except BrokenPipeError:  # the reader took an earlier byte and left
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+async def answered_through_gate(pipeline: Any, fifo: Path, rid: str, inputs: Any) -> Any:
+    """Submit, letting computes through the gate (an earlier life's too, if its compute started)
+    until the request has answered."""
+    answers: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def submit() -> None:
+            answers.append(await pipeline.submit(rid, inputs))
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(submit)
+        while True:
+            if not pass_one(fifo):
+                await trio.sleep(0.01)  # a compute reaches the gate from the scheduler's thread
+    return answers[0]
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["inline", "processes"])
+async def test_completion_releases_a_side_stage_still_working_and_the_id_runs_again_at_once(
+    process: bool, gate: Path
+) -> None:
+    async with open_pipeline(side_branch(process, gate)) as pipeline:
+        with trio.fail_after(DEADLINE):
+            first = await pipeline.submit("r1", {"terminals": ["fast"]})
+            assert first == {"raw_inputs": {"terminals": ["fast"]}}
+            # side still holds the first life: it is told to let go, and the same id runs at once
+            second = await answered_through_gate(pipeline, gate, "r1", {"terminals": ["side_t"]})
+            assert second == {"raw_inputs": {"terminals": ["side_t"]}}
+            await settled(pipeline)
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["inline", "processes"])
+async def test_an_input_for_an_id_a_stage_still_holds_from_another_life_fails_naming_stage_and_id(
+    process: bool, gate: Path
+) -> None:
+    async with open_pipeline(side_branch(process, gate)) as pipeline:
+        with trio.fail_after(DEADLINE):
+            leaked = pipeline.coordinator.open(Submission("r1", {"terminals": ["side_t"]}))
+            await until_held(pipeline, "side")
+            while (await pipeline.health())["stages"]["fast"]["active_requests"]:
+                await trio.sleep(0.01)  # fast answers it (unheard): only side holds it now
+            leaked.close(RequestAborted("r1"))  # the coordinator forgets it; side still holds it
+            with pytest.raises(RequestFailed) as info:
+                await pipeline.submit("r1", {"terminals": ["side_t"]})
+            assert info.value.stage == "side"
+            assert "'r1'" in info.value.error_message and "still holds" in info.value.error_message
+            await settled(pipeline)  # the clash let the earlier life go too
+            again = await answered_through_gate(pipeline, gate, "r1", {"terminals": ["side_t"]})
+            assert again == {"raw_inputs": {"terminals": ["side_t"]}}  # and the id works again
             await settled(pipeline)

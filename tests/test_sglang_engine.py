@@ -1,4 +1,4 @@
-"""The SGLang thinker of ``configs/qwen3-omni-sglang.toml`` against a real SGLang engine on CPU.
+"""An SGLang thinker (``schedulers.ar.sglang_backend``) served in a pipeline against a real SGLang engine on CPU.
 
 Needs the separate venv (``python -m tests.sglang_env setup``) and runs there only::
 
@@ -6,9 +6,9 @@ Needs the separate venv (``python -m tests.sglang_env setup``) and runs there on
 
 The model is the CPU engine's tiny random Llama with the locally trained tokenizer, saved as a
 Hugging Face directory, so SGLang and :class:`~schedulers.ar.engine.ARBatchEngine` run the same
-weights.  Every test runs the pipeline of the real config (preprocess → thinker → detokenize, and
-talker → code2wav for audio) with the thinker's engine arguments overridden for CPU, and checks that
-the engine left nothing in ``/dev/shm``.
+weights.  Every test runs the pipeline of :mod:`tests.sglang_env.pipeline` (ChatML preprocess → thinker →
+text relay, and a recorder of the thinker's result when hidden states are asked for) with the thinker's
+engine arguments overridden for CPU, and checks that the engine left nothing in ``/dev/shm``.
 """
 
 from __future__ import annotations
@@ -27,20 +27,19 @@ import trio
 
 from omnitrio import CompleteMessage, Overloaded, StreamMessage, open_pipeline
 from omnitrio.config_loading import load
-from omnitrio.contract import IncomingMessage
 from omnitrio.errors import StartupError
 from omnitrio.pipeline import Pipeline
 from schedulers.ar.engine import ARBatchEngine, GenerationRequest
 from schedulers.ar.model import build_model
 from schedulers.ar.sglang_backend import SGLangScheduler, create_sglang_scheduler
-from schedulers.ar.talker import TalkerScheduler, TinyTalker
+from schedulers.ar.sglang_stages import chatml_prompt
 from schedulers.ar.tokenizer import load_tokenizer
-from schedulers.omni.sglang_stages import TALKER_VOCAB, chatml_prompt
+from schedulers.simple import SimpleScheduler
+from tests.sglang_env.pipeline import pipeline_toml
 from tests.sglang_env.tiny_model import save_tiny_llama, tiny_config
 
 pytestmark = [pytest.mark.sglang_engine, pytest.mark.timeout(900)]
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni-sglang.toml"
 SHAPE = {"seed": 7, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 512}
 ENGINE_ON_CPU = [
     'device="cpu"',
@@ -56,7 +55,7 @@ SHM = Path("/dev/shm")
 LEFT_BEHIND = ("sglang_loads_", "sem.mp-")
 
 thinkers: list[SGLangScheduler] = []
-talker_inputs: list[dict[str, Any]] = []
+thinker_results: list[dict[str, Any]] = []
 
 
 def create_observed_thinker(model_path: str, **kwargs: Any) -> SGLangScheduler:
@@ -65,17 +64,15 @@ def create_observed_thinker(model_path: str, **kwargs: Any) -> SGLangScheduler:
     return thinkers[-1]
 
 
-class ObservedTalker(TalkerScheduler):
-    """The config's toy talker, keeping the payload data each request brought."""
+def create_result_recorder() -> SimpleScheduler:
+    """The thinker's second terminal: keeps the result data it brought, answers how many rows it had."""
 
-    def _handle(self, message: IncomingMessage) -> None:
-        if message.type == "new_request":
-            talker_inputs.append(dict(message.data.data))
-        super()._handle(message)
+    def record(payload: Any) -> Any:
+        thinker_results.append(dict(payload.data))
+        payload.data = {"rows": len(payload.data.get("output_token_ids") or ())}
+        return payload
 
-
-def create_observed_talker() -> TalkerScheduler:
-    return ObservedTalker(TinyTalker(vocab_size=TALKER_VOCAB, frames_per_token=4, seed=3), chunk_frames=8)
+    return SimpleScheduler(record)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +91,7 @@ def shm_is_clean() -> Iterator[None]:
     """After the test, /dev/shm holds no SGLang file that was not there before it."""
     before = left_behind()
     thinkers.clear()
-    talker_inputs.clear()
+    thinker_results.clear()
     yield
     assert left_behind() - before == set()
 
@@ -108,28 +105,26 @@ def overrides(model_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+ONE_AT_A_TIME = "thinker.factory.scheduler_args={stream=true, max_running_requests=1, max_waiting_requests=1}"
+
+
 @pytest.fixture
-async def pipeline(model_dir: Path, shm_is_clean: None) -> AsyncIterator[Pipeline]:
-    config = load(
-        CONFIG,
-        overrides(
-            model_dir,
-            "thinker.factory.enable_return_hidden_states=true",
-            "talker.factory_path=tests.test_sglang_engine.create_observed_talker",
-            "thinker.factory.scheduler_args={stream=true, max_running_requests=1, max_waiting_requests=1}",
-        ),
-    )
+async def pipeline(model_dir: Path, shm_is_clean: None, tmp_path: Path) -> AsyncIterator[Pipeline]:
+    config = load(pipeline_toml(tmp_path), overrides(model_dir, ONE_AT_A_TIME))
     async with open_pipeline(config, inline=True) as running:
         yield running
 
 
-def chat(text: str, max_tokens: int, audio: bool = False) -> dict[str, Any]:
-    return {
-        "task": "chat",
-        "messages": [{"role": "user", "content": text}],
-        "modalities": ["text", "audio"] if audio else ["text"],
-        "max_tokens": max_tokens,
-    }
+@pytest.fixture
+async def recorded(model_dir: Path, shm_is_clean: None, tmp_path: Path) -> AsyncIterator[Pipeline]:
+    """The pipeline with hidden states asked for and the thinker's result recorded at a second terminal."""
+    config = load(pipeline_toml(tmp_path, recorder=f"{__name__}.create_result_recorder"), overrides(model_dir))
+    async with open_pipeline(config, inline=True) as running:
+        yield running
+
+
+def chat(text: str, max_tokens: int) -> dict[str, Any]:
+    return {"task": "chat", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
 
 
 def cpu_engine_greedy(inputs: dict[str, Any], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
@@ -153,11 +148,11 @@ def cpu_engine_greedy(inputs: dict[str, Any], max_new_tokens: int) -> tuple[list
     raise AssertionError("the CPU engine finished without a last event")
 
 
-async def test_thinker_streams_text_and_the_talker_gets_tokens_and_hidden_states(pipeline: Pipeline) -> None:
-    inputs = chat("Say hello to the quick brown fox.", max_tokens=24, audio=True)
+async def test_thinker_streams_text_and_its_result_carries_tokens_and_hidden_states(recorded: Pipeline) -> None:
+    inputs = chat("Say hello to the quick brown fox.", max_tokens=24)
     deltas: list[str] = []
     results: dict[str, Any] = {}
-    async with pipeline.stream("voice", inputs) as messages:
+    async with recorded.stream("voice", inputs) as messages:
         async for message in messages:
             match message:
                 case StreamMessage(modality="text", chunk=chunk):
@@ -167,11 +162,10 @@ async def test_thinker_streams_text_and_the_talker_gets_tokens_and_hidden_states
     ids, hidden = cpu_engine_greedy(inputs, 24)
     assert len(deltas) > 1
     assert "".join(deltas) == results["detokenize"]["text"] == load_tokenizer().decode(ids)
-    (talker,) = talker_inputs
-    assert talker["output_token_ids"] == ids
-    assert talker["hidden_states"].shape == hidden.shape == (len(ids), SHAPE["dim"])
-    torch.testing.assert_close(talker["hidden_states"], hidden, rtol=1e-4, atol=1e-4)
-    assert results["code2wav"]["num_samples"] > 0
+    (result,) = thinker_results
+    assert result["output_token_ids"] == ids and results["hidden"] == {"rows": len(ids)}
+    assert result["hidden_states"].shape == hidden.shape == (len(ids), SHAPE["dim"])
+    torch.testing.assert_close(result["hidden_states"], hidden, rtol=1e-4, atol=1e-4)
 
 
 async def test_one_running_one_waiting_more_is_overloaded_and_abort_frees_the_engine(pipeline: Pipeline) -> None:
@@ -215,13 +209,13 @@ async def test_one_running_one_waiting_more_is_overloaded_and_abort_frees_the_en
 async def test_an_engine_that_cannot_start_is_a_startup_error_naming_the_stage(
     tmp_path: Path, shm_is_clean: None
 ) -> None:
-    config = load(CONFIG, overrides(tmp_path / "no-model-here"))
+    config = load(pipeline_toml(tmp_path), overrides(tmp_path / "no-model-here"))
     with pytest.raises(StartupError, match=r"stage 'thinker'.*no-model-here"):
         async with open_pipeline(config, inline=True):
             pass
 
 
-async def test_qwen3_omni_config_checks_with_sglang_installed() -> None:
+async def test_the_pipeline_checks_with_sglang_installed(tmp_path: Path) -> None:
     from omnitrio.cli import main
 
-    assert main(["check", str(CONFIG)]) == 0
+    assert main(["check", str(pipeline_toml(tmp_path))]) == 0

@@ -27,7 +27,7 @@ import attrs
 import numpy as np
 import torch
 
-from toys.qwen3_omni_tokenizer import NAMED_TOKENS
+from schedulers.qwen3_omni.tiny_tokenizer import NAMED_TOKENS
 
 
 @attrs.frozen
@@ -63,7 +63,7 @@ def load_reference_model(model_dir: Path) -> Any:
     """``from_pretrained`` (float32, eval) with the transformers 5.23 talker patch applied."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    from toys.qwen3_omni_checkpoint import patch_loaded_model
+    from schedulers.qwen3_omni.tiny import patch_loaded_model
 
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
     patch_loaded_model(model)

@@ -1,7 +1,7 @@
 """transformers' own ``generate(return_audio=True)`` seen as the talker stage sees it (tests and bench).
 
 :func:`reference_run` runs the whole model once and returns the thinker's stream as the thinker stage
-sends it (``prompt`` chunk, then one ``token`` chunk per generated token, built from ``generate``'s
+sends it (a ``TalkerPrompt``, then one ``TalkerToken`` per generated token, built from ``generate``'s
 own ``output_hidden_states``) together with the codes ``generate`` handed to code2wav, so a talker
 fed those chunks can be compared code for code.  Greedy thinker and talker unless told otherwise.
 """
@@ -13,10 +13,12 @@ from typing import Any
 import attrs
 import torch
 
+from schedulers.qwen3_omni.handoffs import TalkerPrompt, TalkerToken
+
 
 @attrs.frozen
 class Reference:
-    chunks: list[dict[str, Any]]
+    chunks: list[TalkerPrompt | TalkerToken]
     codes: torch.Tensor
     """``[Q, N]``: the frames ``generate`` decoded (codec_eos frame excluded)."""
     token_ids: list[int]
@@ -69,20 +71,18 @@ def reference_run(
     prompt_ids = result.sequences[0, :prompt_len]
     generated = result.sequences[0, prompt_len:]
     embed = model.thinker.get_input_embeddings()
-    chunks: list[dict[str, Any]] = [
-        {
-            "kind": "prompt",
-            "token_ids": prompt_ids.clone(),
-            "embeds": first[0][0].clone(),
-            "hidden": first[layer][0].clone(),
-            "speaker": speaker,
-            "image_grid_thw": inputs.get("image_grid_thw"),
-            "audio_feature_lengths": (
-                inputs["feature_attention_mask"].sum(dim=1) if "feature_attention_mask" in inputs else None
-            ),
-        }
+    mask = inputs.get("feature_attention_mask")
+    chunks: list[TalkerPrompt | TalkerToken] = [
+        TalkerPrompt(
+            prompt_ids.clone(),
+            first[0][0].clone(),
+            first[layer][0].clone(),
+            speaker=speaker,
+            image_grid_thw=inputs.get("image_grid_thw"),
+            audio_feature_lengths=None if mask is None else mask.sum(dim=1),
+        )
     ]
     with torch.no_grad():
         for token in generated:
-            chunks.append({"kind": "token", "token_ids": token.view(1), "embeds": embed(token.view(1)).clone()})
+            chunks.append(TalkerToken(int(token), embed(token.view(1)).clone()))
     return Reference(chunks, captured["codes"], generated.tolist())

@@ -14,26 +14,26 @@ from typing import Any
 
 import torch
 
+from schedulers.qwen3_omni.handoffs import Knobs, ThinkerInput
 from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler, create_thinker_stage
 
 
-def thinker_payload(reference: Any, inputs: Any, **knobs: Any) -> dict[str, Any]:
-    """The thinker's input for the processor output ``inputs`` (``knobs``: max_new_tokens, temperature, ...)."""
+def thinker_payload(reference: Any, inputs: Any, **knobs: Any) -> ThinkerInput:
+    """The thinker's input for the processor output ``inputs`` (``knobs``: the fields of ``Knobs``)."""
     thinker = reference.thinker
-    data: dict[str, Any] = {"input_ids": inputs["input_ids"][0], "want_audio": False}
+    media: dict[str, Any] = {}
     with torch.inference_mode():
         if "input_features" in inputs:
             mask = inputs["feature_attention_mask"]
             audio = thinker.get_audio_features(inputs["input_features"], mask)
-            data["audio_embeds"] = audio.last_hidden_state.clone()
-            data["audio_feature_lengths"] = mask.sum(-1)
+            media["audio_embeds"] = audio.last_hidden_state.clone()
+            media["audio_feature_lengths"] = mask.sum(-1)
         if "pixel_values" in inputs:
             image = thinker.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
-            data["image_embeds"] = torch.cat(image.pooler_output).clone()
-            data["deepstack_image_embeds"] = [torch.cat(d).clone() for d in image.deepstack_features]
-            data["image_grid_thw"] = inputs["image_grid_thw"]
-    data.update(knobs)
-    return data
+            media["image_embeds"] = torch.cat(image.pooler_output).clone()
+            media["deepstack_image_embeds"] = tuple(torch.cat(d).clone() for d in image.deepstack_features)
+            media["image_grid_thw"] = inputs["image_grid_thw"]
+    return ThinkerInput(inputs["input_ids"][0], Knobs(**knobs), **media)
 
 
 def thinker_scheduler(

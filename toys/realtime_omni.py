@@ -3,7 +3,7 @@
 :func:`serve_qwen3_omni` runs ``python -m omnitrio serve --config configs/qwen3-omni.toml --model DIR``
 (greedy talker, as the equality tests need); :func:`spoken` says a sentence with the project's Piper
 voice, deterministic, as PCM16 24 kHz (a realtime client's audio); :func:`as_heard` brings PCM16
-24 kHz to the feature extractor's 16 kHz the way the server does (``schedulers.omni.inputs.decode_audio``),
+24 kHz to the feature extractor's 16 kHz the way the server does (``schedulers.media.decode_audio``),
 for the reference ``generate``.
 """
 
@@ -57,8 +57,8 @@ def spoken(text: str, *, silence_before: float = 0.2, silence_after: float = 0.0
 
 def as_heard(pcm16: bytes) -> np.ndarray:
     """PCM16 24 kHz as the model's preprocessing hears it: float samples at 16 kHz, resampled as the server does."""
-    from schedulers.omni.inputs import AUDIO_RATE
-    from schedulers.omni.inputs import resample as model_resample
+    from schedulers.media import AUDIO_RATE
+    from schedulers.media import resample as model_resample
 
     return model_resample(pcm16_to_float(pcm16), REALTIME_RATE, AUDIO_RATE)
 

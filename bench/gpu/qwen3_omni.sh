@@ -21,8 +21,7 @@
 # text prompt and returns token ids and last-layer hidden states, while the real talker needs, per request,
 # the prompt's input embeddings with the audio/image features scattered in and the accept_hidden_layer
 # states (transformers' generate builds the talker's prompt from both), and the real thinker must be fed
-# the audio/image encoders' embeddings. configs/qwen3-omni-sglang.toml keeps the SGLang thinker with a toy
-# talker and vocoder for serving the released weights' text on a GPU.
+# the audio/image encoders' embeddings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}

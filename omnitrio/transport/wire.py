@@ -21,6 +21,7 @@ from omnitrio.envelopes import (
     Chunk,
     Complete,
     Credit,
+    Cut,
     Done,
     Failed,
     Payload,
@@ -97,6 +98,7 @@ _decoder = msgspec.msgpack.Decoder(
     Payload
     | Chunk
     | Done
+    | Cut
     | Abort
     | Credit
     | Complete

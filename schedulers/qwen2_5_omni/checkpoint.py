@@ -25,6 +25,7 @@ import torch
 
 from schedulers import checkpoints
 from schedulers.checkpoints import CheckpointError, require_model_dir
+from schedulers.qwen2_5_omni.token2wav.noise import NOISE_BLOCK
 
 MODEL_TYPE = "qwen2_5_omni"
 FAMILY = "Qwen2.5-Omni"
@@ -33,7 +34,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 CHAT_TEMPLATE_FILES = ("chat_template.json", "chat_template.jinja")
 PREPROCESSOR_FILE = "preprocessor_config.json"
 PARTS = ("thinker.", "talker.", "token2wav.")
-NOISE_BLOCK = 16  # torch's CPU normal draws fill 16 values at a time
 
 
 def preflight(*, model_dir: str | None = None, **_: Any) -> None:

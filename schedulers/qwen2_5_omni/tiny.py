@@ -90,7 +90,15 @@ _SIZES: dict[str, dict[str, Any]] = {
         "enc": 32,
         "mel_dim": 32,
         "ref_frames": 40,
-        "bigvgan_channels": 64,
+        # four upsampling stages of one residual block (the release: six of three): BigVGAN stays cheap
+        # beside the DiT, as in the release
+        "bigvgan": {
+            "upsample_initial_channel": 32,
+            "upsample_rates": [8, 5, 3, 2],
+            "upsample_kernel_sizes": [16, 11, 7, 4],
+            "resblock_kernel_sizes": [3],
+            "resblock_dilation_sizes": [[1, 3, 5]],
+        },
     },
     "medium": {
         "hidden": 256,
@@ -112,7 +120,7 @@ _SIZES: dict[str, dict[str, Any]] = {
         "enc": 96,
         "mel_dim": 80,
         "ref_frames": 120,
-        "bigvgan_channels": 128,
+        "bigvgan": {"upsample_initial_channel": 128},
     },
 }
 
@@ -223,7 +231,7 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
         "enc_res2net_scale": 2,
         "enc_se_channels": enc // 2,
     }
-    bigvgan = {"mel_dim": s["mel_dim"], "upsample_initial_channel": s["bigvgan_channels"]}
+    bigvgan = {"mel_dim": s["mel_dim"], **s["bigvgan"]}
     return Qwen2_5OmniConfig(
         thinker_config=thinker,
         talker_config=talker,

@@ -20,39 +20,53 @@ A chat request's branches through the model, and what each receives::
                 └──────────────────┴─▶ aggregate ─▶ thinker ─┬─▶ decode                 (text, terminal)
                                                     stream ┘└─▶ talker ─▶ code2wav    (audio, terminal)
 
+What crosses each edge is a class of :mod:`.handoffs`:
+
 * :func:`route_preprocess` sends a request to the encoders it needs and always to ``aggregate``;
   :func:`wait_for_aggregate` makes ``aggregate`` wait for exactly those (every branch carries the list,
   ``encoders``, since it is evaluated on whichever input arrives first);
-* the ``project_*`` functions give each branch only the fields it reads (new dicts; tensors are shared,
+* the ``project_*`` functions give each branch only what it reads of ``preprocess``'s
+  :class:`~.handoffs.Preprocessed` (:class:`~.handoffs.AudioEncoderInput`,
+  :class:`~.handoffs.ImageEncoderInput`, :class:`~.handoffs.PreprocessedText`; tensors are shared,
   never written);
-* :func:`merge_aggregate` builds the thinker's input: ``{"input_ids", "audio_embeds", "image_embeds",
-  "deepstack_image_embeds", "image_grid_thw", "audio_feature_lengths", "max_new_tokens", "temperature",
-  "speaker", "talker", "want_audio"}`` (absent media are ``None``);
+* :func:`merge_aggregate` builds the thinker's :class:`~.handoffs.ThinkerInput` from the text and the
+  encoders' :class:`~.handoffs.AudioEmbeddings` / :class:`~.handoffs.ImageEmbeddings`;
 * :func:`route_thinker` / :func:`chat_terminal_stages`: ``decode`` always, ``talker`` / ``code2wav`` too
   when the request asks for audio, so a text-only request never runs the talker or code2wav;
   :func:`route_thinker` is also the thinker's ``stream_done_to_fn``: its end of stream goes only where
   its stream and result go (an end of stream alone would start a request at the talker that nothing ends);
 * :func:`terminal_stages` (the pipeline's ``terminal_stages_fn``): the ASR stage for its tasks, the
   model's terminals for a chat.
+
+The task routing and the front's routes are the family-agnostic ones of :mod:`schedulers.graph`; this
+module names Qwen3-Omni's stages, builds its handoffs and composes them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from omnitrio.contract import InvalidRequest, StagePayload
-
-# The front of the graph is omni-tiny's (same stage names): reuse its routing.
-from schedulers.omni.routing import (
+from omnitrio.contract import StagePayload
+from schedulers.graph.front import (
     AGGREGATE,
     AUDIO_ENCODER,
     IMAGE_ENCODER,
     PREPROCESS,
+    answer_terminals,
     route_preprocess,
     wait_for_aggregate,
-    wants_audio,
 )
-from schedulers.session import SESSION_METADATA_KEY
+from schedulers.graph.tasks import ASR, ASR_STAGES, STREAM_ASR, admit_session_command, task_of
+from schedulers.qwen3_omni.handoffs import (
+    AudioEmbeddings,
+    AudioEncoderInput,
+    ImageEmbeddings,
+    ImageEncoderInput,
+    Preprocessed,
+    PreprocessedText,
+    ThinkerInput,
+    ThinkerResult,
+)
 from schedulers.simple import SimpleScheduler
 
 THINKER = "thinker"
@@ -60,99 +74,80 @@ DECODE = "decode"
 TALKER = "talker"
 CODE2WAV = "code2wav"
 INGRESS = "ingress"
-STREAM_ASR = "stream_asr"
-ASR = "asr"
-_ENTRY = {"asr_session": STREAM_ASR, "transcription": ASR}
-
-KNOBS = ("max_new_tokens", "temperature", "speaker", "talker", "want_audio")
+T = TypeVar("T")
 
 
-def _data(payload: Any, where: str) -> dict[str, Any]:
+def _data(payload: Any, kind: type[T], where: str) -> T:
     data = getattr(payload, "data", None)
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a payload whose data is a dict, got {type(data).__name__}")
+    if not isinstance(data, kind):
+        raise ValueError(f"{where}: expected a payload holding a {kind.__name__}, got {type(data).__name__}")
     return data
 
 
-def _with(payload: StagePayload, data: dict[str, Any]) -> StagePayload:
+def _with(payload: StagePayload, data: Any) -> StagePayload:
     return StagePayload(payload.request_id, payload.request, data)
 
 
 def project_to_audio_encoder(payload: StagePayload) -> StagePayload:
-    data = _data(payload, "project_to_audio_encoder")
-    keep = ("input_features", "feature_attention_mask")
-    return _with(payload, {**{k: data[k] for k in keep}, "encoders": list(data["encoders"])})
+    data = _data(payload, Preprocessed, "project_to_audio_encoder")
+    if data.input_features is None or data.feature_attention_mask is None:
+        raise ValueError("project_to_audio_encoder: the request has no audio features")
+    return _with(payload, AudioEncoderInput(data.input_features, data.feature_attention_mask, data.encoders))
 
 
 def project_to_image_encoder(payload: StagePayload) -> StagePayload:
-    data = _data(payload, "project_to_image_encoder")
-    keep = ("pixel_values", "image_grid_thw")
-    return _with(payload, {**{k: data[k] for k in keep}, "encoders": list(data["encoders"])})
+    data = _data(payload, Preprocessed, "project_to_image_encoder")
+    if data.pixel_values is None or data.image_grid_thw is None:
+        raise ValueError("project_to_image_encoder: the request has no image pixels")
+    return _with(payload, ImageEncoderInput(data.pixel_values, data.image_grid_thw, data.encoders))
 
 
 def project_to_aggregate(payload: StagePayload) -> StagePayload:
-    data = _data(payload, "project_to_aggregate")
-    knobs = {k: data.get(k) for k in KNOBS}
-    return _with(payload, {"input_ids": data["input_ids"], "encoders": list(data["encoders"]), **knobs})
+    data = _data(payload, Preprocessed, "project_to_aggregate")
+    return _with(payload, PreprocessedText(data.input_ids, data.encoders, data.knobs))
 
 
 def merge_aggregate(inputs: dict[str, StagePayload]) -> StagePayload:
     """The thinker's input (module docstring) from the preprocess payload and the encoders' outputs."""
     base = inputs[PREPROCESS]
-    text = _data(base, "merge_aggregate")
-    audio = _data(inputs[AUDIO_ENCODER], "merge_aggregate") if AUDIO_ENCODER in inputs else {}
-    image = _data(inputs[IMAGE_ENCODER], "merge_aggregate") if IMAGE_ENCODER in inputs else {}
-    data: dict[str, Any] = {
-        "input_ids": text["input_ids"],
-        "audio_embeds": audio.get("audio_embeds"),
-        "audio_feature_lengths": audio.get("audio_feature_lengths"),
-        "image_embeds": image.get("image_embeds"),
-        "deepstack_image_embeds": image.get("deepstack_image_embeds"),
-        "image_grid_thw": image.get("image_grid_thw"),
-        **{k: text.get(k) for k in KNOBS},
-    }
-    return _with(base, data)
+    text = _data(base, PreprocessedText, "merge_aggregate")
+    audio = _data(inputs[AUDIO_ENCODER], AudioEmbeddings, "merge_aggregate") if AUDIO_ENCODER in inputs else None
+    image = _data(inputs[IMAGE_ENCODER], ImageEmbeddings, "merge_aggregate") if IMAGE_ENCODER in inputs else None
+    merged = ThinkerInput(
+        text.input_ids,
+        text.knobs,
+        audio_embeds=None if audio is None else audio.audio_embeds,
+        audio_feature_lengths=None if audio is None else audio.audio_feature_lengths,
+        image_embeds=None if image is None else image.image_embeds,
+        deepstack_image_embeds=None if image is None else image.deepstack_image_embeds,
+        image_grid_thw=None if image is None else image.image_grid_thw,
+    )
+    return _with(base, merged)
 
 
 def route_thinker(request_id: str, payload: StagePayload) -> list[str]:
-    return [DECODE, TALKER] if _data(payload, "route_thinker").get("want_audio") else [DECODE]
+    return [DECODE, TALKER] if _data(payload, ThinkerResult, "route_thinker").want_audio else [DECODE]
 
 
 def chat_terminal_stages(request_id: str, inputs: Any) -> list[str]:
     """``decode`` always; ``code2wav`` too when the request asks for audio."""
-    return [DECODE, CODE2WAV] if wants_audio(inputs) else [DECODE]
-
-
-def task_of(inputs: Any) -> str:
-    """``asr_session``, ``transcription``, or ``chat`` for anything else (the model's stages check it)."""
-    task = inputs.get("task") if isinstance(inputs, dict) else None
-    return task if task in _ENTRY else "chat"
+    return answer_terminals(inputs, DECODE, CODE2WAV)
 
 
 def route_ingress(request_id: str, payload: StagePayload) -> str:
     """The first stage of the request's task (module docstring)."""
-    return _ENTRY.get(task_of(payload.request.inputs), PREPROCESS)
+    return ASR_STAGES.get(task_of(payload.request.inputs, strict=False), PREPROCESS)
 
 
 def terminal_stages(request_id: str, inputs: Any) -> list[str]:
     """The ASR stage for its tasks; the model's terminal stages (:func:`chat_terminal_stages`) for a chat."""
-    task = task_of(inputs)
-    return [_ENTRY[task]] if task in _ENTRY else chat_terminal_stages(request_id, inputs)
-
-
-def _admit(payload: StagePayload) -> StagePayload:
-    inputs = payload.request.inputs
-    if task_of(inputs) == "asr_session":
-        command = inputs.get("command")
-        if not isinstance(command, dict):
-            raise InvalidRequest(f"an asr_session request needs 'command' (a dict), got {command!r}", param="command")
-        payload.request.metadata[SESSION_METADATA_KEY] = command
-    return payload
+    task = task_of(inputs, strict=False)
+    return [ASR_STAGES[task]] if task in ASR_STAGES else chat_terminal_stages(request_id, inputs)
 
 
 def create_ingress_stage() -> SimpleScheduler:
     """Routes by task (module docstring); no model, no weights."""
-    return SimpleScheduler(_admit)
+    return SimpleScheduler(admit_session_command)
 
 
 __all__ = [
@@ -179,5 +174,4 @@ __all__ = [
     "task_of",
     "terminal_stages",
     "wait_for_aggregate",
-    "wants_audio",
 ]

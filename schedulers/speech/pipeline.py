@@ -31,14 +31,13 @@ import time
 from typing import Any
 
 from omnitrio.contract import OutgoingMessage, StagePayload, StreamItem
-from schedulers.session import SESSION_METADATA_KEY
+from schedulers.graph.tasks import admit_session_command, task_of, wants_audio
 from schedulers.simple import SimpleScheduler
 from schedulers.speech.requests import SpeechRequest, has_input_audio, raw_inputs, speech_request
 from schedulers.speech.tts import shared_synthesizer
 from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
 from schedulers.streaming import StreamingSimpleScheduler
 
-TASKS = ("chat", "speech", "transcription", "asr_session")
 _ENTRY = {
     "transcription": "asr",
     "asr_session": "stream_asr",
@@ -49,27 +48,6 @@ _STREAMED = frozenset({"chat", "speech"})
 ANSWER_FIELDS = ("finish_reason", "usage", "tool_calls")  # what a responder's result says beside its text
 TRANSCRIPT_FIELDS = ("language", "segments", "words")  # what a timed transcript says beside its text
 log = logging.getLogger("schedulers.speech")
-
-
-def task_of(inputs: Any) -> str:
-    """The task of a request's inputs; a bare string is a chat turn. ``ValueError`` names what is wrong."""
-    if isinstance(inputs, str):
-        return "chat"
-    task = inputs.get("task") if isinstance(inputs, dict) else None
-    if task not in TASKS:
-        raise ValueError(f"inputs need 'task' set to one of {list(TASKS)} (or a plain string), got {task!r}")
-    return str(task)
-
-
-def wants_audio(inputs: Any) -> bool:
-    """Whether the answer is spoken: speech always, chat when ``modalities`` asks for audio."""
-    match task_of(inputs):
-        case "speech":
-            return True
-        case "chat":
-            return isinstance(inputs, dict) and "audio" in (inputs.get("modalities") or ())
-        case _:
-            return False
 
 
 def terminal_stages(request_id: str, inputs: Any) -> list[str]:
@@ -99,16 +77,9 @@ def route_responder(request_id: str, payload: StagePayload) -> str:
 
 
 def _admit(payload: StagePayload) -> StagePayload:
-    inputs = payload.request.inputs
-    task = task_of(inputs)
-    if task == "asr_session":
-        command = inputs.get("command")
-        if not isinstance(command, dict):
-            raise ValueError(f"an asr_session request needs 'command' (a session command dict), got {command!r}")
-        payload.request.metadata[SESSION_METADATA_KEY] = command
-    if task in _STREAMED:
+    if task_of(payload.request.inputs) in _STREAMED:
         payload.request.params.setdefault("stream", True)
-    return payload
+    return admit_session_command(payload)
 
 
 def create_ingress_stage() -> SimpleScheduler:

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from omnitrio.contract import InvalidRequest, StagePayload
-from schedulers.omni.inputs import decode_audio
+from schedulers.media import decode_audio
 from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, as_float_audio, resample
 from schedulers.speech.tts import check_speed
 
@@ -107,7 +107,7 @@ def has_input_audio(inputs: Any) -> bool:
 def transcribed_chat(inputs: dict[str, Any], transcribe: Callable[[FloatAudio], str]) -> dict[str, Any]:
     """``inputs`` with every ``input_audio`` part replaced by ``{"type": "text", "text": transcript}``.
 
-    A part is a base64 ``wav`` or ``pcm16`` clip (OpenAI's shape, see :mod:`schedulers.omni.inputs`),
+    A part is a base64 ``wav`` or ``pcm16`` clip (OpenAI's shape, see :mod:`schedulers.media`),
     transcribed at 16 kHz; a clip that does not decode is a ``ValueError`` naming the part.
     """
     messages = []

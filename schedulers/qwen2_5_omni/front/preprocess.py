@@ -6,7 +6,7 @@ Inputs are what the HTTP layer hands a chat pipeline (:mod:`omnitrio.serve`): ``
 
 * ``text``;
 * ``input_audio``: base64 WAV of any rate or raw 24 kHz ``pcm16``, or Python ``{"array", "sample_rate"}``
-  (:func:`schedulers.omni.inputs.decode_audio`).  Audio at 16 kHz reaches the feature extractor as it
+  (:func:`schedulers.media.decode_audio`).  Audio at 16 kHz reaches the feature extractor as it
   came (PCM16 / 32768, never resampled: the answer changes otherwise); other rates are resampled to 16 kHz;
 * ``image_url`` with a PNG/JPEG ``data:`` URL (never fetched), or Python ``{"type": "image", "image":
   HxWx3 array}``; images keep their size (the image processor resizes them as the checkpoint says);
@@ -33,7 +33,7 @@ import attrs
 import numpy as np
 import torch
 
-from schedulers.omni.inputs import decode_audio, read_image_url
+from schedulers.media import decode_audio, read_image_url
 from schedulers.qwen2_5_omni.checkpoint import Speakers, load_config, speakers
 from schedulers.qwen2_5_omni.front.processor import OmniProcessor
 

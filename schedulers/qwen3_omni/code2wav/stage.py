@@ -1,7 +1,8 @@
 """The code2wav stage: the talker's codes in, 24 kHz speech out as it is decoded, many requests per forward.
 
-Per request the talker streams chunks ``{"codes": Long[Q, n]}`` (frames in order) and then its result
-payload ``{"num_frames": N}``, which ends the request.  What a consumer of this stage may rely on:
+Per request the talker streams :class:`~schedulers.qwen3_omni.handoffs.Codes` chunks (frames in order)
+and then its result, a :class:`~schedulers.qwen3_omni.handoffs.TalkerResult`, which ends the request.
+What a consumer of this stage may rely on:
 
 * ``stream`` outputs ``{"pcm": int16 array, "sample_rate": 24000}`` (``metadata={"modality": "audio"}``),
   in order, then one ``result`` ``{"num_samples", "num_frames", "sample_rate"}``.  Joined, the pcm is
@@ -22,10 +23,8 @@ payload ``{"num_frames": N}``, which ends the request.  What a consumer of this 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
@@ -34,6 +33,7 @@ from schedulers._idsets import Life
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.code2wav.model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
 from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Window
+from schedulers.qwen3_omni.handoffs import Codes, TalkerResult
 from schedulers.vocoder import StreamingVocoderBase
 
 STAGE = "code2wav"
@@ -175,13 +175,12 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
 
 
 def _codes_of(data: Any, request_id: str, num_quantizers: int, codebook_size: int) -> torch.Tensor:
-    codes = data.get("codes") if isinstance(data, Mapping) else None
-    if codes is None:
+    if not isinstance(data, Codes):
         raise ValueError(
-            f"{STAGE}: a stream chunk for {request_id!r} must be {{'codes': Long[{num_quantizers}, n]}}, "
+            f"{STAGE}: a stream chunk for {request_id!r} must be Codes (Long[{num_quantizers}, n]), "
             f"got {type(data).__name__}"
         )
-    tensor = torch.as_tensor(np.asarray(codes) if not isinstance(codes, torch.Tensor) else codes)
+    tensor = data.codes
     if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.is_complex():
         raise ValueError(f"{STAGE}: 'codes' of {request_id!r} must be integers, got {tensor.dtype}")
     if tensor.ndim != 2 or tensor.shape[0] != num_quantizers or tensor.shape[1] < 1:
@@ -198,12 +197,12 @@ def _codes_of(data: Any, request_id: str, num_quantizers: int, codebook_size: in
 
 def _num_frames_of(payload: StagePayload, request_id: str) -> int:
     data = payload.data
-    value = data.get("num_frames") if isinstance(data, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not isinstance(data, TalkerResult) or data.num_frames < 0:
         raise ValueError(
-            f"{STAGE}: the talker's result for {request_id!r} must be {{'num_frames': int >= 0}}, got {data!r:.80}"
+            f"{STAGE}: the talker's result for {request_id!r} must be a TalkerResult with num_frames >= 0, "
+            f"got {data!r:.80}"
         )
-    return value
+    return data.num_frames
 
 
 def load_code2wav(model_dir: str, device: str = "cpu") -> Qwen3OmniMoeCode2Wav:

@@ -1,12 +1,12 @@
 """Qwen3-Omni's audio and image encoders as batched stages (transformers' own towers, their weights only).
 
 * Audio: ``Qwen3OmniMoeAudioEncoder`` with the checkpoint's ``thinker.audio_tower.`` weights.  Input
-  ``{"input_features": [n_clips, 128, T], "feature_attention_mask": [n_clips, T], "encoders"}``; output
-  ``{"audio_embeds": Float[Na, H], "audio_feature_lengths": Long[n_clips], "encoders"}``, the clips in
-  order, what ``thinker.get_audio_features`` gives for the same inputs.
-* Image: ``Qwen3OmniMoeVisionEncoder`` with the ``thinker.visual.`` weights.  Input ``{"pixel_values",
-  "image_grid_thw", "encoders"}``; output ``{"image_embeds": Float[Ni, H], "deepstack_image_embeds":
-  [Float[Ni, H]] (one per deepstack layer), "image_grid_thw", "encoders"}``, as ``get_image_features``.
+  :class:`~schedulers.qwen3_omni.handoffs.AudioEncoderInput`; output
+  :class:`~schedulers.qwen3_omni.handoffs.AudioEmbeddings`, the clips in order, what
+  ``thinker.get_audio_features`` gives for the same inputs.
+* Image: ``Qwen3OmniMoeVisionEncoder`` with the ``thinker.visual.`` weights.  Input
+  :class:`~schedulers.qwen3_omni.handoffs.ImageEncoderInput`; output
+  :class:`~schedulers.qwen3_omni.handoffs.ImageEmbeddings`, as ``get_image_features``.
 
 Requests batch the way SGLang-Omni batches them: *packed*, not padded.  Every clip (image) of every request
 in a batch goes into one call along the sequence axis, with its own length (grid) so the towers' attention
@@ -18,15 +18,24 @@ Each stage loads only its tower's weights and runs torch with one intra-op threa
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import torch
 
 from omnitrio.contract import StagePayload
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
+from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
 from schedulers.simple import SimpleScheduler
 
 Batch = list[StagePayload]
+T = TypeVar("T")
+
+
+def _inputs(payloads: Batch, kind: type[T], stage: str) -> list[T]:
+    for payload in payloads:
+        if not isinstance(payload.data, kind):
+            raise ValueError(f"{stage}: expected a {kind.__name__}, got {type(payload.data).__name__}")
+    return [payload.data for payload in payloads]
 
 
 class AudioTower:
@@ -100,13 +109,10 @@ def audio_batch_fn(tower: AudioTower) -> Callable[[Batch], Batch]:
     """The stage's batch compute: payloads in, the same payloads out with the audio outputs as data."""
 
     def encode_batch(payloads: Batch) -> Batch:
-        outputs = tower.encode([(p.data["input_features"], p.data["feature_attention_mask"]) for p in payloads])
-        for payload, (embeds, lengths) in zip(payloads, outputs, strict=True):
-            payload.data = {
-                "audio_embeds": embeds,
-                "audio_feature_lengths": lengths,
-                "encoders": payload.data["encoders"],
-            }
+        inputs = _inputs(payloads, AudioEncoderInput, "audio_encoder")
+        outputs = tower.encode([(i.input_features, i.feature_attention_mask) for i in inputs])
+        for payload, given, (embeds, lengths) in zip(payloads, inputs, outputs, strict=True):
+            payload.data = AudioEmbeddings(embeds, lengths, given.encoders)
         return payloads
 
     return encode_batch
@@ -116,15 +122,10 @@ def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
     """The stage's batch compute: payloads in, the same payloads out with the image outputs as data."""
 
     def encode_batch(payloads: Batch) -> Batch:
-        outputs = tower.encode([(p.data["pixel_values"], p.data["image_grid_thw"]) for p in payloads])
-        for payload, (embeds, deepstack) in zip(payloads, outputs, strict=True):
-            data: dict[str, Any] = payload.data
-            payload.data = {
-                "image_embeds": embeds,
-                "deepstack_image_embeds": deepstack,
-                "image_grid_thw": data["image_grid_thw"],
-                "encoders": data["encoders"],
-            }
+        inputs = _inputs(payloads, ImageEncoderInput, "image_encoder")
+        outputs = tower.encode([(i.pixel_values, i.image_grid_thw) for i in inputs])
+        for payload, given, (embeds, deepstack) in zip(payloads, inputs, outputs, strict=True):
+            payload.data = ImageEmbeddings(embeds, tuple(deepstack), given.image_grid_thw, given.encoders)
         return payloads
 
     return encode_batch

@@ -5,16 +5,14 @@ Inputs are what the HTTP layer hands a chat pipeline (:mod:`omnitrio.serve`): ``
 "temperature", ...}``, or a bare prompt string (one user message).  Content parts:
 
 * ``text``; ``input_audio`` (base64 WAV of any rate or raw 24 kHz pcm16, or Python ``{"array",
-  "sample_rate"}``), resampled to the feature extractor's 16 kHz (:func:`schedulers.omni.inputs.decode_audio`);
+  "sample_rate"}``), resampled to the feature extractor's 16 kHz (:func:`schedulers.media.decode_audio`);
 * ``image_url`` with a PNG/JPEG ``data:`` URL (never fetched), or Python ``{"type": "image", "image":
   HxWx3 array}``; images keep their size (the image processor resizes them as the checkpoint says);
 * video parts are refused: ``ValueError`` (a 400), as is any other malformed input, naming the part.
 
-``audio.voice`` picks the talker's speaker (:func:`resolve_speaker`).  The output payload (see
-:mod:`schedulers.qwen3_omni.graph` for what each branch receives) holds ``input_ids`` ``Long[P]``
-(placeholders expanded), the audio features / pixels when there are any, ``encoders`` (the encoder
-stages this request needs), and the knobs ``max_new_tokens``, ``temperature``, ``speaker``,
-``want_audio``, ``talker``.
+``audio.voice`` picks the talker's speaker (:func:`resolve_speaker`).  The output payload's data is a
+:class:`~schedulers.qwen3_omni.handoffs.Preprocessed` (:mod:`schedulers.qwen3_omni.graph` says what each
+branch receives of it).
 """
 
 from __future__ import annotations
@@ -27,10 +25,11 @@ import numpy as np
 import torch
 
 from omnitrio.contract import InvalidRequest, StagePayload
-from schedulers.omni.inputs import decode_audio, read_image_url
+from schedulers.media import decode_audio, read_image_url
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.front.processor import OmniProcessor
 from schedulers.qwen3_omni.graph import AUDIO_ENCODER, IMAGE_ENCODER
+from schedulers.qwen3_omni.handoffs import Knobs, Preprocessed
 from schedulers.simple import SimpleScheduler
 
 # OpenAI's voice names (and "default") all mean the checkpoint's default speaker.
@@ -141,7 +140,7 @@ class Preprocessor:
         self.speakers = tuple(speakers(load_config(model_dir)))
         self.default_speaker = default_speaker(self.speakers, default_speaker_name) if self.speakers else None
 
-    def __call__(self, inputs: Any) -> dict[str, Any]:
+    def __call__(self, inputs: Any) -> Preprocessed:
         messages, audio, images = chat_messages(inputs)
         modalities = (inputs.get("modalities") if isinstance(inputs, dict) else None) or ["text"]
         if not isinstance(modalities, list | tuple) or not set(modalities) <= {"text", "audio"}:
@@ -155,18 +154,21 @@ class Preprocessor:
                 raise ValueError("modalities: this checkpoint has no talker speakers, so it cannot answer in audio")
             speaker = resolve_speaker(voice, self.speakers, self.default_speaker)
         tensors = self.processor(self.processor.render(messages), audio=audio, images=images)
-        data: dict[str, Any] = {
-            "input_ids": tensors.pop("input_ids")[0],
-            "encoders": ([AUDIO_ENCODER] if audio else []) + ([IMAGE_ENCODER] if images else []),
-            "max_new_tokens": _knob(inputs, "max_tokens", int, 1),
-            "temperature": _knob(inputs, "temperature", float, 0.0),
-            "speaker": speaker,
-            "want_audio": want_audio,
-            "talker": None,
-        }
-        tensors.pop("attention_mask")
-        data.update(tensors)
-        return data
+        knobs = Knobs(
+            max_new_tokens=_knob(inputs, "max_tokens", int, 1),
+            temperature=_knob(inputs, "temperature", float, 0.0),
+            speaker=speaker,
+            want_audio=want_audio,
+        )
+        return Preprocessed(
+            input_ids=tensors["input_ids"][0],
+            encoders=(AUDIO_ENCODER,) * bool(audio) + (IMAGE_ENCODER,) * bool(images),
+            knobs=knobs,
+            input_features=tensors.get("input_features"),
+            feature_attention_mask=tensors.get("feature_attention_mask"),
+            pixel_values=tensors.get("pixel_values"),
+            image_grid_thw=tensors.get("image_grid_thw"),
+        )
 
 
 def create_preprocess_stage(

@@ -2,15 +2,15 @@
 
 A request moves through :class:`Phase` in order (it may skip to ``SPOKEN``):
 
-* ``WAITING_PROMPT``: nothing but (maybe) its payload has come; the thinker's ``prompt`` chunk is next;
+* ``WAITING_PROMPT``: nothing but (maybe) its payload has come; the thinker's
+  :class:`~schedulers.qwen3_omni.handoffs.TalkerPrompt` is next;
 * ``PREFILL``: it has its prompt, and prefills once its first answer token is known to be forwarded;
 * ``DECODING``: it steps; each step needs its next text (:meth:`TextFeed.trailing`) and sits out
   until the thinker streamed it;
 * ``SPOKEN``: its codes are done (``codec_eos``, ``max_new_tokens``, or no audio wanted); it ends once
   the thinker's stream and payload are both in.
 
-:func:`parse_prompt` validates the ``prompt`` chunk, whose fields :mod:`schedulers.qwen3_omni.thinker.stage`
-documents (it is what the thinker stage sends the talker).
+:func:`check_prompt` checks that a ``TalkerPrompt``'s tensors agree and its talker options are known.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from omnitrio.contract import InvalidRequest, StagePayload
 from schedulers._idsets import Life
+from schedulers.qwen3_omni.handoffs import TalkerPrompt
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling
 from schedulers.qwen3_omni.talker.prompt import TextFeed
 
@@ -36,57 +37,23 @@ class Phase(enum.Enum):
     SPOKEN = "spoken"
 
 
-@attrs.define(eq=False)
-class Prompt:
-    """The thinker's ``prompt`` chunk, validated."""
-
-    token_ids: torch.Tensor
-    embeds: torch.Tensor
-    hidden: torch.Tensor
-    speaker: str | None
-    knobs: dict[str, Any]
-    want_audio: bool
-    image_grid_thw: torch.Tensor | None
-    audio_feature_lengths: torch.Tensor | None
-
-
-def _tensor(data: dict[str, Any], key: str, dims: int, dtype: torch.dtype, *, optional: bool = False) -> Any:
-    value = data.get(key)
-    if value is None and optional:
-        return None
-    tensor = torch.as_tensor(value) if value is not None else None
-    if tensor is None or tensor.dim() != dims:
-        raise ValueError(f"talker: prompt chunk field {key!r} must be a {dims}-d tensor, got {value!r:.80}")
-    return tensor.to(dtype)
-
-
-def parse_prompt(data: Any) -> Prompt:
-    """The ``prompt`` chunk's fields; ValueError naming the field that is missing or malformed."""
-    if not isinstance(data, dict) or data.get("kind") != "prompt":
-        raise ValueError(f"talker: the thinker stream must start with a 'prompt' chunk, got {data!r:.80}")
-    token_ids = _tensor(data, "token_ids", 1, torch.long)
-    embeds = _tensor(data, "embeds", 2, torch.float32)
-    hidden = _tensor(data, "hidden", 2, torch.float32)
-    if not embeds.shape[0] == hidden.shape[0] == token_ids.shape[0]:
+def check_prompt(data: Any) -> TalkerPrompt:
+    """``data`` as the ``TalkerPrompt`` it must be: ValueError when it is not one or its rows disagree,
+    ``InvalidRequest`` (``param="talker"``) for talker options this stage does not know."""
+    if not isinstance(data, TalkerPrompt):
+        raise ValueError(f"talker: the thinker stream must start with a TalkerPrompt, got {type(data).__name__}")
+    rows = (data.token_ids.shape[0], data.embeds.shape[0], data.hidden.shape[0])
+    if data.token_ids.dim() != 1 or data.embeds.dim() != 2 or data.hidden.dim() != 2 or len(set(rows)) != 1:
         raise ValueError(
-            f"talker: prompt chunk has {token_ids.shape[0]} token_ids, {embeds.shape[0]} embeds rows and "
-            f"{hidden.shape[0]} hidden rows; they must match"
+            f"talker: TalkerPrompt has token_ids {list(data.token_ids.shape)}, embeds {list(data.embeds.shape)} "
+            f"and hidden {list(data.hidden.shape)}; they must be [P], [P, H] and [P, H]"
         )
-    knobs = data.get("talker") or {}
-    if not isinstance(knobs, dict) or not set(knobs) <= KNOBS:
+    options = data.talker or {}
+    if not isinstance(options, dict) or not set(options) <= KNOBS:
         raise InvalidRequest(
-            f"talker options must be a dict with keys in {sorted(KNOBS)}, got {knobs!r}", param="talker"
+            f"talker options must be a dict with keys in {sorted(KNOBS)}, got {options!r}", param="talker"
         )
-    return Prompt(
-        token_ids=token_ids,
-        embeds=embeds,
-        hidden=hidden,
-        speaker=data.get("speaker"),
-        knobs=dict(knobs),
-        want_audio=bool(data.get("want_audio", True)),
-        image_grid_thw=_tensor(data, "image_grid_thw", 2, torch.long, optional=True),
-        audio_feature_lengths=_tensor(data, "audio_feature_lengths", 1, torch.long, optional=True),
-    )
+    return data
 
 
 @attrs.define(eq=False)
@@ -95,7 +62,7 @@ class TalkerRequest:
 
     life: Life
     phase: Phase = Phase.WAITING_PROMPT
-    prompt: Prompt | None = None
+    prompt: TalkerPrompt | None = None
     feed: TextFeed | None = None
     sampling: TalkerSampling = attrs.field(factory=TalkerSampling)
     speaker_id: int = 0

@@ -1,16 +1,15 @@
 """The Qwen3-Omni talker stage: the thinker's stream in, codec frames out, many requests per step.
 
-Input, per request (``IncomingMessage``): the thinker's ``stream_chunk`` s — first
-``{"kind": "prompt", "token_ids", "embeds", "hidden", "speaker", "talker", "want_audio",
-"image_grid_thw", "audio_feature_lengths"}``, then one ``{"kind": "token", "token_ids", "embeds"}``
-per answer token — then ``stream_done`` and the thinker's result as ``new_request`` (its payload
-also ends the text).  Chunks may come before the payload, as the runtime delivers them.
+Input, per request (``IncomingMessage``; the classes of :mod:`schedulers.qwen3_omni.handoffs`): the
+thinker's ``stream_chunk`` s — first a ``TalkerPrompt``, then one ``TalkerToken`` per answer token —
+then ``stream_done`` and the thinker's ``ThinkerResult`` as ``new_request`` (its payload also ends the
+text).  Chunks may come before the payload, as the runtime delivers them.
 
-Output, per request, in order: ``stream`` messages ``{"codes": Long[Q, n]}`` (``metadata={"modality":
+Output, per request, in order: ``stream`` messages holding ``Codes`` (``metadata={"modality":
 "codes"}``, ``frames_per_chunk`` frames each, the last one shorter; the ``codec_eos`` frame is not
-sent), then one ``result`` whose payload ``data`` is ``{"num_frames": N}``; or one ``error``.  A
-request that does not want audio (``want_audio`` false in the prompt chunk, or a payload with
-``want_audio`` false and no stream), or whose thinker forwarded no answer token, gives 0 frames.
+sent), then one ``result`` whose payload's data is a ``TalkerResult``; or one ``error``.  A request
+that does not want audio (a ``ThinkerResult`` with ``want_audio`` false and no stream), or whose
+thinker forwarded no answer token, gives 0 frames.
 
 What a caller may rely on:
 
@@ -45,11 +44,12 @@ from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, 
 from schedulers._idsets import Admission, Life, RequestLedger
 from schedulers.qwen3_omni.batched_kv import BatchedKV
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
+from schedulers.qwen3_omni.handoffs import Codes, TalkerResult, TalkerToken, ThinkerResult
 from schedulers.qwen3_omni.talker.code_predictor import CodePredictor
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_codes, suppressed_mask
 from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.prompt import TextFeed
-from schedulers.qwen3_omni.talker.request import Phase, TalkerRequest, parse_prompt
+from schedulers.qwen3_omni.talker.request import Phase, TalkerRequest, check_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +195,10 @@ class TalkerScheduler:
         return req
 
     def _on_payload(self, req: TalkerRequest, payload: Any) -> None:
-        if not isinstance(payload, StagePayload):
-            raise ValueError(f"talker: new_request data must be a StagePayload, got {type(payload).__name__}")
+        if not isinstance(payload, StagePayload) or not isinstance(payload.data, ThinkerResult):
+            raise ValueError(
+                f"talker: new_request data must be a StagePayload holding a ThinkerResult, got {payload!r:.80}"
+            )
         req.payload = payload
         self._on_end_of_text(req)
 
@@ -205,27 +207,26 @@ class TalkerScheduler:
         if req.phase is Phase.WAITING_PROMPT:
             if req.payload is None:
                 return  # the payload says whether audio was wanted
-            data = req.payload.data
-            if not (isinstance(data, dict) and data.get("want_audio") is False):
-                raise ValueError("talker: the thinker's stream ended without its 'prompt' chunk")
+            if req.payload.data.want_audio:
+                raise ValueError("talker: the thinker's stream ended without its TalkerPrompt")
             req.phase = Phase.SPOKEN
         if req.phase is Phase.PREFILL and req.feed is not None and not req.feed.can_speak():
             req.phase = Phase.SPOKEN
         self._maybe_finish(req)
 
     def _on_chunk(self, req: TalkerRequest, item: Any) -> None:
-        if not isinstance(item, StreamItem) or not isinstance(item.data, dict):
-            raise ValueError(f"talker: stream chunks must be StreamItems holding a dict, got {item!r:.80}")
+        if not isinstance(item, StreamItem):
+            raise ValueError(f"talker: stream chunks must be StreamItems, got {item!r:.80}")
         data = item.data
         if req.phase is Phase.WAITING_PROMPT:
             self._on_prompt(req, data)
-        elif data.get("kind") != "token" or "embeds" not in data:
-            raise ValueError(f"talker: expected a 'token' chunk with 'embeds', got kind {data.get('kind')!r}")
+        elif not isinstance(data, TalkerToken):
+            raise ValueError(f"talker: expected a TalkerToken after the TalkerPrompt, got {type(data).__name__}")
         elif req.feed is not None and req.phase is not Phase.SPOKEN:
-            req.feed.add_token(torch.as_tensor(data["embeds"], dtype=torch.float32))  # TextFeed moves it
+            req.feed.add_token(data.embed)  # TextFeed moves it
 
-    def _on_prompt(self, req: TalkerRequest, data: dict[str, Any]) -> None:
-        prompt = parse_prompt(data)
+    def _on_prompt(self, req: TalkerRequest, data: Any) -> None:
+        prompt = check_prompt(data)
         speakers = self.model.ids.speakers
         speaker = str(prompt.speaker or self.default_speaker).lower()
         if speaker not in speakers:
@@ -233,14 +234,11 @@ class TalkerScheduler:
                 f"voice {prompt.speaker!r} is not one of this model's speakers {sorted(speakers)}", param="audio.voice"
             )
         try:
-            req.sampling = TalkerSampling(**{**attrs.asdict(self.sampling), **prompt.knobs})
+            req.sampling = TalkerSampling(**{**attrs.asdict(self.sampling), **(prompt.talker or {})})
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"talker options: {exc}", param="talker") from exc
         req.speaker_id = speakers[speaker]
         req.prompt = prompt
-        if not prompt.want_audio:
-            req.phase = Phase.SPOKEN
-            return
         req.feed = TextFeed.start(self.model, prompt.token_ids, prompt.embeds, prompt.hidden)
         req.phase = Phase.PREFILL
 
@@ -345,7 +343,7 @@ class TalkerScheduler:
     def _codes_message(self, req: TalkerRequest) -> OutgoingMessage:
         codes = torch.stack(req.unsent, dim=1).to(device="cpu", dtype=torch.long)
         req.unsent = []
-        return OutgoingMessage(req.request_id, "stream", {"codes": codes}, metadata={"modality": MODALITY})
+        return OutgoingMessage(req.request_id, "stream", Codes(codes), metadata={"modality": MODALITY})
 
     def _spoken(self, req: TalkerRequest) -> None:
         """Its codes are done: free the KV now, send what is left; the result waits for the payload."""
@@ -362,7 +360,7 @@ class TalkerScheduler:
             return
         assert req.payload is not None
         messages = [self._codes_message(req)] if req.unsent else []
-        req.payload.data = {"num_frames": req.num_frames}
+        req.payload.data = TalkerResult(req.num_frames)
         messages.append(OutgoingMessage(req.request_id, "result", req.payload))
         self._drop_state(req.life)
         if self._ledger.end(req.life):

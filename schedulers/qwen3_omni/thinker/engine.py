@@ -9,7 +9,7 @@ Each :meth:`ThinkerEngine.step` does, in order:
 3. **retire**: a request that produced ``eos_token_id`` (``"stop"``) or its ``max_new_tokens``-th token
    (``"length"``) leaves the batch; its keys/values are dropped at once.
 
-The events of a step come in that order: per request, a :class:`Prompt` event before its first
+The events of a step come in that order: per request, a :class:`Prefilled` event before its first
 :class:`Token`, tokens in generation order, and the last one carries ``finish_reason``.  :meth:`abort`
 takes effect at once (the request's row leaves the batch; no event follows).  A prefill that raises
 fails that request alone (:class:`Failed`); a decode forward that raises fails every running request.
@@ -48,11 +48,11 @@ class ThinkerRequest:
     max_new_tokens: int
     sampler: Sampler
     eos_token_id: int | None
-    want_hidden: bool = True  # the Prompt event carries the accept-layer states (the talker needs them)
+    want_hidden: bool = True  # the Prefilled event carries the accept-layer states (the talker needs them)
 
 
 @attrs.frozen
-class Prompt:
+class Prefilled:
     """A request was prefilled: its input embeddings are ``prompt.embeds``, ``hidden`` its accept-layer states
     (None unless the request asked for them)."""
 
@@ -77,7 +77,7 @@ class Failed:
     error: Exception
 
 
-Event = Prompt | Token | Failed
+Event = Prefilled | Token | Failed
 
 
 @attrs.define(eq=False)
@@ -153,7 +153,7 @@ class ThinkerEngine:
         state = _Running(request)
         self.running[rid] = state
         self.kv.add(rid, done.cache)
-        events.append(Prompt(rid, request.prompt, done.hidden))
+        events.append(Prefilled(rid, request.prompt, done.hidden))
         self._advance([state], done.logits[None], events)
 
     def _decode(self, events: list[Event]) -> None:

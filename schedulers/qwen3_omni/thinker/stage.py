@@ -1,25 +1,13 @@
 """The thinker stage: continuous-batching decode of many requests, streaming to the text decode and the talker.
 
-A ``new_request`` payload's data is what the aggregate stage sends (``/work/wt/OMNI.md``)::
+A ``new_request`` payload's data is the aggregate's :class:`~schedulers.qwen3_omni.handoffs.ThinkerInput`
+(at the pipeline's entry, ``{"raw_inputs": ThinkerInput}``).  What the scheduler sends, per request, in
+this order (the classes of :mod:`schedulers.qwen3_omni.handoffs`):
 
-    {"input_ids": Long[P] | list[int], "audio_embeds": Float[Na, H] | None, "image_embeds": Float[Ni, H] | None,
-     "deepstack_image_embeds": list[Float[Ni, H]] | None, "image_grid_thw": Long[k, 3] | None,
-     "audio_feature_lengths": Long[k] | None (mel frames per clip), "max_new_tokens": int | None,
-     "temperature": float | None, "speaker": str | None, "talker": dict | None, "want_audio": bool}
-
-What the scheduler sends, per request, in this order:
-
-* to ``talker_target``, only when ``want_audio``: first ``{"kind": "prompt", "token_ids": Long[P], "embeds":
-  Float[P, H], "hidden": Float[P, H], "speaker", "talker", "want_audio", "image_grid_thw",
-  "audio_feature_lengths"}`` (``embeds`` is ``hidden_states[0]`` of the prompt, ``hidden`` the state at
-  ``talker_config.accept_hidden_layer``, both as ``generate`` computes them), then per token
-  ``{"kind": "token", "token_ids": Long[1], "embeds": Float[1, H]}`` as soon as it is chosen;
-* to ``decode_target``, per token: ``{"kind": "token", "token_ids": [id], "want_audio": bool}``;
-* the ``result``: the payload with ``data = {"token_ids": list[int] (eos included), "prompt_len",
-  "finish_reason": "stop" | "length", "usage": {"prompt_tokens", "completion_tokens"}, "speaker",
-  "want_audio", "talker"}``.
-
-At the pipeline's entry the same dict arrives as ``{"raw_inputs": ...}`` and is read from there.
+* to ``talker_target``, only when the answer is spoken: first a ``TalkerPrompt``, then a ``TalkerToken``
+  per generated token as soon as it is chosen;
+* to ``decode_target``, a ``DecodeToken`` per generated token;
+* the ``result``: the payload with a ``ThinkerResult`` as its data.
 
 A request's ``max_new_tokens`` is capped at the stage's ``max_new_tokens`` (and defaults to it) and at
 what the context (``max_position_embeddings``) leaves after the prompt; a prompt that fills it fails
@@ -34,7 +22,7 @@ import functools
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import attrs
 import torch
@@ -42,32 +30,43 @@ import torch
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload
 from schedulers.ar.step_loop import StepLoop
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen3_omni.thinker.engine import Event, Failed, Prompt, ThinkerEngine, ThinkerRequest, Token
+from schedulers.qwen3_omni.handoffs import (
+    DecodeToken,
+    FinishReason,
+    TalkerPrompt,
+    TalkerToken,
+    ThinkerInput,
+    ThinkerResult,
+)
+from schedulers.qwen3_omni.thinker.engine import Event, Failed, Prefilled, ThinkerEngine, ThinkerRequest, Token
 from schedulers.qwen3_omni.thinker.sampling import Sampler, SamplingDefaults
 
 
 @attrs.define(eq=False)
 class _Live:
     payload: StagePayload
-    want_audio: bool
-    speaker: str | None
-    talker: dict[str, Any] | None
-    image_grid_thw: torch.Tensor | None
-    audio_feature_lengths: torch.Tensor | None
+    given: ThinkerInput
     prompt_len: int
     output_ids: list[int] = attrs.field(factory=list)
 
-
-def _tensor(data: dict[str, Any], key: str, dtype: torch.dtype) -> torch.Tensor | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    try:
-        return torch.as_tensor(value, dtype=dtype)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"thinker input {key!r}: {exc}") from None
+    @property
+    def want_audio(self) -> bool:
+        return self.given.knobs.want_audio
 
 
+def _input_of(rid: str, payload: Any) -> ThinkerInput:
+    data = payload.data if isinstance(payload, StagePayload) else None
+    if isinstance(data, dict) and "raw_inputs" in data:  # the pipeline's entry stage
+        data = data["raw_inputs"]
+    if not isinstance(data, ThinkerInput):
+        raise ValueError(f"thinker: request {rid!r} needs a ThinkerInput, got {type(data).__name__}")
+    return data
+
+
+@overload
+def _plain(tensor: torch.Tensor) -> torch.Tensor: ...
+@overload
+def _plain(tensor: None) -> None: ...
 def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """A CPU copy a consumer may keep and use anywhere (not an inference-mode tensor, not a view)."""
     if tensor is None:
@@ -136,30 +135,23 @@ class ThinkerScheduler(StepLoop):
                 self._refuse_stream(message)
 
     def _parse(self, rid: str, payload: Any) -> tuple[ThinkerRequest, _Live]:
-        if not isinstance(payload, StagePayload) or not isinstance(payload.data, dict):
-            raise ValueError(f"thinker: request {rid!r} needs a StagePayload whose data is a dict")
-        data = payload.data
-        if "input_ids" not in data and isinstance(data.get("raw_inputs"), dict):  # the pipeline's entry stage
-            data = data["raw_inputs"]
-        ids = _tensor(data, "input_ids", torch.long)
-        if ids is None or ids.numel() == 0:
+        given = _input_of(rid, payload)
+        if given.input_ids.numel() == 0:
             raise ValueError(f"thinker: request {rid!r} has no input_ids")
-        asked = data.get("max_new_tokens")
+        asked = given.knobs.max_new_tokens
         if asked is not None and int(asked) < 1:
             raise InvalidRequest(f"max_tokens={asked} must be >= 1", param="max_tokens")
-        temperature = data.get("temperature")
+        temperature = given.knobs.temperature
         if temperature is not None and float(temperature) < 0:
             raise InvalidRequest(f"temperature={temperature} must be >= 0", param="temperature")
-        grid = _tensor(data, "image_grid_thw", torch.long)
-        lengths = _tensor(data, "audio_feature_lengths", torch.long)
-        deepstack = data.get("deepstack_image_embeds")
+        deepstack = given.deepstack_image_embeds
         prompt = self.engine.lm.prompt_inputs(
-            ids,
-            audio_embeds=_tensor(data, "audio_embeds", torch.float32),
-            image_embeds=_tensor(data, "image_embeds", torch.float32),
-            deepstack_image_embeds=None if deepstack is None else [torch.as_tensor(d) for d in deepstack],
-            image_grid_thw=grid,
-            audio_feature_lengths=lengths,
+            given.input_ids,
+            audio_embeds=given.audio_embeds,
+            image_embeds=given.image_embeds,
+            deepstack_image_embeds=None if deepstack is None else list(deepstack),
+            image_grid_thw=given.image_grid_thw,
+            audio_feature_lengths=given.audio_feature_lengths,
         )
         context = int(self.engine.lm.text_config.max_position_embeddings)
         room = context - int(prompt.input_ids.numel())
@@ -171,19 +163,9 @@ class ThinkerScheduler(StepLoop):
             )
         limit = min(int(asked) if asked is not None else self.max_new_tokens, self.max_new_tokens, room)
         sampler = Sampler.build(self.sampling, None if temperature is None else float(temperature), self._seed(rid))
-        want_audio = bool(data.get("want_audio", False))
+        want_audio = given.knobs.want_audio
         request = ThinkerRequest(rid, prompt, limit, sampler, self.eos_token_id, want_hidden=want_audio)
-        talker = data.get("talker")
-        live = _Live(
-            payload,
-            want_audio,
-            data.get("speaker"),
-            dict(talker) if isinstance(talker, dict) else None,
-            grid,
-            lengths,
-            int(prompt.input_ids.numel()),
-        )
-        return request, live
+        return request, _Live(payload, given, int(prompt.input_ids.numel()))
 
     def _seed(self, rid: str) -> int | None:
         return None if self.seed is None else zlib.crc32(f"{self.seed}:{rid}".encode())
@@ -211,27 +193,25 @@ class ThinkerScheduler(StepLoop):
             case Failed(error=error):
                 del self._live[rid]
                 return [OutgoingMessage(rid, "error", error)]
-            case Prompt(prompt=prompt, hidden=hidden):
-                if not live.want_audio:
+            case Prefilled(prompt=prompt, hidden=hidden):
+                if not live.want_audio or hidden is None:
                     return []
-                chunk = {
-                    "kind": "prompt",
-                    "token_ids": _plain(prompt.input_ids),
-                    "embeds": _plain(prompt.embeds),
-                    "hidden": _plain(hidden),
-                    "speaker": live.speaker,
-                    "talker": live.talker,
-                    "want_audio": True,
-                    "image_grid_thw": live.image_grid_thw,
-                    "audio_feature_lengths": live.audio_feature_lengths,
-                }
+                given = live.given
+                chunk = TalkerPrompt(
+                    _plain(prompt.input_ids),
+                    _plain(prompt.embeds),
+                    _plain(hidden),
+                    speaker=given.knobs.speaker,
+                    talker=given.knobs.talker,
+                    image_grid_thw=_plain(given.image_grid_thw),
+                    audio_feature_lengths=_plain(given.audio_feature_lengths),
+                )
                 return [self._stream(rid, self.talker_target, chunk, "thinker")]
             case Token(token_id=token, embed=embed, finish_reason=reason):
                 live.output_ids.append(token)
-                text = {"kind": "token", "token_ids": [token], "want_audio": live.want_audio}
-                outputs = [self._stream(rid, self.decode_target, text, "tokens")]
+                outputs = [self._stream(rid, self.decode_target, DecodeToken(token, live.want_audio), "tokens")]
                 if live.want_audio:
-                    voice = {"kind": "token", "token_ids": torch.tensor([token]), "embeds": _plain(embed)}
+                    voice = TalkerToken(token, _plain(embed))
                     outputs.append(self._stream(rid, self.talker_target, voice, "thinker"))
                 if reason is not None:
                     del self._live[rid]
@@ -240,21 +220,13 @@ class ThinkerScheduler(StepLoop):
         return []
 
     @staticmethod
-    def _stream(rid: str, target: str, data: dict[str, Any], modality: str) -> OutgoingMessage:
+    def _stream(rid: str, target: str, data: Any, modality: str) -> OutgoingMessage:
         return OutgoingMessage(rid, "stream", data, target=target, metadata={"modality": modality})
 
     @staticmethod
-    def _result(live: _Live, reason: str) -> StagePayload:
+    def _result(live: _Live, reason: FinishReason) -> StagePayload:
         payload = live.payload
-        payload.data = {
-            "token_ids": list(live.output_ids),
-            "prompt_len": live.prompt_len,
-            "finish_reason": reason,
-            "usage": {"prompt_tokens": live.prompt_len, "completion_tokens": len(live.output_ids)},
-            "speaker": live.speaker,
-            "want_audio": live.want_audio,
-            "talker": live.talker,
-        }
+        payload.data = ThinkerResult(tuple(live.output_ids), live.prompt_len, reason, live.want_audio)
         return payload
 
 

@@ -5,12 +5,13 @@ they concatenate to the result's text).  The text is the tokenizer's ``decode(id
 skip_special_tokens=True)`` of the generated ids, unaltered, so ``<|im_end|>`` and other special tokens
 never show.
 
-Which words a caller sees where follows OpenAI: a request that asked for audio (the thinker's token
-chunks carry ``"want_audio": True``) gets its words as the audio's transcript (deltas with
+Its inputs are the thinker's :class:`~schedulers.qwen3_omni.handoffs.DecodeToken` chunks and its
+:class:`~schedulers.qwen3_omni.handoffs.ThinkerResult`.  Which words a caller sees where follows OpenAI: a
+request that asked for audio (``want_audio``) gets its words as the audio's transcript (deltas with
 ``metadata={"modality": "transcript"}``, result key ``"transcript"``), a text-only request as the
-message content (modality ``"text"``, result key ``"text"``).  The result is ``{"text" | "transcript",
-"finish_reason", "usage", "token_ids"}``, the last three from the thinker's result payload (``token_ids``:
-the generated ids, eos included).
+message content (modality ``"text"``, result key ``"text"``).  The result (what the server reads) is
+``{"text" | "transcript", "finish_reason", "usage", "token_ids"}``, the last three from the thinker's
+result (``token_ids``: the generated ids, eos included).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from omnitrio.contract import OutgoingMessage, StagePayload, StreamItem
-from schedulers.detokenize import StreamingDetokenizeScheduler, token_ids_of
+from schedulers.detokenize import StreamingDetokenizeScheduler
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
+from schedulers.qwen3_omni.handoffs import DecodeToken, ThinkerResult
 
 
 class SkipSpecial:
@@ -41,9 +45,11 @@ class TextDecodeScheduler(StreamingDetokenizeScheduler):
         self._spoken: dict[str, bool] = {}
 
     def on_stream_chunk(self, request_id: str, item: StreamItem) -> list[OutgoingMessage]:
-        if isinstance(item.data, dict) and "want_audio" in item.data:
-            self._spoken[request_id] = bool(item.data["want_audio"])
-        return super().on_stream_chunk(request_id, item)
+        token = item.data
+        if not isinstance(token, DecodeToken):
+            raise TypeError(f"{self.stage_name}: stream chunk {item.chunk_id} for {request_id!r} is not a DecodeToken")
+        self._spoken[request_id] = token.want_audio
+        return super().on_stream_chunk(request_id, attrs.evolve(item, data=token.token_id))
 
     def clear_stream_state(self, request_id: str) -> None:
         super().clear_stream_state(request_id)
@@ -56,27 +62,31 @@ class TextDecodeScheduler(StreamingDetokenizeScheduler):
                 message.metadata = {"modality": "transcript"}
         return messages
 
-    def _payload_ids(self, payload: StagePayload) -> list[int]:
-        data = payload.data
-        ids = data.get("token_ids", data.get("output_token_ids")) if isinstance(data, dict) else None
-        if ids is None:
+    def _thinker_result(self, payload: StagePayload) -> ThinkerResult:
+        if not isinstance(payload.data, ThinkerResult):
             raise ValueError(
-                f"{self.stage_name}: the thinker's result for {payload.request_id!r} has no 'token_ids' "
-                f"(data of type {type(data).__name__})"
+                f"{self.stage_name}: the thinker's result for {payload.request_id!r} must be a ThinkerResult, "
+                f"got {type(payload.data).__name__}"
             )
-        return token_ids_of(ids)
+        return payload.data
+
+    def _payload_ids(self, payload: StagePayload) -> list[int]:
+        return list(self._thinker_result(payload).token_ids)
 
     def _wants_audio(self, request_id: str, payload: StagePayload | None) -> bool:
         if request_id in self._spoken:
             return self._spoken[request_id]
-        data = payload.data if payload is not None else None
-        return bool(data.get("want_audio")) if isinstance(data, dict) else False
+        return payload is not None and isinstance(payload.data, ThinkerResult) and payload.data.want_audio
 
     def _result(self, payload: StagePayload, text: str) -> dict[str, Any]:
-        data = payload.data if isinstance(payload.data, dict) else {}
+        result = self._thinker_result(payload)
         key = "transcript" if self._wants_audio(payload.request_id, payload) else "text"
-        ids = [int(i) for i in data.get("token_ids") or ()]
-        return {key: text, "finish_reason": data.get("finish_reason"), "usage": data.get("usage"), "token_ids": ids}
+        return {
+            key: text,
+            "finish_reason": result.finish_reason,
+            "usage": result.usage,
+            "token_ids": list(result.token_ids),
+        }
 
 
 def create_decode_stage(*, model_dir: str | Path | None = None) -> TextDecodeScheduler:

@@ -1,9 +1,9 @@
-"""Random Qwen3-Omni checkpoints laid out as the released one is, for tests and benchmarks.
+"""Random Qwen3-Omni checkpoints laid out as the released one is: the server tried without weights, tests, benchmarks.
 
 :func:`write_checkpoint` writes, into a directory: ``config.json`` and ``generation_config.json``
 (``Qwen3OmniMoeForConditionalGeneration.save_pretrained``), the weights as at least two
 ``model-0000X-of-0000N.safetensors`` shards with ``model.safetensors.index.json``, the tokenizer
-(:mod:`toys.qwen3_omni_tokenizer`), the feature extractor and image processor configuration
+(:mod:`.tiny_tokenizer`), the feature extractor and image processor configuration
 (``preprocessor_config.json``) and the chat template (``chat_template.json``).  Two calls with the same
 ``size`` and ``seed`` write identical weights.
 
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from toys.qwen3_omni_tokenizer import CHAT_TEMPLATE, build_tokenizer, token_id
+from schedulers.qwen3_omni.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer, token_id
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("chelsie", "ethan", "aiden")
@@ -301,7 +301,7 @@ def patch_loaded_model(model: Any) -> None:
     model.talker.config.audio_config = model.thinker.config.audio_config
 
 
-def write_checkpoint(directory: Path, *, size: Size = "tiny", seed: int = 0) -> Path:
+def write_checkpoint(directory: str | Path, *, size: Size = "tiny", seed: int = 0) -> Path:
     """Write a random checkpoint of ``size`` into ``directory`` (created) and return it (module docstring)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""A small Qwen-style tokenizer and Qwen3-Omni's chat template, for the random checkpoints tests write.
+"""A small Qwen-style tokenizer and Qwen3-Omni's chat template, for the tiny random checkpoints (:mod:`.tiny`).
 
 :func:`build_tokenizer` trains a byte-level BPE (the ``tokenizers`` library) on a fixed English corpus and
 wraps it in transformers' ``Qwen2Tokenizer`` (Qwen's pre-tokenizer and byte-level decoder) with the special
@@ -103,10 +103,10 @@ def build_tokenizer(vocab_size: int = 384) -> Any:
     model = json.loads(state) if isinstance(state, str | bytes) else state
     vocab = dict(bpe.get_vocab())
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tokenizer = Qwen2Tokenizer(
+    tokenizer = Qwen2Tokenizer(  # transformers' hints: merges as strings only, unk_token never None
         vocab=vocab,
-        merges=merges,
-        unk_token=None,
+        merges=merges,  # type: ignore[arg-type]
+        unk_token=None,  # type: ignore[arg-type]
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         extra_special_tokens=NAMED_TOKENS,

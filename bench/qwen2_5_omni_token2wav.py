@@ -1,0 +1,242 @@
+"""Qwen2.5-Omni token2wav: the streamed audio's SNR per chunking, time to first audio, throughput.
+
+Writes tiny (and, without ``--quick``, medium) random checkpoints (:mod:`schedulers.qwen2_5_omni.tiny`) and
+drives :class:`~schedulers.qwen2_5_omni.token2wav.stage.Token2WavScheduler` directly (its thread, inbox,
+outbox) on random codes, one torch thread:
+
+* **snr_db**: the streamed audio against transformers' whole decode of the same codes, speaker and seed,
+  per chunking ``first..steady/past/future`` (DiT blocks of 24 mel frames = 12 codes; chunks grow by the
+  ramp factor from the first to the steady size) and BigVGAN context and lag (mel frames); ``whole`` is a
+  request that does not stream (it equals transformers bit for bit).
+* **first_audio_ms**: the first chunk's window of codes reaches an idle stage; the time until its first
+  audio (the window's 36 DiT evaluations and BigVGAN).  A user waits for the talker's codes on top of it.
+* **audio_per_wall_s**: ``c`` requests (1 and 8) of ``--codes`` codes each, all codes there (a talker far
+  ahead), streamed: seconds of audio per wall second; ``transformers``: ``Qwen2_5OmniToken2WavModel``
+  decoding the same requests one after another (what ``generate`` does per request).
+
+Run: ``.venv/bin/python bench/qwen2_5_omni_token2wav.py [--quick]``.  Figures go to
+``bench/results/qwen2_5_omni_token2wav.json`` with the load average before the run: figures taken on a
+loaded machine say so in their ``note``.  Not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, StreamItem  # noqa: E402
+from schedulers.qwen2_5_omni.checkpoint import speakers  # noqa: E402
+from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, Voice  # noqa: E402
+from schedulers.qwen2_5_omni.tiny import write_checkpoint  # noqa: E402
+from schedulers.qwen2_5_omni.token2wav.model import Token2Wav  # noqa: E402
+from schedulers.qwen2_5_omni.token2wav.noise import NoiseStream  # noqa: E402
+from schedulers.qwen2_5_omni.token2wav.stage import Token2WavScheduler, create_token2wav_stage  # noqa: E402
+from schedulers.qwen2_5_omni.token2wav.stream import SpeechStream, decode  # noqa: E402
+from schedulers.qwen2_5_omni.token2wav.windows import Schedule  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "qwen2_5_omni_token2wav.json"
+SAMPLE_RATE = 24_000
+SAMPLES_PER_CODE = 480
+# (first, steady chunk, past, future) in DiT blocks, (context, lag) in mel frames, ramp factor; the first row is
+# the stage's default, the second the release's streaming (3 blocks, 2 past, 1 future)
+CHUNKINGS: list[tuple[int, int, int, int, int, int, float]] = [
+    (1, 8, 2, 1, 24, 12, 2.0),
+    (3, 3, 2, 1, 24, 12, 1.0),
+    (1, 3, 2, 1, 24, 12, 2.0),
+    (1, 2, 2, 1, 24, 12, 2.0),
+    (1, 1, 2, 1, 24, 12, 1.0),
+    (1, 8, 1, 1, 24, 12, 2.0),
+    (1, 8, 2, 0, 24, 12, 2.0),
+    (1, 8, 2, 1, 24, 0, 2.0),
+    (1, 8, 2, 1, 12, 0, 2.0),
+    (2, 8, 4, 2, 24, 12, 2.0),
+]
+
+
+def random_codes(count: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 8192, (count,), generator=torch.Generator().manual_seed(seed))
+
+
+def snr_db(reference: torch.Tensor, audio: torch.Tensor) -> float:
+    ref, got = reference.double(), audio.double()
+    return float(10 * torch.log10((ref**2).sum() / ((ref - got) ** 2).sum().clamp_min(1e-30)))
+
+
+def snr_table(model_dir: Path, lengths: list[int]) -> dict[str, dict[int, float]]:
+    """The SNR of each chunking against transformers' whole decode, per length in codes."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    reference = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir).token2wav.eval()
+    model = Token2Wav.from_checkpoint(model_dir)
+    speaker = speakers(model_dir)["Chelsie"]
+    condition = model.condition(speaker)
+    table: dict[str, dict[int, float]] = {}
+    for length in lengths:
+        codes = random_codes(length, length)
+        torch.manual_seed(length)
+        with torch.inference_mode():
+            whole = reference(codes[None], conditioning=speaker.cond, reference_mel=speaker.ref_mel)
+        stream = SpeechStream(Schedule(24, 2), condition, NoiseStream(length, model.mel_dim), model.points, whole=True)
+        table.setdefault("whole", {})[length] = snr_db(whole, decode(model, stream, codes))
+        for first, chunk, past, future, context, lag, ramp in CHUNKINGS:
+            schedule = Schedule(model.block_size, model.repeats, first, chunk, past, future, context, lag, ramp)
+            stream = SpeechStream(schedule, condition, NoiseStream(length, model.mel_dim), model.points, whole=False)
+            name = f"{first}..{chunk}/{past}/{future} blocks x{ramp:g}, vocoder {context}/{lag}"
+            table.setdefault(name, {})[length] = snr_db(whole, decode(model, stream, codes))
+    return table
+
+
+@contextmanager
+def serving(model_dir: Path) -> Iterator[Token2WavScheduler]:
+    scheduler = create_token2wav_stage(model_dir=str(model_dir))
+    thread = threading.Thread(target=scheduler.start, daemon=True)
+    thread.start()
+    try:
+        yield scheduler
+    finally:
+        scheduler.stop()
+        thread.join()
+
+
+def talker_messages(rid: str, codes: torch.Tensor, voice: Voice, *, end: bool = True) -> list[IncomingMessage]:
+    messages = [
+        IncomingMessage(
+            rid, "stream_chunk", StreamItem(i, TalkerCodes(codes[s : s + 1], voice if i == 0 else None), "talker")
+        )
+        for i, s in enumerate(range(codes.shape[0]))
+    ]
+    if end:
+        payload = StagePayload(rid, OmniRequest(inputs=None), TalkerDone(codes.shape[0]))
+        messages += [IncomingMessage(rid, "new_request", payload), IncomingMessage(rid, "stream_done", "talker")]
+    return messages
+
+
+def hand_over(inbox: queue.Queue[IncomingMessage], messages: list[IncomingMessage]) -> None:
+    """All at once, as the runtime hands over a burst."""
+    with inbox.mutex:
+        inbox.queue.extend(messages)
+        inbox.unfinished_tasks += len(messages)
+        inbox.not_empty.notify(len(messages))
+
+
+def wait_results(scheduler: Token2WavScheduler, count: int) -> None:
+    ended = 0
+    while ended < count:
+        msg = scheduler.outbox.get(timeout=900)
+        if msg.type == "error":
+            raise RuntimeError(f"token2wav failed {msg.request_id!r}: {msg.data}")
+        ended += msg.type == "result"
+
+
+def first_audio_ms(model_dir: Path, rounds: int) -> float:
+    """Median time from the first window's codes (first chunk and its future block) to the first audio."""
+    codes = random_codes(24, 1)
+    times = []
+    with serving(model_dir) as scheduler:
+        for round_ in range(rounds + 1):
+            rid = f"r{round_}"
+            start = time.perf_counter()
+            hand_over(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_), end=False))
+            msg = scheduler.outbox.get(timeout=900)
+            elapsed = time.perf_counter() - start
+            assert msg.type == "stream", msg
+            hand_over(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_))[-2:])
+            wait_results(scheduler, 1)
+            if round_:  # the first round warms up
+                times.append(elapsed)
+    return 1000 * statistics.median(times)
+
+
+def audio_per_wall_s(model_dir: Path, concurrency: int, length: int) -> float:
+    """Seconds of streamed audio per wall second, ``concurrency`` requests of ``length`` codes at once."""
+    codes = [random_codes(length, i) for i in range(concurrency)]
+    with serving(model_dir) as scheduler:
+        messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{i}", c, Voice("Chelsie", i))]
+        start = time.perf_counter()
+        hand_over(scheduler.inbox, messages)
+        wait_results(scheduler, concurrency)
+        elapsed = time.perf_counter() - start
+    return concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE / elapsed
+
+
+def transformers_audio_per_wall_s(model_dir: Path, concurrency: int, length: int) -> float:
+    """The same requests through ``Qwen2_5OmniToken2WavModel`` one after another, as ``generate`` decodes."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    token2wav = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir).token2wav.eval()
+    speaker = speakers(model_dir)["Chelsie"]
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(concurrency):
+            torch.manual_seed(i)
+            token2wav(random_codes(length, i)[None], conditioning=speaker.cond, reference_mel=speaker.ref_mel)
+    return concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE / (time.perf_counter() - start)
+
+
+def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
+    model_dir = write_checkpoint(directory / size, size=size)  # type: ignore[arg-type]
+    dit = Token2Wav.from_checkpoint(model_dir).dit
+    print(f"\n{size}: DiT {sum(p.numel() for p in dit.parameters()) / 1e6:.2f} M parameters")
+    table = snr_table(model_dir, args.lengths)
+    for name, by_length in table.items():
+        print(f"  {name:<40} " + "  ".join(f"{length} codes {snr:6.1f} dB" for length, snr in by_length.items()))
+    first = first_audio_ms(model_dir, args.rounds)
+    print(f"  first audio after {first:.0f} ms of decode (the first window: 24 codes)")
+    throughput = {}
+    for concurrency in args.concurrency:
+        ours = audio_per_wall_s(model_dir, concurrency, args.codes)
+        theirs = transformers_audio_per_wall_s(model_dir, concurrency, args.codes)
+        throughput[concurrency] = {"stage": ours, "transformers": theirs, "ratio": ours / theirs}
+        print(
+            f"  {concurrency} requests of {args.codes} codes: {ours:.2f} s of audio per wall s streamed, "
+            f"transformers {theirs:.2f} ({ours / theirs:.1f}x)"
+        )
+    return {"snr_db": table, "first_audio_ms": first, "audio_per_wall_s": throughput}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny only, fewer rounds and lengths")
+    args = parser.parse_args()
+    args.sizes = ["tiny"] if args.quick else ["tiny", "medium"]
+    args.lengths = [60] if args.quick else [60, 200]
+    args.codes = 60 if args.quick else 200
+    args.rounds = 1 if args.quick else 5
+    args.concurrency = [1, 8]
+    torch.set_num_threads(1)
+    load = os.getloadavg()[0]
+    print(f"load average before: {load:.1f} on {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory() as directory:
+        sizes = {size: measure(size, Path(directory), args) for size in args.sizes}
+    note = "quiet" if load < 1.5 else f"loaded (load average {load:.1f} before): not quiet figures"
+    result = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": load,
+        "cpus": os.cpu_count(),
+        "quick": args.quick,
+        "note": note,
+        "sizes": sizes,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"\nwrote {RESULTS.relative_to(ROOT)} ({note})")
+
+
+if __name__ == "__main__":
+    main()

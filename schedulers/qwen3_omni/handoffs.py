@@ -1,0 +1,234 @@
+"""What Qwen3-Omni's stages hand each other: one class per edge of the graph, built by its producer, read by
+its consumer (:mod:`.graph` says which edge goes where).
+
+Shapes: ``P`` prompt tokens, ``H`` the thinker's hidden size, ``Q`` the codec's quantizers.  Every tensor
+here is on the CPU (the producer moves it there), so any process can read it.
+
+Ownership, for every class: a handoff is built once and never changed (frozen); the consumer reads its
+tensors and does not write into them.  Between processes the runtime copies tensors through shared
+memory and the consumer gets zero-copy views that stay valid while its stage holds the request (the
+runtime releases them when the request leaves the stage); in one process the object itself is handed
+on.  A consumer that keeps a tensor longer than the request copies it.  Classes that hold tensors
+compare by identity; the others (knobs, ids, counts) by value.
+
+Each class pickles as a constructor call with its fields in order (:func:`schedulers.handoff.handoff`), so
+it costs the wire no more than the dict it replaces; its tensors go through shared memory as a dict's do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from schedulers.handoff import handoff
+
+FinishReason = Literal["stop", "length"]
+
+
+@handoff
+@attrs.frozen
+class Knobs:
+    """What the client asked of the answer, read from the chat request by ``preprocess`` and carried to
+    the thinker (``max_new_tokens``, ``temperature``: None means the stage's default) and the talker
+    (``speaker``: a checkpoint speaker name, None for the default; ``talker``: the request's talker
+    sampling options, validated by the talker; ``want_audio``: whether the answer is spoken)."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    speaker: str | None = None
+    talker: dict[str, Any] | None = None
+    want_audio: bool = False
+
+
+@handoff
+@attrs.frozen(eq=False)
+class Preprocessed:
+    """``preprocess`` → the graph's projections (:mod:`.graph` splits it for the encoders and the aggregate).
+
+    ``input_ids`` ``Long[P]`` with the media placeholders expanded; ``encoders``: the encoder stages this
+    request needs, in graph order.  Audio: ``input_features`` ``Float[clips, 128, T]`` and
+    ``feature_attention_mask`` ``Long[clips, T]`` (both or neither); images: ``pixel_values``
+    ``Float[patches, D]`` and ``image_grid_thw`` ``Long[images, 3]`` (both or neither)."""
+
+    input_ids: torch.Tensor
+    encoders: tuple[str, ...]
+    knobs: Knobs
+    input_features: torch.Tensor | None = None
+    feature_attention_mask: torch.Tensor | None = None
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+
+@handoff
+@attrs.frozen(eq=False)
+class AudioEncoderInput:
+    """→ ``audio_encoder`` (projected from :class:`Preprocessed`): the clips' features and mask, and the
+    request's ``encoders`` (the aggregate's fan-in reads them from whichever input comes first)."""
+
+    input_features: torch.Tensor
+    feature_attention_mask: torch.Tensor
+    encoders: tuple[str, ...]
+
+
+@handoff
+@attrs.frozen(eq=False)
+class ImageEncoderInput:
+    """→ ``image_encoder`` (projected from :class:`Preprocessed`): the images' patches and grids, and
+    the request's ``encoders``."""
+
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+    encoders: tuple[str, ...]
+
+
+@handoff
+@attrs.frozen(eq=False)
+class PreprocessedText:
+    """``preprocess`` → ``aggregate`` (projected from :class:`Preprocessed`): the prompt's ids, the
+    request's ``encoders`` and its :class:`Knobs`."""
+
+    input_ids: torch.Tensor
+    encoders: tuple[str, ...]
+    knobs: Knobs
+
+
+@handoff
+@attrs.frozen(eq=False)
+class AudioEmbeddings:
+    """``audio_encoder`` → ``aggregate``: ``audio_embeds`` ``Float[Na, H]`` (every clip's tokens in order,
+    what ``thinker.get_audio_features`` gives), ``audio_feature_lengths`` ``Long[clips]`` (mel frames per
+    clip), and the request's ``encoders``."""
+
+    audio_embeds: torch.Tensor
+    audio_feature_lengths: torch.Tensor
+    encoders: tuple[str, ...]
+
+
+@handoff
+@attrs.frozen(eq=False)
+class ImageEmbeddings:
+    """``image_encoder`` → ``aggregate``: ``image_embeds`` ``Float[Ni, H]``, one ``Float[Ni, H]`` per
+    deepstack layer (what ``thinker.get_image_features`` gives), the ``image_grid_thw`` they came from,
+    and the request's ``encoders``."""
+
+    image_embeds: torch.Tensor
+    deepstack_image_embeds: tuple[torch.Tensor, ...]
+    image_grid_thw: torch.Tensor
+    encoders: tuple[str, ...]
+
+
+@handoff
+@attrs.frozen(eq=False)
+class ThinkerInput:
+    """``aggregate`` (``merge_fn``: :func:`.graph.merge_aggregate`) → ``thinker``; also what a caller
+    submits to a pipeline that starts at the thinker.
+
+    ``input_ids`` ``Long[P]``; the media's embeddings as the encoders made them (None when the request
+    has none of that medium); ``image_grid_thw`` and ``audio_feature_lengths`` also place the rope
+    positions; :class:`Knobs` as the client asked."""
+
+    input_ids: torch.Tensor
+    knobs: Knobs = Knobs()
+    audio_embeds: torch.Tensor | None = None
+    audio_feature_lengths: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
+    deepstack_image_embeds: tuple[torch.Tensor, ...] | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+
+@handoff
+@attrs.frozen
+class DecodeToken:
+    """``thinker`` → ``decode``, one per generated token as soon as it is chosen, in order (the last may be
+    the eos): its id, and whether the answer is spoken (then its words are the audio's transcript)."""
+
+    token_id: int
+    want_audio: bool
+
+
+@handoff
+@attrs.frozen(eq=False)
+class TalkerPrompt:
+    """``thinker`` → ``talker``, the first chunk of its stream (only when the answer is spoken): the
+    prompt as the thinker saw it, for the talker to build its own prompt from.
+
+    ``token_ids`` ``Long[P]``; ``embeds`` ``Float[P, H]`` (``hidden_states[0]`` of the prompt) and
+    ``hidden`` ``Float[P, H]`` (the state at ``talker_config.accept_hidden_layer``), float32, as
+    ``generate`` computes them; the request's ``speaker`` and ``talker`` options (:class:`Knobs`);
+    ``image_grid_thw`` / ``audio_feature_lengths`` for the talker's rope positions (None without media)."""
+
+    token_ids: torch.Tensor
+    embeds: torch.Tensor
+    hidden: torch.Tensor
+    speaker: str | None = None
+    talker: dict[str, Any] | None = None
+    image_grid_thw: torch.Tensor | None = None
+    audio_feature_lengths: torch.Tensor | None = None
+
+
+@handoff
+@attrs.frozen(eq=False)
+class TalkerToken:
+    """``thinker`` → ``talker``, after :class:`TalkerPrompt`, one per generated token as soon as it is
+    chosen: its id and its input embedding ``embed`` ``Float[1, H]`` (float32)."""
+
+    token_id: int
+    embed: torch.Tensor
+
+
+@handoff
+@attrs.frozen
+class ThinkerResult:
+    """The thinker's result → ``decode`` and (when the answer is spoken) ``talker``; it ends their text.
+
+    ``token_ids``: the generated ids, eos included; ``prompt_len``: the prompt's tokens;
+    ``finish_reason``: ``"stop"`` (eos) or ``"length"``; ``want_audio`` as the client asked."""
+
+    token_ids: tuple[int, ...]
+    prompt_len: int
+    finish_reason: FinishReason
+    want_audio: bool = False
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """OpenAI's ``usage`` of the answer: ``{"prompt_tokens", "completion_tokens"}``."""
+        return {"prompt_tokens": self.prompt_len, "completion_tokens": len(self.token_ids)}
+
+
+@handoff
+@attrs.frozen(eq=False)
+class Codes:
+    """``talker`` → ``code2wav``, in order: whole frames ``codes`` ``Long[Q, n]`` (``n >= 1``), the
+    ``codec_eos`` frame never among them."""
+
+    codes: torch.Tensor
+
+
+@handoff
+@attrs.frozen
+class TalkerResult:
+    """The talker's result → ``code2wav``: ``num_frames``, how many frames its :class:`Codes` chunks held
+    (0 when the answer is not spoken, or the thinker gave nothing to speak)."""
+
+    num_frames: int
+
+
+__all__ = [
+    "AudioEmbeddings",
+    "AudioEncoderInput",
+    "Codes",
+    "DecodeToken",
+    "FinishReason",
+    "ImageEmbeddings",
+    "ImageEncoderInput",
+    "Knobs",
+    "Preprocessed",
+    "PreprocessedText",
+    "TalkerPrompt",
+    "TalkerResult",
+    "TalkerToken",
+    "ThinkerInput",
+    "ThinkerResult",
+]
