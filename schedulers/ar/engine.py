@@ -38,7 +38,7 @@ import torch
 from schedulers.ar.kv_sessions import SessionCache
 from schedulers.ar.model import KVCache, TinyLlama
 from schedulers.ar.sampling import Penalties, penalize, sample_rows
-from schedulers.engine_admission import check_new_request, check_room
+from schedulers.engine.admission import Admission
 
 FinishReason = str  # "stop" | "length"
 
@@ -123,10 +123,10 @@ class ARBatchEngine:
         max_sessions: int = 0,
         max_prefixes: int = 8,
     ) -> None:
-        if max_running_requests < 1:
-            raise ValueError(f"ARBatchEngine: max_running_requests={max_running_requests} must be >= 1")
-        if max_waiting_requests < 0:
-            raise ValueError(f"ARBatchEngine: max_waiting_requests={max_waiting_requests} must be >= 0")
+        self.admission = Admission(
+            "AR engine", context_tokens=model.config.max_seq_len, max_running=max_running_requests,
+            max_waiting=max_waiting_requests, vocab_size=model.config.vocab_size,
+        )  # fmt: skip
         self.model = model
         self.config = model.config
         self.max_running_requests = max_running_requests
@@ -148,11 +148,6 @@ class ARBatchEngine:
         """Queue a request; raises ``ValueError`` naming the bad field, or ``StageOverloaded`` when full."""
         rid = request.request_id
         vocab = self.config.vocab_size
-        present = rid in self.waiting or rid in self.running
-        check_new_request(
-            rid, request.prompt_ids, request.max_new_tokens, vocab_size=vocab,
-            context_tokens=self.config.max_seq_len, present=present,
-        )  # fmt: skip
         if request.temperature < 0:
             raise ValueError(f"request {rid!r}: temperature={request.temperature} must be >= 0")
         if not 0 < request.top_p <= 1:
@@ -162,9 +157,9 @@ class ARBatchEngine:
                 raise ValueError(f"request {rid!r}: {name}={getattr(request, name)} must be in [-2, 2]")
         if any(not 0 <= t < vocab or not -100 <= b <= 100 for t, b in request.logit_bias.items()):
             raise ValueError(f"request {rid!r}: logit_bias needs token ids in [0, {vocab}) and biases in [-100, 100]")
-        check_room(
-            "AR engine", rid, waiting=len(self.waiting), running=len(self.running),
-            max_running=self.max_running_requests, max_waiting=self.max_waiting_requests,
+        self.admission.check(
+            rid, request.prompt_ids, request.max_new_tokens, present=rid in self.waiting or rid in self.running,
+            waiting=len(self.waiting), running=len(self.running),
         )  # fmt: skip
         self.waiting[rid] = request
 

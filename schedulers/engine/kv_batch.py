@@ -33,13 +33,13 @@ scheduler's) owns a batch.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-RowId = Hashable
+RowId = TypeVar("RowId", bound=Hashable)
 Prefilled = Cache | Sequence[tuple[torch.Tensor, torch.Tensor]]
 """A request's keys/values to copy into a row: a batch-1 transformers cache, or ``(keys, values)`` per
 layer, each ``[1, H, n, D]``."""
@@ -88,7 +88,7 @@ class _Layer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, batch: KVBatch) -> None:
+    def __init__(self, batch: KVBatch[Any]) -> None:
         super().__init__()
         self._batch = batch
         self.data: torch.Tensor | None = None  # [2, R, H, C, D]
@@ -146,7 +146,7 @@ class _Layer(CacheLayerMixin):
         return 0 if self.data is None else self.data.numel() * self.data.element_size()
 
 
-class KVBatch:
+class KVBatch(Generic[RowId]):
     """Rows of keys/values, one per request (module docstring).
 
     ``device`` is where masks and row indices are made (the model's device); ``rows`` is how many rows
