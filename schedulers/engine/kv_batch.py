@@ -19,7 +19,11 @@ the batch once, amortised over the steps that follow); a step writes only its ne
   longest stepping row): a view of the storage when the stepping rows are a contiguous ascending
   range of rows (:meth:`KVBatch.order` sorts ids that way), else a gather of the stepping rows alone.
   Rows that sit a step out are neither read nor copied.  A step of ``tokens > 1`` (a prefill, the
-  first step of a fresh batch) needs every stepping row at the same length.
+  first step of a fresh batch) needs every stepping row at the same length.  A model of our own that
+  makes a layer's keys and values in one tensor writes them in one copy with
+  :meth:`KVStep.update_stacked`.
+* :meth:`KVBatch.truncate`, :meth:`KVBatch.rename` and :meth:`KVBatch.copy_out` keep a row past its
+  request (a conversation's next turn reuses it) and share a prefix's keys/values with later rows.
 
 Lengths advance by ``tokens`` when :meth:`KVBatch.step` returns: a forward that raises leaves its rows
 with columns it never wrote, so the caller removes them (the engines fail those requests).  A
@@ -40,6 +44,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 RowId = TypeVar("RowId", bound=Hashable)
+Ids = TypeVar("Ids", bound=Hashable)
 Prefilled = Cache | Sequence[tuple[torch.Tensor, torch.Tensor]]
 """A request's keys/values to copy into a row: a batch-1 transformers cache, or ``(keys, values)`` per
 layer, each ``[1, H, n, D]``."""
@@ -52,7 +57,7 @@ class _Plan:
     """One step's rows and columns, shared by every layer."""
 
     rows: slice | torch.Tensor  # storage rows in the step's order: a slice when they are a contiguous range
-    index: torch.Tensor  # the same rows as a [B] long tensor
+    index: torch.Tensor | None  # the same rows as a [B] long tensor, when they are not (or start apart)
     starts: torch.Tensor | None  # [B] each row's write column, when they differ (tokens == 1)
     start: int | None  # the common write column, when every row has the same length
     width: int  # the longest stepping row before the step
@@ -68,6 +73,7 @@ class KVStep:
     lengths: list[int]  # each stepping row's cached positions before the step (its first new token's position)
     tokens: int
     device: torch.device
+    layers: Sequence[_Layer] = attrs.field(repr=False)
 
     @property
     def width(self) -> int:
@@ -79,6 +85,11 @@ class KVStep:
         columns = torch.arange(self.width + self.tokens, device=self.device)
         ends = torch.tensor(self.lengths, device=self.device).unsqueeze(1) + self.tokens
         return (columns < ends).long()
+
+    def update_stacked(self, layer: int, keys_values: torch.Tensor) -> torch.Tensor:
+        """Layer ``layer``'s new keys and values stacked, ``[2, B, H, tokens, D]``, written in one copy;
+        returns what the layer attends over, ``[2, B, H, width + tokens, D]`` (as ``update`` does)."""
+        return self.layers[layer].update_stacked(keys_values)
 
 
 class _Layer(CacheLayerMixin):
@@ -118,8 +129,7 @@ class _Layer(CacheLayerMixin):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         plan = self._batch.plan()
-        width = plan.width + plan.tokens
-        data = self.reserve(key_states, plan.rows_needed, width)
+        data = self.reserve(key_states, plan.rows_needed, plan.width + plan.tokens)
         keys, values = data[0], data[1]
         if plan.start is not None:
             end = plan.start + plan.tokens
@@ -128,10 +138,25 @@ class _Layer(CacheLayerMixin):
         else:
             keys[plan.index, :, plan.starts] = key_states[:, :, 0]
             values[plan.index, :, plan.starts] = value_states[:, :, 0]
-        if isinstance(plan.rows, slice):
-            return keys[plan.rows, :, :width], values[plan.rows, :, :width]
-        attended = data[:, :, :, :width].index_select(1, plan.index)
+        attended = self._read(data, plan)
         return attended[0], attended[1]
+
+    def update_stacked(self, keys_values: torch.Tensor) -> torch.Tensor:
+        plan = self._batch.plan()
+        data = self.reserve(keys_values[0], plan.rows_needed, plan.width + plan.tokens)
+        if plan.start is not None:
+            data[:, plan.rows, :, plan.start : plan.start + plan.tokens] = keys_values
+        else:
+            data[:, plan.index, :, plan.starts] = keys_values[:, :, :, 0].transpose(0, 1)
+        return self._read(data, plan)
+
+    @staticmethod
+    def _read(data: torch.Tensor, plan: _Plan) -> torch.Tensor:
+        """The stepping rows' columns ``[2, B, H, width + tokens, D]``: a view, or a gather of those rows alone."""
+        width = plan.width + plan.tokens
+        if isinstance(plan.rows, slice):
+            return data[:, plan.rows, :, :width]
+        return data[:, :, :, :width].index_select(1, plan.rows)
 
     def get_seq_length(self) -> int:
         return self._batch.plan().width
@@ -188,13 +213,20 @@ class KVBatch(Generic[RowId]):
     def length(self, row_id: RowId) -> int:
         return self._lengths[self._row[row_id]]
 
-    def order(self, row_ids: Iterable[RowId]) -> list[RowId]:
+    def order(self, row_ids: Iterable[Ids]) -> list[Ids]:
         """``row_ids`` in row order (a step over them in that order reads a view when they are contiguous)."""
-        return sorted(row_ids, key=self._row.__getitem__)
+        rows: dict[Any, int] = self._row
+        return sorted(row_ids, key=rows.__getitem__)
 
     def nbytes(self) -> int:
         """Bytes the storage holds now, spare room included."""
         return sum(layer.nbytes() for layer in self._layers)
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        """``(rows, columns)`` the storage has room for now (``(0, 0)`` before any is allocated)."""
+        data = next((layer.data for layer in self._layers if layer.data is not None), None)
+        return (0, 0) if data is None else (data.shape[1], data.shape[3])
 
     # -- joining and leaving ---------------------------------------------------------------
 
@@ -248,6 +280,14 @@ class KVBatch(Generic[RowId]):
         for row_id in reversed(self._ids):
             self.remove(row_id)
 
+    def rename(self, row_id: RowId, new_id: RowId) -> None:
+        """The row of ``row_id`` now belongs to ``new_id`` (nothing is copied)."""
+        if new_id in self._row:
+            raise ValueError(f"KVBatch: {new_id!r} already has a row")
+        row = self._row.pop(row_id)
+        self._ids[row] = new_id
+        self._row[new_id] = row
+
     def truncate(self, row_id: RowId, length: int) -> None:
         """Keep the first ``length`` cached positions of ``row_id`` (the rest are never attended again)."""
         row = self._row[row_id]
@@ -285,9 +325,13 @@ class KVBatch(Generic[RowId]):
             raise ValueError(f"KVBatch.step: {tokens} tokens at once need rows of one length, got {lengths}")
         first = rows[0]
         contiguous = rows == list(range(first, first + len(rows)))
-        index = torch.tensor(rows, device=self.device)
+        index = None if contiguous and same else torch.tensor(rows, device=self.device)
+        selected: slice | torch.Tensor = slice(first, first + len(rows))
+        if not contiguous:
+            assert index is not None
+            selected = index
         self._plan = _Plan(
-            rows=slice(first, first + len(rows)) if contiguous else index,
+            rows=selected,
             index=index,
             starts=None if same else torch.tensor(lengths, device=self.device),
             start=lengths[0] if same else None,
@@ -297,7 +341,7 @@ class KVBatch(Generic[RowId]):
         )
         for row in rows:
             self._lengths[row] += tokens
-        return KVStep(self._cache, lengths, tokens, self.device)
+        return KVStep(self._cache, lengths, tokens, self.device, self._layers)
 
     def plan(self) -> _Plan:
         if self._plan is None:
