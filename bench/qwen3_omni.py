@@ -10,7 +10,7 @@ process.  Also: the pipeline's start-up until every stage process answers health
 Run: ``.venv/bin/python bench/qwen3_omni.py [--sizes tiny medium] [--concurrency 1 4 8]`` (``--quick``:
 tiny only, 1 and 4 requests, short answers).  Prints a table and writes ``bench/results/qwen3_omni.json``
 with the load average before and after.  Not a test: nothing is asserted; the issue's targets are shown.
-On a GPU: ``--device cuda --dtype bfloat16`` places the thinker and the talker there (code2wav too).
+On a GPU: ``--device cuda --dtype bfloat16`` places every model stage there (serve's flags).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from toys.qwen3_omni_reference import (  # noqa: E402
     reference_processor,
     sample_messages,
 )
-from toys.qwen3_omni_requests import chat_inputs, device_overrides, on_pcm_grid  # noqa: E402
+from toys.qwen3_omni_requests import chat_inputs, on_pcm_grid  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen3_omni.json"
 CONFIG = ROOT / "configs" / "qwen3-omni.toml"
@@ -92,7 +92,7 @@ def run_generate(model_dir: Path, count: int, tokens: int, frames: int, device: 
 def pipeline_config(model_dir: Path, frames: int, device: str, dtype: str) -> PipelineConfig:
     overrides = ["talker.factory.do_sample=false", f"talker.factory.max_new_tokens={frames}"]
     overrides += ["talker.factory.min_new_tokens=2"]  # as toys.qwen3_omni_reference passes generate
-    return load(CONFIG, overrides + device_overrides(device, dtype), model=model_dir)
+    return load(CONFIG, overrides, model=model_dir, device=device, dtype=dtype)
 
 
 async def one_request(pipeline: Any, rid: str, inputs: dict[str, Any], start: float) -> tuple[float, float]:
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24, help="thinker tokens per answer (max_tokens)")
     parser.add_argument("--frames", type=int, default=96, help="talker tokens per answer at most")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--quick", action="store_true", help="tiny only, 1 and 4 requests, short answers")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -177,6 +177,7 @@ def main() -> None:
             "are not evidence of anything: rerun on a quiet one"
         ),
         "device": args.device,
+        "dtype": args.dtype,
         "tokens": args.tokens,
         "frames": args.frames,
         "targets": TARGETS,

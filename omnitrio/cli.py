@@ -2,10 +2,11 @@
 
 ::
 
-    python -m omnitrio serve [--config FILE] [--model PATH] [--host 127.0.0.1] [--port 8000] [--set k=v ...]
-                             [--api-key KEY ...] [--allowed-origin URL ...] [--limit NAME=VALUE ...]
-    python -m omnitrio run [--config FILE] [--set k=v ...] [--audio-out FILE.wav] INPUT
-    python -m omnitrio check [--model PATH] [--set k=v ...] FILE
+    python -m omnitrio serve [--config FILE] [--model PATH] [--device cuda] [--dtype bfloat16] [--host 127.0.0.1]
+                             [--port 8000] [--set k=v ...] [--api-key KEY ...] [--allowed-origin URL ...]
+                             [--limit NAME=VALUE ...]
+    python -m omnitrio run [--config FILE] [--device D] [--dtype T] [--set k=v ...] [--audio-out FILE.wav] INPUT
+    python -m omnitrio check [--model PATH] [--device D] [--dtype T] [--set k=v ...] FILE
     python -m omnitrio tiny-model FAMILY DIR [--size tiny|medium] [--seed N]
     python -m omnitrio trace ...            (omnitrio.trace, when it is installed)
 
@@ -22,6 +23,10 @@ commas), every ``/v1/*`` route needs ``Authorization: Bearer KEY`` (:mod:`omnitr
 listening beyond loopback without a key logs a warning. ``--allowed-origin`` turns CORS on for those
 origins. ``--limit`` sets one of the server's limits (:mod:`omnitrio.serve.limits`); ``check`` prints
 them with the values the pipeline gets.
+
+``--device`` / ``--dtype`` place every model stage: they set ``device`` / ``dtype`` on each stage whose
+factory takes that argument (:func:`omnitrio.config_loading.apply_placement`); a stage's own
+``--set STAGE.factory.device=...`` wins.
 """
 
 from __future__ import annotations
@@ -69,6 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
             default=[],
             metavar="KEY=VALUE",
             help="override one config field, e.g. --set asr.factory.cpu_threads=1 (repeatable)",
+        )
+        sub.add_argument(
+            "--device",
+            metavar="DEVICE",
+            help="where every model stage computes: cpu, cuda or cuda:N (sets the device argument of each "
+            "stage whose factory takes one; --set STAGE.factory.device=... wins; default: the config's)",
+        )
+        sub.add_argument(
+            "--dtype",
+            choices=["float32", "bfloat16", "float16"],
+            help="the dtype every model stage computes in, as --device (default: the config's)",
         )
 
     serve = commands.add_parser(
@@ -235,8 +251,15 @@ def startup_failure(exc: StartupError) -> str:
 # -- config ------------------------------------------------------------------------------------
 
 
-def load_config(path: Path | None, overrides: Sequence[str], model: Path | None = None) -> PipelineConfig:
-    """The pipeline at ``path`` (the default pipeline when None), pointed at ``model``, overridden, validated."""
+def load_config(
+    path: Path | None,
+    overrides: Sequence[str],
+    model: Path | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> PipelineConfig:
+    """The pipeline at ``path`` (the default pipeline when None), pointed at ``model``, placed on
+    ``device`` in ``dtype``, overridden, validated."""
     if path is None:
         if not DEFAULT_CONFIG.is_file():
             raise UsageError(
@@ -244,7 +267,7 @@ def load_config(path: Path | None, overrides: Sequence[str], model: Path | None 
                 "install omnitrio editable from a checkout, or pass --config FILE)"
             )
         path = DEFAULT_CONFIG
-    return load(path, overrides, model)
+    return load(path, overrides, model, device=device, dtype=dtype)
 
 
 # -- check -------------------------------------------------------------------------------------
@@ -253,7 +276,7 @@ def load_config(path: Path | None, overrides: Sequence[str], model: Path | None 
 def _check(args: argparse.Namespace) -> int:
     from omnitrio.serve.limits import limits_for, session_stages
 
-    config = load_config(args.file, args.overrides, args.model)
+    config = load_config(args.file, args.overrides, args.model, args.device, args.dtype)
     print(describe(config))
     print(f"server limits (serve --limit NAME=VALUE):\n{limits_for(config).describe()}")
     stages = ", ".join(f"{name} max_sessions={limit}" for name, limit in session_stages(config).items())
@@ -321,7 +344,9 @@ def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve.auth import keys_from
     from omnitrio.serve.limits import limits_for
 
-    config = load_config(args.config, [*args.overrides, *placement_overrides(args)], args.model)
+    config = load_config(
+        args.config, [*args.overrides, *placement_overrides(args)], args.model, args.device, args.dtype
+    )
     try:
         args.api_keys = keys_from(args.api_keys, os.environ)
         args.limits = limits_for(config, args.limits)
@@ -415,7 +440,7 @@ def _log_to_stderr() -> None:
 def _run(args: argparse.Namespace) -> int:
     from omnitrio.cli_run import run_one
 
-    return run_one(load_config(args.config, args.overrides), args)
+    return run_one(load_config(args.config, args.overrides, device=args.device, dtype=args.dtype), args)
 
 
 # -- trace -------------------------------------------------------------------------------------

@@ -3,12 +3,14 @@
 :func:`from_dict` builds a :class:`~omnitrio.config.PipelineConfig` from parsed TOML or JSON,
 refusing unknown keys and wrong types with a :class:`~omnitrio.errors.ConfigError` that names
 where they are; :func:`apply_override` applies one ``key.path=value`` to such data; :func:`load`
-reads a TOML file, points its ``model_args`` at ``--model``, applies the overrides, builds and
-validates (:func:`omnitrio.config.validate`).
+reads a TOML file, points its ``model_args`` at ``--model``, places its model stages
+(:func:`apply_placement`, ``--device``/``--dtype``), applies the overrides, builds and validates
+(:func:`omnitrio.config.validate`).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -20,6 +22,7 @@ import msgspec
 
 from omnitrio.config import DEFAULT_MODEL_ARGS, EndpointsConfig, PipelineConfig, StageConfig, validate
 from omnitrio.errors import ConfigError
+from omnitrio.importing import ImportPathError, import_object
 
 _PIPELINE_KEYS = {f.name for f in attrs.fields(PipelineConfig)}
 _STAGE_KEYS = {f.name for f in attrs.fields(StageConfig)}
@@ -80,9 +83,17 @@ def _stage_from_dict(index: int, raw: Any) -> StageConfig:
     return StageConfig(**{k: getattr(typed, k) for k in raw})
 
 
-def load(path: str | Path, overrides: Iterable[str] = (), model: str | Path | None = None) -> PipelineConfig:
-    """Load a TOML pipeline file, point its ``model_args`` at ``model`` (when given), apply the
-    ``key.path=value`` overrides (after ``model``, so they win), then validate."""
+def load(
+    path: str | Path,
+    overrides: Iterable[str] = (),
+    model: str | Path | None = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> PipelineConfig:
+    """Load a TOML pipeline file, point its ``model_args`` at ``model`` (when given), place its stages
+    on ``device`` in ``dtype`` (when given, :func:`apply_placement`), apply the ``key.path=value``
+    overrides (last, so a stage's own ``--set`` wins), then validate."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -98,6 +109,7 @@ def load(path: str | Path, overrides: Iterable[str] = (), model: str | Path | No
             apply_override(raw, f"{target}={json.dumps(str(Path(model).resolve()))}")
         if raw.get("name_from_model") is True:
             raw["name"] = Path(model).resolve().name
+    apply_placement(raw, device=device, dtype=dtype)
     for item in overrides:
         apply_override(raw, item)
     config = from_dict(raw)
@@ -135,3 +147,46 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             raise ConfigError(f"override {item!r}: {part!r} is not a table")
         target = child
     target[parts[-1]] = value
+
+
+PLACEMENT_ARGS = ("device", "dtype")
+"""The factory arguments ``--device`` and ``--dtype`` set (``schedulers.devices`` reads them)."""
+
+
+def apply_placement(raw: dict[str, Any], *, device: str | None = None, dtype: str | None = None) -> None:
+    """Set ``device`` and ``dtype`` (those given) in the ``factory`` table of every stage whose factory
+    function has a parameter of that name, in place: one flag places every model stage of a pipeline,
+    whatever the family.  Values are checked by the stages (``omnitrio check`` asks them); a flag no
+    factory of the pipeline takes is a :class:`ConfigError`.  Factories are imported by their dotted path
+    (as validation does) to read their signatures."""
+    given = {name: value for name, value in zip(PLACEMENT_ARGS, (device, dtype), strict=True) if value is not None}
+    if not given:
+        return
+    placed: dict[str, list[str]] = {name: [] for name in given}
+    for index, stage in enumerate(raw.get("stages") or []):
+        if not isinstance(stage, dict) or not isinstance(stage.get("factory_path"), str):
+            continue  # from_dict names what is wrong with it
+        try:
+            factory = import_object(stage["factory_path"])
+        except ImportPathError as exc:
+            raise ConfigError(f"stages[{index}] ({stage.get('name')!r}): factory_path: {exc}") from None
+        taken = _named_parameters(factory)
+        for name, value in given.items():
+            if name in taken:
+                factory_args = stage.setdefault("factory", {})
+                if not isinstance(factory_args, dict):
+                    raise ConfigError(f"stages[{index}] ({stage.get('name')!r}): factory: expected a table")
+                factory_args[name] = value
+                placed[name].append(str(stage.get("name")))
+    for name, stages in placed.items():
+        if not stages:
+            raise ConfigError(f"--{name}: no stage of this pipeline takes a {name!r} factory argument")
+
+
+def _named_parameters(factory: Any) -> set[str]:
+    """The parameters ``factory`` accepts by name (none for a ``**kwargs`` catch-all or no signature)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}

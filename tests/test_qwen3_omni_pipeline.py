@@ -37,14 +37,14 @@ from toys.qwen3_omni_reference import (  # noqa: E402
     reference_processor,
     sample_messages,
 )
-from toys.qwen3_omni_requests import chat_inputs, device_overrides, on_pcm_grid, pcm16, snr_db  # noqa: E402
+from toys.qwen3_omni_requests import chat_inputs, on_pcm_grid, pcm16, snr_db  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni.toml"
 THINKER_TOKENS = 10
 TALKER_TOKENS = 24
-# bench/gpu/qwen3_omni.sh sets it to run the same checks with the stages on CUDA (float32, no TF32).
+# bench/gpu/qwen3_omni.sh sets it to run the same checks with every model stage on CUDA (float32, no TF32).
 DEVICE = os.environ.get("OMNITRIO_QWEN3_OMNI_DEVICE", "cpu")
 # The reference runs on the CPU: CUDA's float32 kernels round differently, a few LSB more in pcm16.
 MIN_SNR_DB = 80.0 if DEVICE == "cpu" else 60.0
@@ -80,7 +80,7 @@ def references(checkpoint: Path, messages: dict[str, list[dict[str, Any]]]) -> d
 
 @pytest.fixture(scope="module")
 def config(checkpoint: Path) -> PipelineConfig:
-    return load(CONFIG, GREEDY_TALKER + device_overrides(DEVICE), model=checkpoint)
+    return load(CONFIG, GREEDY_TALKER, model=checkpoint, device=DEVICE)
 
 
 @pytest.fixture
@@ -196,8 +196,8 @@ def _shm() -> set[str]:
 
 async def test_abort_in_the_middle_of_the_audio_frees_every_stage(checkpoint: Path, messages: Any) -> None:
     before = _shm()
-    longer = ["talker.factory.do_sample=false", "talker.factory.max_new_tokens=400", *device_overrides(DEVICE)]
-    long_talk = load(CONFIG, longer, model=checkpoint)
+    longer = ["talker.factory.do_sample=false", "talker.factory.max_new_tokens=400"]
+    long_talk = load(CONFIG, longer, model=checkpoint, device=DEVICE)
     async with open_pipeline(long_talk) as pipeline:
         inputs = chat_inputs(messages["tone"], max_tokens=64)
         async with pipeline.stream("a", inputs) as stream:

@@ -37,7 +37,7 @@ from toys.qwen3_omni_reference import (  # noqa: E402
     reference_processor,
     sample_messages,
 )
-from toys.qwen3_omni_requests import device_overrides, on_pcm_grid, openai_messages, pcm16, snr_db  # noqa: E402
+from toys.qwen3_omni_requests import on_pcm_grid, openai_messages, pcm16, snr_db  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,7 +70,7 @@ def expected(checkpoint: Path, tone: list[dict[str, Any]]) -> tuple[ReferenceOut
 @pytest.fixture
 async def url(checkpoint: Path) -> AsyncIterator[str]:
     greedy = ["talker.factory.do_sample=false", f"talker.factory.max_new_tokens={TALKER_TOKENS}"]
-    config = load(CONFIG, [*greedy, "talker.factory.min_new_tokens=2", *device_overrides(DEVICE)], model=checkpoint)
+    config = load(CONFIG, [*greedy, "talker.factory.min_new_tokens=2"], model=checkpoint, device=DEVICE)
     shutdown = trio.Event()
     async with open_pipeline(config, inline=True) as pipeline, trio.open_nursery() as nursery:
         options = {"port": 0, "handle_signals": False, "graceful_timeout": 0.5, "shutdown": shutdown}

@@ -78,16 +78,3 @@ def snr_db(reference: np.ndarray, signal: np.ndarray) -> float:
     ref = np.asarray(reference, dtype=np.float64)
     noise = float(np.sum((ref - np.asarray(signal, dtype=np.float64)) ** 2))
     return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(ref**2)) / noise)
-
-
-def device_overrides(device: str, dtype: str = "float32") -> list[str]:
-    """``--set`` overrides of configs/qwen3-omni.toml placing the thinker, talker and code2wav on ``device``."""
-    if device == "cpu" and dtype == "float32":
-        return []
-    return [
-        f'thinker.factory.device="{device}"',
-        f'thinker.factory.dtype="{dtype}"',
-        f'talker.factory.device="{device}"',
-        f'talker.factory.dtype="{dtype}"',
-        f'code2wav.factory.device="{device}"',
-    ]

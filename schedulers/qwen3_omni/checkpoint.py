@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from schedulers.devices import check_placement
+
 MODEL_TYPE = "qwen3_omni_moe"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -44,8 +46,10 @@ def require_model_dir(model_dir: str | Path | None) -> str:
     return str(model_dir)
 
 
-def preflight(*, model_dir: str | None = None, **_: Any) -> None:
-    """What ``omnitrio check`` runs for a stage reading this checkpoint: :func:`check_checkpoint`."""
+def preflight(*, model_dir: str | None = None, **factory_args: Any) -> None:
+    """What ``omnitrio check`` runs for a stage reading this checkpoint: its ``device`` and ``dtype``
+    (:func:`schedulers.devices.check_placement`), then :func:`check_checkpoint`."""
+    check_placement(**factory_args)
     check_checkpoint(require_model_dir(model_dir))
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 import torch
 
+from schedulers.devices import Placement
 from schedulers.qwen2_5_omni.checkpoint import Speaker, load_config, load_weights
 from schedulers.qwen2_5_omni.token2wav.ode import time_points
 
@@ -87,14 +88,13 @@ class Token2Wav:
         """The checkpoint's token2wav (only its ``token2wav.`` tensors read), placed on ``device``."""
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
 
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"token2wav: dtype must be float32, bfloat16 or float16, got {dtype!r}")
+        placement = Placement.of("token2wav", device, dtype)
         config = load_config(model_dir).token2wav_config
         model = Qwen2_5OmniToken2WavModel._from_config(config, attn_implementation="sdpa")
         load_weights(model_dir, "token2wav.", model)
         dit, bigvgan = model.code2wav_dit_model, model.code2wav_bigvgan_model
-        dit.to(device=torch.device(device), dtype=torch.float32)
-        bigvgan.to(device=torch.device(device), dtype=getattr(torch, dtype))
+        dit.to(device=placement.device, dtype=torch.float32)
+        bigvgan.to(device=placement.device, dtype=placement.dtype)
         return cls(dit, bigvgan)
 
     @torch.inference_mode()

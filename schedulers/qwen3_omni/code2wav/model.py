@@ -228,8 +228,10 @@ def decode_whole(runner: Code2WavRunner, chunking: Chunking, codes: torch.Tensor
 
 
 def to_pcm16(samples: torch.Tensor) -> np.ndarray:
-    """Float samples → int16 as a player expects: clipped to [-1, 1], × 32767, rounded to nearest."""
-    return np.rint(samples.detach().clamp(-1, 1).cpu().numpy().astype(np.float64) * 32767.0).astype(np.int16)
+    """Float samples (any float dtype, any device) → int16 as a player expects: clipped to [-1, 1],
+    × 32767, rounded to nearest."""
+    wide = samples.detach().to("cpu", torch.float64).clamp(-1, 1).numpy()
+    return np.rint(wide * 32767.0).astype(np.int16)
 
 
 __all__ = ["Code2WavRunner", "decode_whole", "final_samples", "geometry", "plan_groups", "to_pcm16"]

@@ -30,6 +30,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
 from schedulers._idsets import Life
+from schedulers.devices import Placement
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.code2wav.model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
 from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Window
@@ -205,15 +206,15 @@ def _num_frames_of(payload: StagePayload, request_id: str) -> int:
     return data.num_frames
 
 
-def load_code2wav(model_dir: str, device: str = "cpu") -> Qwen3OmniMoeCode2Wav:
-    """The checkpoint's code2wav, built on CPU (its rotary and code-offset buffers are not in the
-    checkpoint), given the ``code2wav.`` tensors of the shards the index lists for them, then moved."""
+def load_code2wav(model_dir: str, placement: Placement = Placement()) -> Qwen3OmniMoeCode2Wav:
+    """The checkpoint's code2wav, built on CPU in the placement's dtype (its rotary and code-offset
+    buffers are not in the checkpoint), given the ``code2wav.`` tensors of the shards the index lists for
+    them, then moved to the placement's device."""
     from schedulers.qwen3_omni.checkpoint import load_config, load_weights
 
-    model = Qwen3OmniMoeCode2Wav(load_config(model_dir).code2wav_config)
+    model = placement.build(Qwen3OmniMoeCode2Wav, load_config(model_dir).code2wav_config)
     load_weights(model_dir, "code2wav.", model)
-    torch.nn.Module.to(model, torch.device(device))
-    return model.eval()
+    return placement.move(model)
 
 
 def create_code2wav_stage(
@@ -229,20 +230,23 @@ def create_code2wav_stage(
     call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
     max_forward_frames: int | None = None,
     device: str = "cpu",
+    dtype: str = "float32",
 ) -> Qwen3OmniCode2WavScheduler:
     """The code2wav stage of the checkpoint in ``model_dir``; only its ``code2wav.`` weights are read.
 
     ``reference_chunk_frames`` / ``reference_left_context_frames`` are the chunking of transformers'
     whole decode that the stream reproduces (300 / 25, what ``generate`` uses); 0 frames: one segment,
     no sample lost at any join.  ``max_forward_frames`` caps the frames of one convolution forward
-    (default: 128 on CPU, 4096 on ``device`` "cuda").
+    (default: 128 on CPU, 4096 on ``device`` "cuda").  ``device``/``dtype`` place the model
+    (:mod:`schedulers.devices`); the pcm it streams does not depend on where it ran but through rounding.
     """
+    placement = Placement.of(STAGE, device, dtype)
     torch.set_num_threads(1)
     chunking = Chunking(
         first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames, ramp_factor
     )
     return Qwen3OmniCode2WavScheduler(
-        load_code2wav(require_model_dir(model_dir), device),
+        load_code2wav(require_model_dir(model_dir), placement),
         chunking,
         sample_rate=sample_rate,
         max_step_frames=max_step_frames,

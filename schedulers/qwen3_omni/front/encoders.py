@@ -12,7 +12,9 @@ Requests batch the way SGLang-Omni batches them: *packed*, not padded.  Every cl
 in a batch goes into one call along the sequence axis, with its own length (grid) so the towers' attention
 stays within each clip's windows (image); the output is split back by token counts.  A batch forms only
 from requests already waiting (``batch_wait_when_idle=False``): a lone request never waits for company.
-Each stage loads only its tower's weights and runs torch with one intra-op thread.
+Each stage loads only its tower's weights and runs torch with one intra-op thread.  ``device`` and
+``dtype`` place the tower (:mod:`schedulers.devices`): it is built in ``dtype`` as ``from_pretrained`` builds
+it, the inputs go to its device, and the outputs come back on the CPU in float32 wherever it ran.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TypeVar
 import torch
 
 from omnitrio.contract import StagePayload
+from schedulers.devices import Placement, to_host
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
 from schedulers.simple import SimpleScheduler
@@ -41,12 +44,14 @@ def _inputs(payloads: Batch, kind: type[T], stage: str) -> list[T]:
 class AudioTower:
     """The thinker's audio tower alone: :meth:`encode` maps requests' features to their embeddings."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, placement: Placement = Placement()) -> None:
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
 
         config = load_config(model_dir).thinker_config.audio_config
-        self.tower = Qwen3OmniMoeAudioEncoder._from_config(config).eval()
+        self.placement = placement
+        self.tower = placement.build(Qwen3OmniMoeAudioEncoder, config)
         load_weights(model_dir, "thinker.audio_tower.", self.tower)
+        placement.move(self.tower)
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
@@ -63,7 +68,9 @@ class AudioTower:
             lengths.append(mask.sum(-1).long())
         all_lengths = torch.cat(lengths)
         with torch.inference_mode():
-            out = self.tower(torch.cat(packed, dim=1), feature_lens=all_lengths).last_hidden_state
+            features = self.placement.put(torch.cat(packed, dim=1))
+            out = self.tower(features, feature_lens=self.placement.put(all_lengths)).last_hidden_state
+        out = to_host(out)
         tokens = [int(_get_feat_extract_output_lengths(n, self.tower.n_window).sum()) for n in lengths]
         return list(zip(torch.split(out, tokens), lengths, strict=True))
 
@@ -71,27 +78,29 @@ class AudioTower:
 class VisionTower:
     """The thinker's vision tower alone: :meth:`encode` maps requests' pixels to embeddings + deepstack."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, placement: Placement = Placement()) -> None:
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
 
         config = load_config(model_dir).thinker_config.vision_config
-        self.tower = Qwen3OmniMoeVisionEncoder._from_config(config).eval()
+        self.placement = placement
+        self.tower = placement.build(Qwen3OmniMoeVisionEncoder, config)
         load_weights(model_dir, "thinker.visual.", self.tower)
+        placement.move(self.tower)
         self.merge = config.spatial_merge_size**2
 
     def encode(
         self, requests: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
         """Per ``(pixel_values, image_grid_thw)``: ``(embeds [tokens, H], deepstack [[tokens, H], ...])``."""
-        pixels = torch.cat([p for p, _ in requests]).to(self.tower.dtype)
+        pixels = torch.cat([p for p, _ in requests])
         grids = torch.cat([g for _, g in requests])
         if pixels.shape[0] != int(grids.prod(-1).sum()):
             raise ValueError(f"image_encoder: {pixels.shape[0]} patches for grids {grids.tolist()}")
         with torch.inference_mode():
-            out = self.tower(pixels, grid_thw=grids)
+            out = self.tower(self.placement.put(pixels), grid_thw=self.placement.put(grids))
         tokens = [int(g.prod(-1).sum()) // self.merge for _, g in requests]
-        embeds = torch.split(out.pooler_output, tokens)
-        deepstack = [torch.split(feature, tokens) for feature in out.deepstack_features]
+        embeds = torch.split(to_host(out.pooler_output), tokens)
+        deepstack = [torch.split(to_host(feature), tokens) for feature in out.deepstack_features]
         return [(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(requests))]
 
 
@@ -132,19 +141,33 @@ def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
 
 
 def create_audio_encoder_stage(
-    *, model_dir: str | None = None, max_batch_size: int = 8, max_batch_wait_ms: float = 0
+    *,
+    model_dir: str | None = None,
+    max_batch_size: int = 8,
+    max_batch_wait_ms: float = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> SimpleScheduler:
     """The audio encoder stage (module docstring)."""
+    placement = Placement.of("audio_encoder", device, dtype)
     torch.set_num_threads(1)
-    return _batched(audio_batch_fn(AudioTower(require_model_dir(model_dir))), max_batch_size, max_batch_wait_ms)
+    tower = AudioTower(require_model_dir(model_dir), placement)
+    return _batched(audio_batch_fn(tower), max_batch_size, max_batch_wait_ms)
 
 
 def create_image_encoder_stage(
-    *, model_dir: str | None = None, max_batch_size: int = 8, max_batch_wait_ms: float = 0
+    *,
+    model_dir: str | None = None,
+    max_batch_size: int = 8,
+    max_batch_wait_ms: float = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> SimpleScheduler:
     """The image encoder stage (module docstring)."""
+    placement = Placement.of("image_encoder", device, dtype)
     torch.set_num_threads(1)
-    return _batched(image_batch_fn(VisionTower(require_model_dir(model_dir))), max_batch_size, max_batch_wait_ms)
+    tower = VisionTower(require_model_dir(model_dir), placement)
+    return _batched(image_batch_fn(tower), max_batch_size, max_batch_wait_ms)
 
 
 create_audio_encoder_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -13,6 +13,10 @@ Inputs are what the HTTP layer hands a chat pipeline (:mod:`omnitrio.serve`): ``
 ``audio.voice`` picks the talker's speaker (:func:`resolve_speaker`).  The output payload's data is a
 :class:`~schedulers.qwen3_omni.handoffs.Preprocessed` (:mod:`schedulers.qwen3_omni.graph` says what each
 branch receives of it).
+
+``device`` is where the feature extractor computes the audio's log-mel spectrogram; the stage has no
+weights, so no ``dtype``: what it hands on is on the CPU, features and pixels in float32, and each
+encoder casts them to its own dtype (as transformers' towers do).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import torch
 
 from omnitrio.contract import InvalidRequest, StagePayload
+from schedulers.devices import Placement
 from schedulers.media import decode_audio, read_image_url
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.front.processor import OmniProcessor
@@ -135,8 +140,8 @@ def _knob(inputs: Any, key: str, kind: type, minimum: float) -> Any:
 class Preprocessor:
     """One checkpoint's processor and speakers: :meth:`__call__` turns raw inputs into the stage's output."""
 
-    def __init__(self, model_dir: str | Path, default_speaker_name: str | None = None) -> None:
-        self.processor = OmniProcessor.from_pretrained(model_dir)
+    def __init__(self, model_dir: str | Path, default_speaker_name: str | None = None, device: str = "cpu") -> None:
+        self.processor = OmniProcessor.from_pretrained(model_dir, device)
         self.speakers = tuple(speakers(load_config(model_dir)))
         self.default_speaker = default_speaker(self.speakers, default_speaker_name) if self.speakers else None
 
@@ -172,11 +177,12 @@ class Preprocessor:
 
 
 def create_preprocess_stage(
-    *, model_dir: str | None = None, default_speaker: str | None = None, max_concurrency: int = 1
+    *, model_dir: str | None = None, default_speaker: str | None = None, max_concurrency: int = 1, device: str = "cpu"
 ) -> SimpleScheduler:
     """Preprocessing (module docstring); bad inputs fail the request with a ``ValueError`` (a 400)."""
+    placement = Placement.of("preprocess", device)
     torch.set_num_threads(1)
-    preprocessor = Preprocessor(require_model_dir(model_dir), default_speaker)
+    preprocessor = Preprocessor(require_model_dir(model_dir), default_speaker, str(placement.device))
 
     def preprocess(payload: StagePayload) -> StagePayload:
         data = payload.data

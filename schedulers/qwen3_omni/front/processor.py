@@ -40,8 +40,11 @@ def audio_token_count(mel_frames: int) -> int:
 class OmniProcessor:
     """Chat template + tokenizer + feature extractor + image processor of one checkpoint (module docstring)."""
 
-    def __init__(self, tokenizer: Any, feature_extractor: Any, image_processor: Any, chat_template: str) -> None:
+    def __init__(
+        self, tokenizer: Any, feature_extractor: Any, image_processor: Any, chat_template: str, device: str = "cpu"
+    ) -> None:
         self.tokenizer = tokenizer
+        self.device = device  # where the feature extractor computes the log-mel spectrogram
         self.feature_extractor = feature_extractor
         self.image_processor = image_processor
         self.chat_template = chat_template
@@ -52,8 +55,9 @@ class OmniProcessor:
             raise ValueError(f"feature extractor: sampling_rate {feature_extractor.sampling_rate}, expected 16000")
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> OmniProcessor:
-        """Read the parts from a checkpoint directory; a missing or unreadable part is a CheckpointError."""
+    def from_pretrained(cls, model_dir: str | Path, device: str = "cpu") -> OmniProcessor:
+        """Read the parts from a checkpoint directory; a missing or unreadable part is a CheckpointError.
+        ``device``: where the audio features are computed (they come back on the CPU, float32)."""
         # The classes themselves, not transformers' Auto* machinery: a stage imports what it runs.
         from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -69,7 +73,7 @@ class OmniProcessor:
         for name in ("audio_token", "image_token", "video_token"):
             if not isinstance(getattr(tokenizer, name, None), str):
                 raise CheckpointError(f"{directory}: the tokenizer has no {name} (Qwen3-Omni's special tokens)")
-        return cls(tokenizer, feature_extractor, image_processor, _chat_template(directory, tokenizer))
+        return cls(tokenizer, feature_extractor, image_processor, _chat_template(directory, tokenizer), device)
 
     def render(self, messages: Sequence[dict[str, Any]]) -> str:
         """The prompt text of chat ``messages`` (transformers' chat format), generation prompt appended."""
@@ -100,6 +104,7 @@ class OmniProcessor:
                 truncation=False,
                 return_attention_mask=True,
                 return_tensors="pt",
+                device=self.device,
             )
             out["input_features"] = features["input_features"]
             out["feature_attention_mask"] = features["attention_mask"]

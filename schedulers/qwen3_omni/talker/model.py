@@ -20,6 +20,8 @@ from typing import Any
 import attrs
 import torch
 
+from schedulers.devices import build
+
 EMBED_KEY = "thinker.model.embed_tokens.weight"
 
 
@@ -118,7 +120,7 @@ class TalkerModel:
 
         config = load_config(model_dir)
         with torch.device("meta"):
-            talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config, dtype=dtype)
+            talker = build(Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config, dtype)
         load_weights(model_dir, "talker.", talker)
         talker.model.rotary_emb = Qwen3OmniMoeTalkerRotaryEmbedding(talker.model.config)
         predictor = talker.code_predictor.model

@@ -43,6 +43,7 @@ import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload, StreamItem
 from schedulers._idsets import Admission, Life, RequestLedger
+from schedulers.devices import Placement
 from schedulers.engine.kv_batch import KVBatch
 from schedulers.engine.step_loop import StepLoop
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
@@ -372,9 +373,10 @@ def create_talker_stage(
 
     The sampling knobs are ``generate``'s ``talker_*`` arguments and defaults; a request's
     ``talker`` options (the thinker's prompt chunk) override them.  ``do_sample=False`` is greedy
-    for the talker and the code predictor.  ``device``/``dtype`` place the weights (``"cuda"``,
-    ``"bfloat16"`` on a GPU); chunks may arrive on the CPU, codes go out on the CPU.
+    for the talker and the code predictor.  ``device``/``dtype`` place the talker and its code predictor,
+    which runs in this stage (:mod:`schedulers.devices`); chunks arrive on the CPU, codes go out on the CPU.
     """
+    placement = Placement.of("talker", device, dtype)
     sampling = TalkerSampling(
         do_sample=do_sample,
         temperature=temperature,
@@ -384,9 +386,8 @@ def create_talker_stage(
         max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens,
     )
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"talker: dtype must be float32, bfloat16 or float16, got {dtype!r}")
-    model = TalkerModel.from_checkpoint(Path(require_model_dir(model_dir)), dtype=getattr(torch, dtype), device=device)
+    model_dir = require_model_dir(model_dir)
+    model = TalkerModel.from_checkpoint(Path(model_dir), dtype=placement.dtype, device=str(placement.device))
     return TalkerScheduler(
         model,
         sampling=sampling,

@@ -30,6 +30,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeThinkerTextRotaryEmbedding,
 )
 
+from schedulers.devices import build
+
 LoadFn = Callable[[str, nn.Module], None]
 """Fills a module built on the meta device from the checkpoint: ``load(prefix, module)``."""
 
@@ -104,7 +106,7 @@ class ThinkerLM:
         on the CPU."""
         text_config = config.thinker_config.text_config
         with torch.device("meta"):
-            text_model = Qwen3OmniMoeThinkerTextModel._from_config(text_config, dtype=dtype)
+            text_model = build(Qwen3OmniMoeThinkerTextModel, text_config, dtype)
             lm_head = nn.Linear(text_config.hidden_size, text_config.vocab_size, bias=False, dtype=dtype)
         text_model.rotary_emb = Qwen3OmniMoeThinkerTextRotaryEmbedding(text_model.config)
         load(TEXT_PREFIX, text_model)

@@ -30,6 +30,7 @@ import attrs
 import torch
 
 from omnitrio.contract import InvalidRequest, OutgoingMessage, StagePayload
+from schedulers.devices import Placement
 from schedulers.engine.admission import completion_budget
 from schedulers.engine.intake import RequestIntake
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
@@ -233,7 +234,8 @@ def create_thinker_stage(
     dtype: str = "float32",
 ) -> ThinkerScheduler:
     """Stage factory: the checkpoint's thinker text model and head (nothing else is read) in ``dtype`` on
-    ``device``, one torch CPU thread; the stage's outputs are CPU float32 tensors wherever the model runs.
+    ``device`` (:mod:`schedulers.devices`), one torch CPU thread; the stage's outputs are CPU float32
+    tensors wherever the model runs.
 
     ``eos_token_id`` defaults to the checkpoint's ``im_end_token_id`` (what ``generate``'s
     ``thinker_eos_token_id`` is for the released model); a request without a temperature samples as the
@@ -243,13 +245,12 @@ def create_thinker_stage(
     from schedulers.qwen3_omni.checkpoint import load_config, load_weights
     from schedulers.qwen3_omni.thinker.model import ThinkerLM
 
+    placement = Placement.of("thinker", device, dtype)
     torch.set_num_threads(1)
     model_dir = require_model_dir(model_dir)
     config = load_config(model_dir)
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"thinker stage: dtype={dtype!r} must be float32, bfloat16 or float16")
     load = functools.partial(load_weights, model_dir)
-    lm = ThinkerLM.build(config, load, dtype=getattr(torch, dtype)).to(device)
+    lm = ThinkerLM.build(config, load, dtype=placement.dtype).to(placement.device)
     engine = ThinkerEngine(lm, max_running=max_running_requests, max_waiting=max_waiting_requests)
     eos = eos_token_id if eos_token_id is not None else int(config.im_end_token_id)
     generation = Path(model_dir) / "generation_config.json"
