@@ -86,6 +86,33 @@ def feed(inbox: Any, streams: Sequence[Sequence[Any]], final: Callable[[str], An
             inbox.put(message)
 
 
+def serve_streams(
+    scheduler: Any, streams: Sequence[Sequence[Any]], final: Callable[[str], Any], pace_s: float
+) -> tuple[int, float]:
+    """Run a talker ``scheduler`` on its own thread, :func:`feed` it ``streams``, and wait for every result.
+
+    Returns the frames its results count and the wall seconds from the first message to the last result."""
+    thread = threading.Thread(target=scheduler.start, name="talker-bench")
+    thread.start()
+    start = time.perf_counter()
+    feeder = threading.Thread(target=feed, args=(scheduler.inbox, streams, final, pace_s), name="feed")
+    feeder.start()
+    done = frames = 0
+    while done < len(streams):
+        out = scheduler.outbox.get(timeout=600)
+        if out.type == "error":
+            raise RuntimeError(f"talker failed request {out.request_id}: {out.data}")
+        if out.type == "result":
+            done += 1
+            data = out.data.data
+            frames += int(data["num_frames"] if isinstance(data, dict) else data.num_frames)
+    wall = time.perf_counter() - start
+    feeder.join()
+    scheduler.stop()
+    thread.join()
+    return frames, wall
+
+
 # -- the worker: runs inside one tree -------------------------------------------------------------
 
 
@@ -128,11 +155,6 @@ def _tree_api() -> dict[str, Any]:
     return api
 
 
-def _frames(result: Any) -> int:
-    data = result.data.data
-    return int(data["num_frames"] if isinstance(data, dict) else data.num_frames)
-
-
 def talker_rate(
     api: dict[str, Any], talker: Any, streams: list[list[Any]], frames: int, pace_s: float
 ) -> dict[str, Any]:
@@ -141,23 +163,7 @@ def talker_rate(
     scheduler = api["TalkerScheduler"](talker, sampling=sampling)
     busy = Timed(scheduler._step)
     scheduler._step = busy
-    thread = threading.Thread(target=scheduler.start, name="talker-bench")
-    thread.start()
-    start = time.perf_counter()
-    feeder = threading.Thread(target=feed, args=(scheduler.inbox, streams, api["final"], pace_s), name="feed")
-    feeder.start()
-    done = total = 0
-    while done < len(streams):
-        out = scheduler.outbox.get(timeout=600)
-        if out.type == "error":
-            raise RuntimeError(f"talker failed request {out.request_id}: {out.data}")
-        if out.type == "result":
-            done += 1
-            total += _frames(out)
-    wall = time.perf_counter() - start
-    feeder.join()
-    scheduler.stop()
-    thread.join()
+    total, wall = serve_streams(scheduler, streams, api["final"], pace_s)
     sizes = list(scheduler.batch_sizes)
     return {
         "frames_per_s": round(total / wall, 1),

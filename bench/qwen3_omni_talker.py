@@ -25,8 +25,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.qwen3_omni_engine_ab import Timed, feed  # noqa: E402
+from bench.qwen3_omni_engine_ab import Timed, serve_streams  # noqa: E402
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload  # noqa: E402
 from schedulers.qwen3_omni.handoffs import TalkerPrompt, TalkerToken, ThinkerResult  # noqa: E402
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling  # noqa: E402
@@ -78,23 +76,7 @@ def measure(
     forward, predict, busy = Timed(talker.forward), Timed(scheduler.predictor.frames), Timed(scheduler._step)
     talker.forward, scheduler.predictor.frames = forward, predict  # type: ignore[method-assign]
     scheduler._step = busy  # type: ignore[method-assign]
-    thread = threading.Thread(target=scheduler.start, name="talker-bench")
-    thread.start()
-    start = time.perf_counter()
-    feeder = threading.Thread(target=feed, args=(scheduler.inbox, chunks, _final, pace_s), name="feed")
-    feeder.start()
-    done = total_frames = 0
-    while done < len(chunks):
-        out = scheduler.outbox.get(timeout=600)
-        if out.type == "error":
-            raise RuntimeError(f"talker failed request {out.request_id}: {out.data}")
-        if out.type == "result":
-            done += 1
-            total_frames += out.data.data.num_frames
-    wall = time.perf_counter() - start
-    feeder.join()
-    scheduler.stop()
-    thread.join()
+    total_frames, wall = serve_streams(scheduler, chunks, _final, pace_s)
     del talker.forward
     return {
         "frames": total_frames,

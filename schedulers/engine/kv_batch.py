@@ -54,15 +54,16 @@ _SPARE_COLUMNS = 16
 
 @attrs.frozen
 class _Plan:
-    """One step's rows and columns, shared by every layer."""
+    """One step's rows and columns, shared by every layer: each layer's storage is indexed with these."""
 
-    rows: slice | torch.Tensor  # storage rows in the step's order: a slice when they are a contiguous range
-    index: torch.Tensor | None  # the same rows as a [B] long tensor, when they are not (or start apart)
-    starts: torch.Tensor | None  # [B] each row's write column, when they differ (tokens == 1)
-    start: int | None  # the common write column, when every row has the same length
     width: int  # the longest stepping row before the step
-    tokens: int
-    rows_needed: int
+    columns: int  # width + tokens: the columns the step attends over
+    rows_needed: int  # rows the storage must have
+    write_keys: tuple[Any, ...]  # where the new keys go (the values: the same with 1 first)
+    write_values: tuple[Any, ...]
+    per_row: bool  # one token a row at each row's own column (write_* index [B, H, D]), else a block [B, H, T, D]
+    read: tuple[Any, ...] | None  # the attended block as a view, when the rows are a contiguous range
+    gather: torch.Tensor | None  # else the rows to gather, [B]
 
 
 @attrs.frozen
@@ -129,34 +130,31 @@ class _Layer(CacheLayerMixin):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         plan = self._batch.plan()
-        data = self.reserve(key_states, plan.rows_needed, plan.width + plan.tokens)
-        keys, values = data[0], data[1]
-        if plan.start is not None:
-            end = plan.start + plan.tokens
-            keys[plan.rows, :, plan.start : end] = key_states
-            values[plan.rows, :, plan.start : end] = value_states
-        else:
-            keys[plan.index, :, plan.starts] = key_states[:, :, 0]
-            values[plan.index, :, plan.starts] = value_states[:, :, 0]
-        attended = self._read(data, plan)
-        return attended[0], attended[1]
+        data = self.reserve(key_states, plan.rows_needed, plan.columns)
+        if plan.per_row:
+            key_states, value_states = key_states[:, :, 0], value_states[:, :, 0]
+        data[plan.write_keys] = key_states
+        data[plan.write_values] = value_states
+        keys, values = self._read(data, plan).unbind(0)
+        return keys, values
 
     def update_stacked(self, keys_values: torch.Tensor) -> torch.Tensor:
         plan = self._batch.plan()
-        data = self.reserve(keys_values[0], plan.rows_needed, plan.width + plan.tokens)
-        if plan.start is not None:
-            data[:, plan.rows, :, plan.start : plan.start + plan.tokens] = keys_values
+        data = self.reserve(keys_values[0], plan.rows_needed, plan.columns)
+        if plan.per_row:
+            data[plan.write_keys] = keys_values[0, :, :, 0]
+            data[plan.write_values] = keys_values[1, :, :, 0]
         else:
-            data[:, plan.index, :, plan.starts] = keys_values[:, :, :, 0].transpose(0, 1)
+            data[(slice(None), *plan.write_keys[1:])] = keys_values
         return self._read(data, plan)
 
     @staticmethod
     def _read(data: torch.Tensor, plan: _Plan) -> torch.Tensor:
         """The stepping rows' columns ``[2, B, H, width + tokens, D]``: a view, or a gather of those rows alone."""
-        width = plan.width + plan.tokens
-        if isinstance(plan.rows, slice):
-            return data[:, plan.rows, :, :width]
-        return data[:, :, :, :width].index_select(1, plan.rows)
+        if plan.read is not None:
+            return data[plan.read]
+        assert plan.gather is not None
+        return data[:, :, :, : plan.columns].index_select(1, plan.gather)
 
     def get_seq_length(self) -> int:
         return self._batch.plan().width
@@ -276,9 +274,16 @@ class KVBatch(Generic[RowId]):
         return True
 
     def clear(self) -> None:
-        """Free every row."""
-        for row_id in reversed(self._ids):
-            self.remove(row_id)
+        """Free every row at once; nothing is copied or zeroed (the storage is released, or kept for the next
+        rows when ``release_when_empty`` is False: a batch reused for rows of one length, as the code
+        predictor's, never reads a column it did not write)."""
+        self._plan = None
+        self._ids.clear()
+        self._row.clear()
+        self._lengths.clear()
+        if self.release_when_empty:
+            for layer in self._layers:
+                layer.data = None
 
     def rename(self, row_id: RowId, new_id: RowId) -> None:
         """The row of ``row_id`` now belongs to ``new_id`` (nothing is copied)."""
@@ -323,21 +328,24 @@ class KVBatch(Generic[RowId]):
         same = all(n == lengths[0] for n in lengths)
         if tokens > 1 and not same:
             raise ValueError(f"KVBatch.step: {tokens} tokens at once need rows of one length, got {lengths}")
-        first = rows[0]
+        first, width, everything = rows[0], max(lengths), slice(None)
         contiguous = rows == list(range(first, first + len(rows)))
-        index = None if contiguous and same else torch.tensor(rows, device=self.device)
-        selected: slice | torch.Tensor = slice(first, first + len(rows))
-        if not contiguous:
-            assert index is not None
-            selected = index
+        index = None if contiguous else torch.tensor(rows, device=self.device)
+        read = (everything, slice(first, first + len(rows)), everything, slice(0, width + tokens))
+        write_rows: slice | torch.Tensor = read[1] if index is None else index
+        write_columns: slice | torch.Tensor = slice(lengths[0], lengths[0] + tokens)
+        if not same:  # one token a row, each at its row's own column
+            write_rows = torch.tensor(rows, device=self.device) if index is None else index
+            write_columns = torch.tensor(lengths, device=self.device)
         self._plan = _Plan(
-            rows=selected,
-            index=index,
-            starts=None if same else torch.tensor(lengths, device=self.device),
-            start=lengths[0] if same else None,
-            width=max(lengths),
-            tokens=tokens,
+            width=width,
+            columns=width + tokens,
             rows_needed=len(self._ids),
+            write_keys=(0, write_rows, everything, write_columns),
+            write_values=(1, write_rows, everything, write_columns),
+            per_row=not same,
+            read=read if index is None else None,
+            gather=index,
         )
         for row in rows:
             self._lengths[row] += tokens
