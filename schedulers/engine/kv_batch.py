@@ -32,6 +32,19 @@ with columns it never wrote, so the caller removes them (the engines fail those 
 The storage is made of inference tensors: run the forwards under ``torch.inference_mode()``.  Every
 layer attends over the whole sequence (no sliding window).  Not thread-safe: one thread (the
 scheduler's) owns a batch.
+
+Use, with a transformers decoder (``position_ids`` are the model's own; a plain text model's are the
+rows' lengths)::
+
+    kv = KVBatch(config.num_hidden_layers, device=model.device, rows=max_running)
+    kv.add(rid)                                          # a request joins: its prefill writes its row
+    step = kv.step([rid], tokens=prompt_len)
+    model(inputs_embeds=prompt[None], past_key_values=step.cache, attention_mask=step.attention_mask())
+    ready = kv.order(ids_whose_next_input_is_here)       # any subset; the others sit this step out
+    step = kv.step(ready)                                # one token each
+    model(inputs_embeds=x[:, None], past_key_values=step.cache, attention_mask=step.attention_mask(),
+          position_ids=torch.tensor(step.lengths)[:, None])
+    kv.remove(rid)                                       # finished, failed or aborted
 """
 
 from __future__ import annotations
