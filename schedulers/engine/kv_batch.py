@@ -67,16 +67,16 @@ _SPARE_COLUMNS = 16
 
 @attrs.frozen
 class _Plan:
-    """One step's rows and columns, shared by every layer: each layer's storage is indexed with these."""
+    """One step's rows and columns, shared by every layer."""
 
     width: int  # the longest stepping row before the step
+    tokens: int
     columns: int  # width + tokens: the columns the step attends over
     rows_needed: int  # rows the storage must have
-    write_keys: tuple[Any, ...]  # where the new keys go (the values: the same with 1 first)
-    write_values: tuple[Any, ...]
-    per_row: bool  # one token a row at each row's own column (write_* index [B, H, D]), else a block [B, H, T, D]
-    read: tuple[Any, ...] | None  # the attended block as a view, when the rows are a contiguous range
-    gather: torch.Tensor | None  # else the rows to gather, [B]
+    span: tuple[int, int] | None  # (first row, rows) when the stepping rows are a contiguous range
+    start: int | None  # the column every stepping row writes at, when they have one length
+    index: torch.Tensor | None  # the stepping rows [B], unless they are a span written at one start
+    starts: torch.Tensor | None  # each row's write column [B], when they differ (one token each)
 
 
 @attrs.frozen
@@ -118,6 +118,9 @@ class _Layer(CacheLayerMixin):
         self._batch = batch
         self.data: torch.Tensor | None = None  # [2, R, H, C, D]
         self.is_initialized = True
+        self._span: tuple[int, int] | None = None  # the rows the views below were made for, of _span_data
+        self._span_data: torch.Tensor | None = None
+        self._span_rows = self._span_keys = self._span_values = torch.empty(0)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         return None
@@ -139,35 +142,62 @@ class _Layer(CacheLayerMixin):
         self.data = grown
         return grown
 
+    def _rows(self, data: torch.Tensor, span: tuple[int, int]) -> torch.Tensor:
+        """``data``'s rows ``span`` (a view, made again only when the span or the storage changes)."""
+        if self._span_data is not data or self._span != span:
+            self._span_data, self._span = data, span
+            self._span_rows = data.narrow(1, span[0], span[1])
+            self._span_keys, self._span_values = self._span_rows.unbind(0)
+        return self._span_rows
+
+    def _storage(self, like: torch.Tensor, plan: _Plan) -> torch.Tensor:
+        data = self.data
+        if data is None or data.shape[1] < plan.rows_needed or data.shape[3] < plan.columns:
+            data = self.reserve(like, plan.rows_needed, plan.columns)
+        return data
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         plan = self._batch.plan()
-        data = self.reserve(key_states, plan.rows_needed, plan.columns)
-        if plan.per_row:
-            key_states, value_states = key_states[:, :, 0], value_states[:, :, 0]
-        data[plan.write_keys] = key_states
-        data[plan.write_values] = value_states
-        keys, values = self._read(data, plan).unbind(0)
-        return keys, values
+        data = self._storage(key_states, plan)
+        if plan.span is not None and plan.start is not None:  # the usual step: neighbours of one length
+            self._rows(data, plan.span)
+            self._span_keys.narrow(2, plan.start, plan.tokens).copy_(key_states)
+            self._span_values.narrow(2, plan.start, plan.tokens).copy_(value_states)
+        elif plan.starts is None:
+            assert plan.start is not None
+            columns = slice(plan.start, plan.start + plan.tokens)
+            data[0, plan.index, :, columns] = key_states
+            data[1, plan.index, :, columns] = value_states
+        else:
+            data[0, plan.index, :, plan.starts] = key_states[:, :, 0]
+            data[1, plan.index, :, plan.starts] = value_states[:, :, 0]
+        if plan.span is None:
+            keys, values = self._gather(data, plan).unbind(0)
+            return keys, values
+        self._rows(data, plan.span)
+        return self._span_keys.narrow(2, 0, plan.columns), self._span_values.narrow(2, 0, plan.columns)
 
     def update_stacked(self, keys_values: torch.Tensor) -> torch.Tensor:
         plan = self._batch.plan()
-        data = self.reserve(keys_values[0], plan.rows_needed, plan.columns)
-        if plan.per_row:
-            data[plan.write_keys] = keys_values[0, :, :, 0]
-            data[plan.write_values] = keys_values[1, :, :, 0]
+        data = self._storage(keys_values[0], plan)
+        if plan.span is not None and plan.start is not None:
+            self._rows(data, plan.span).narrow(3, plan.start, plan.tokens).copy_(keys_values)
+        elif plan.starts is None:
+            assert plan.start is not None
+            data[:, plan.index, :, plan.start : plan.start + plan.tokens] = keys_values
         else:
-            data[(slice(None), *plan.write_keys[1:])] = keys_values
-        return self._read(data, plan)
+            data[:, plan.index, :, plan.starts] = keys_values[:, :, :, 0].transpose(0, 1)
+        if plan.span is None:
+            return self._gather(data, plan)
+        return self._rows(data, plan.span).narrow(3, 0, plan.columns)
 
     @staticmethod
-    def _read(data: torch.Tensor, plan: _Plan) -> torch.Tensor:
-        """The stepping rows' columns ``[2, B, H, width + tokens, D]``: a view, or a gather of those rows alone."""
-        if plan.read is not None:
-            return data[plan.read]
-        assert plan.gather is not None
-        return data[:, :, :, : plan.columns].index_select(1, plan.gather)
+    def _gather(data: torch.Tensor, plan: _Plan) -> torch.Tensor:
+        """The stepping rows' columns ``[2, B, H, width + tokens, D]``, copied: those rows alone are read."""
+        assert plan.index is not None
+        return data.narrow(3, 0, plan.columns).index_select(1, plan.index)
 
     def get_seq_length(self) -> int:
         return self._batch.plan().width
@@ -341,24 +371,18 @@ class KVBatch(Generic[RowId]):
         same = all(n == lengths[0] for n in lengths)
         if tokens > 1 and not same:
             raise ValueError(f"KVBatch.step: {tokens} tokens at once need rows of one length, got {lengths}")
-        first, width, everything = rows[0], max(lengths), slice(None)
-        contiguous = rows == list(range(first, first + len(rows)))
-        index = None if contiguous else torch.tensor(rows, device=self.device)
-        read = (everything, slice(first, first + len(rows)), everything, slice(0, width + tokens))
-        write_rows: slice | torch.Tensor = read[1] if index is None else index
-        write_columns: slice | torch.Tensor = slice(lengths[0], lengths[0] + tokens)
-        if not same:  # one token a row, each at its row's own column
-            write_rows = torch.tensor(rows, device=self.device) if index is None else index
-            write_columns = torch.tensor(lengths, device=self.device)
+        first, width = rows[0], max(lengths)
+        span = (first, len(rows)) if rows == list(range(first, first + len(rows))) else None
+        index = None if span is not None and same else torch.tensor(rows, device=self.device)
         self._plan = _Plan(
             width=width,
+            tokens=tokens,
             columns=width + tokens,
             rows_needed=len(self._ids),
-            write_keys=(0, write_rows, everything, write_columns),
-            write_values=(1, write_rows, everything, write_columns),
-            per_row=not same,
-            read=read if index is None else None,
-            gather=index,
+            span=span,
+            start=lengths[0] if same else None,
+            index=index,
+            starts=None if same else torch.tensor(lengths, device=self.device),
         )
         for row in rows:
             self._lengths[row] += tokens
