@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from toys.browser import Server, ensure_chromium, launch_args, served, speech_wav  # noqa: E402
+from toys.browser import Server, chromium_page, ensure_chromium, served, speech_wav  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "browser_turn.json"
 QUESTIONS = [
@@ -42,18 +42,13 @@ GAP_S = 6.0  # silence after each question: room for its answer to play
 
 def run_page(playwright: Any, server: Server, microphone: Path, transport: str, turns: int) -> list[int]:
     """The page's latency readout (ms) for each of ``turns`` spoken turns over ``transport``."""
-    browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(microphone))
-    try:
-        page = browser.new_page()
-        page.goto(server.url)
+    with chromium_page(playwright, microphone, server.url) as page:
         page.click("summary")
         page.select_option("#transport", transport)
         page.click("#talk")
         condition = f"window.voiceStats.latencies.length >= {turns} || window.voiceStats.state === 'FAILED'"
         page.wait_for_function(condition, timeout=int((GAP_S + 10) * turns * 1000) + 60_000)
         stats = page.evaluate("window.voiceStats")
-    finally:
-        browser.close()
     if stats["errors"]:
         raise RuntimeError(f"the page failed over {transport}: {stats['errors']}")
     return [entry["ms"] for entry in stats["latencies"]]

@@ -2,9 +2,11 @@
 
 ``async with open_children(...) as children`` starts one process per distinct ``process``
 name of the config (``replicas`` of them for a replicated group: :mod:`omnitrio.replicas`)
-— a fresh interpreter (spawn, never a fork of a process that may have touched CUDA)
-running :mod:`omnitrio.child` — and :meth:`Children.wait_ready` waits until each reports
-every stage ready.  A child that cannot import or build its scheduler makes
+running :mod:`omnitrio.child` — never a fork of the caller, which may have touched CUDA —
+and :meth:`Children.wait_ready` waits until each reports every stage ready.  Each process is
+a fork of the pipeline's fork server (:mod:`omnitrio.forkserver`), which imported the stage
+factories' modules once; when the server will not fork (or with ``OMNITRIO_START_METHOD=spawn``
+in the environment) each is a fresh interpreter instead.  A child that cannot import or build its scheduler makes
 that wait raise :class:`StartupError` with the child's traceback.
 
 A child's death is seen at once — trio waits on its pidfd (for a Ray actor, Ray reports
@@ -39,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Protocol
@@ -49,6 +52,8 @@ import trio
 from omnitrio.child import ENTRY, ChildSpec
 from omnitrio.config import PipelineConfig
 from omnitrio.errors import RequestError, RequestFailed, StartupError
+from omnitrio.events import PROCESS_READY, PROCESS_SPAWNED, EventRecorder
+from omnitrio.forkserver import ForkedProcess, ForkServer, open_fork_server, preload_modules
 from omnitrio.health import Figures, gauges, replicated_entry, stage_entry
 from omnitrio.placement.actors import ActorProcess, start_actor
 from omnitrio.placement.cluster import open_ray_cluster
@@ -61,6 +66,8 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE = 5.0
 HEALTH_TIMEOUT = 2.0
+START_METHOD_ENV = "OMNITRIO_START_METHOD"
+"""``forkserver`` (the default) or ``spawn``: how stage processes start (module docstring)."""
 
 
 class ProcessEvents(Protocol):
@@ -80,7 +87,7 @@ class _Child:
     name: str
     group: str
     stages: list[str]
-    process: trio.Process | ActorProcess | None = None
+    process: trio.Process | ActorProcess | ForkedProcess | None = None
     generation: int = 0
     restarts: int = 0
     alive: bool = False
@@ -147,10 +154,14 @@ class Children:
         nursery: trio.Nursery | None,
         watchers: trio.Nursery | None,
         ray: Any = None,
+        forks: ForkServer | None = None,
+        recorder: EventRecorder | None = None,
     ) -> None:
         """``nursery`` holds the reapers, ``watchers`` the supervisors (cancelled first on exit)."""
         self._config = config
         self._ray = ray
+        self._forks = forks
+        self._recorder = recorder
         self._homes = homes
         self._board = board
         self._events = events
@@ -230,6 +241,8 @@ class Children:
             child = self._children.get(src)
             match message:
                 case wire.Ready(address=address) if child is not None:
+                    if self._recorder is not None:
+                        self._recorder.emit(None, None, PROCESS_READY, process=child.name)
                     child.alive = True
                     if self._ray is not None:
                         self._joined(child, address)
@@ -272,19 +285,30 @@ class Children:
         if self._ray is not None:
             spec = attrs.evolve(spec, addresses={MAIN: self._addresses[MAIN]})
             resources = self._config.resources(child.group)
+            self._spawned(child, "ray", time.monotonic_ns())
             child.process = await start_actor(self._ray, spec, resources, self._config.startup_timeout)
             self._nursery.start_soon(_reap, child.process, child.exited)
             return
-        env = dict(os.environ)
-        env["OMNITRIO_PARENT_PID"] = str(os.getpid())  # which pipeline owns this process
-        env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; the cores are shared by every process
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP workers sleep: spinning starves the others
-        process = await trio.lowlevel.open_process([sys.executable, "-c", ENTRY], stdin=subprocess.PIPE, env=env)
+        asked_ns = time.monotonic_ns()
+        forked = await self._forks.start(spec) if self._forks is not None else None
+        if forked is not None:
+            self._spawned(child, "forkserver", asked_ns)
+            child.process = forked
+            self._nursery.start_soon(_reap, forked, child.exited)
+            return
+        self._spawned(child, "spawn", asked_ns)
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-c", ENTRY], stdin=subprocess.PIPE, env=child_environment()
+        )
         assert process.stdin is not None
         await process.stdin.send_all(json.dumps(sys.path).encode() + b"\n" + pickle.dumps(spec))
         await process.stdin.aclose()
         child.process = process
         self._nursery.start_soon(_reap, process, child.exited)
+
+    def _spawned(self, child: _Child, how: str, t_ns: int) -> None:
+        if self._recorder is not None:
+            self._recorder.emit_at(t_ns, None, None, PROCESS_SPAWNED, process=child.name, how=how)
 
     async def _wait_ready(self, child: _Child, timeout: float) -> None:
         with trio.move_on_after(timeout) as scope:
@@ -375,8 +399,8 @@ class Children:
                 self._board.send_control(other.name, message)
 
     async def _stop(self) -> None:
-        for child in self._children.values():
-            if child.alive:
+        for child in self._children.values():  # one still starting stops too
+            if child.process is not None and not child.exited.is_set():
                 self._board.send_control(child.name, wire.Shutdown())
         with trio.move_on_after(1.0):
             await self._board.flush()
@@ -399,7 +423,24 @@ class Children:
                     await child.exited.wait()
 
 
-async def _reap(process: trio.Process | ActorProcess, exited: trio.Event) -> None:
+def child_environment() -> dict[str, str]:
+    """The environment of a stage process (and of the fork server its forks inherit it from)."""
+    env = dict(os.environ)
+    env["OMNITRIO_PARENT_PID"] = str(os.getpid())  # which pipeline owns this process
+    env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; the cores are shared by every process
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP workers sleep: spinning starves the others
+    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() initialises no CUDA
+    return env
+
+
+def _fork_server_wanted(config: PipelineConfig, homes: dict[str, str]) -> list[str] | None:
+    """What the fork server preloads for this pipeline, or None when its processes are spawned."""
+    if os.environ.get(START_METHOD_ENV, "forkserver") == "spawn":
+        return None
+    return preload_modules(config.stage(name).factory_path for name, home in homes.items() if home != MAIN)
+
+
+async def _reap(process: trio.Process | ActorProcess | ForkedProcess, exited: trio.Event) -> None:
     """The one task that waits for a process (trio watches its pidfd; Ray, an actor)."""
     try:
         await process.wait()
@@ -409,26 +450,33 @@ async def _reap(process: trio.Process | ActorProcess, exited: trio.Event) -> Non
 
 @asynccontextmanager
 async def open_children(
-    config: PipelineConfig, homes: dict[str, str], board: Switchboard, events: ProcessEvents
+    config: PipelineConfig,
+    homes: dict[str, str],
+    board: Switchboard,
+    events: ProcessEvents,
+    recorder: EventRecorder | None = None,
 ) -> AsyncIterator[Children]:
     """Spawn a process for every ``process`` name in ``homes``; stop them all on exit.
 
     ``board`` (running) is made to listen and connect to every child; the children are
     spawned on entry and may still be starting: call :meth:`Children.wait_ready`.
-    ``events`` hears when a child goes down and comes back up.
+    ``events`` hears when a child goes down and comes back up; ``recorder`` gets the
+    start-up events of the caller's side.
     """
     if all(home == MAIN for home in homes.values()):
         yield Children(config, homes, board, events, None, None, None)
         return
     async with AsyncExitStack() as stack:
-        ray = host = None
+        ray = host = forks = None
         if config.placement == "ray":
             ray = await stack.enter_async_context(open_ray_cluster(config.ray_address))
             host = ray.util.get_node_ip_address()
+        elif (preload := _fork_server_wanted(config, homes)) is not None:
+            forks = await stack.enter_async_context(open_fork_server(preload, child_environment(), recorder))
         endpoints = _Endpoints.create(config, host or "")
         stack.callback(endpoints.remove)
         async with trio.open_nursery() as nursery, trio.open_nursery() as watchers:
-            children = Children(config, homes, board, events, endpoints, nursery, watchers, ray)
+            children = Children(config, homes, board, events, endpoints, nursery, watchers, ray, forks, recorder)
             try:
                 await children._start()
                 yield children

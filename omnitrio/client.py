@@ -3,7 +3,8 @@
 ``OmnitrioClient`` owns one ``httpx.AsyncClient`` (use it as an async context manager). A non-2xx
 answer raises :class:`ApiResponseError` carrying the status and the OpenAI error fields; streamed
 routes yield decoded SSE events and stop at ``[DONE]`` or the end of the body. ``open_realtime``
-yields a :class:`RealtimeClient` whose ``send``/``receive`` carry event dicts as JSON text frames.
+yields a :class:`RealtimeClient` whose ``send``/``receive`` carry event dicts as JSON text frames, and
+whose ``receive_until`` collects the events up to the one a step waits for (``response.done`` …).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import trio
 import trio_websocket
 
 
@@ -120,6 +122,25 @@ class RealtimeClient:
         """The next server event (raises ``trio_websocket.ConnectionClosed`` once the socket closed)."""
         message = await self.connection.get_message()
         return json.loads(message)
+
+    async def receive_until(self, *event_types: str, timeout: float | None = 60.0) -> list[dict[str, Any]]:
+        """Every server event from now on, up to and including the first whose type is one of ``event_types``.
+
+        Nothing is skipped or reordered: the list is what :meth:`receive` would have returned, in order,
+        and the next :meth:`receive` gets the event after the last one listed. After ``timeout`` seconds
+        without the awaited event (None: no limit) it raises ``trio.TooSlowError`` naming the types
+        received meanwhile (those events are then gone); a closed socket raises as :meth:`receive` does.
+        """
+        if not event_types:
+            raise ValueError("receive_until needs at least one event type to wait for")
+        events: list[dict[str, Any]] = []
+        with trio.move_on_after(float("inf") if timeout is None else timeout):
+            while True:
+                events.append(await self.receive())
+                if events[-1].get("type") in event_types:
+                    return events
+        seen = [event.get("type") for event in events]
+        raise trio.TooSlowError(f"no {' or '.join(event_types)} within {timeout} s; received {seen}")
 
 
 @asynccontextmanager

@@ -99,6 +99,9 @@ class StageConfig:
     """Seconds the scheduler's ``start()`` has to return after ``stop()`` when the pipeline
     shuts down; past it shutdown goes on without it, with a warning naming the stage (see
     :mod:`omnitrio.bridge`)."""
+    warm_up_timeout: float = 600.0
+    """Seconds the scheduler's warm-up (``warm_up_serving_thread()``, before the stage reports
+    ready) may take; past it the stage fails to start, naming it (see :mod:`omnitrio.supervision`)."""
 
     @property
     def next_stages(self) -> list[str]:
@@ -317,9 +320,10 @@ def _validate_stage(i: int, stage: StageConfig, config: PipelineConfig, names: M
     backoff = stage.scheduler_restart_backoff
     if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff < math.inf:
         raise fail("scheduler_restart_backoff", f"must be a number of seconds >= 0, got {backoff!r}")
-    stop_timeout = stage.scheduler_stop_timeout
-    if isinstance(stop_timeout, bool) or not isinstance(stop_timeout, int | float) or not 0 < stop_timeout < math.inf:
-        raise fail("scheduler_stop_timeout", f"must be a number of seconds > 0, got {stop_timeout!r}")
+    for field in ("scheduler_stop_timeout", "warm_up_timeout"):
+        seconds = getattr(stage, field)
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
+            raise fail(field, f"must be a number of seconds > 0, got {seconds!r}")
     _check_factory(label, stage)
 
 

@@ -139,10 +139,16 @@ class StageScheduler(Protocol):
     """What a stage needs from a scheduler.
 
     ``start()`` is a blocking loop, run in the stage's scheduler thread after
-    ``warm_up_serving_thread()``; ``stop()`` is called from another thread and must make
-    ``start()`` return soon.  ``abort(request_id)`` may be called from the IO side at any
-    time and must not block.  A scheduler may also define ``enqueue(msg)`` (called from
-    the IO side instead of ``inbox.put``; it must not block).
+    ``warm_up_serving_thread()``.  The stage reports ready only once that warm-up has
+    returned (within its ``warm_up_timeout``): it is where a scheduler pays what a first
+    request would otherwise pay — lazy loads, the first call of each kernel and of each
+    input path — so that the first request after ready costs what later ones do.  A
+    scheduler may name what it warmed in ``warmed`` (a sequence of strings, read once the
+    warm-up has returned; the stage's start-up event carries it).  ``stop()`` is called
+    from another thread and must make ``start()`` return soon.  ``abort(request_id)`` may
+    be called from the IO side at any time and must not block.  A scheduler may also
+    define ``enqueue(msg)`` (called from the IO side instead of ``inbox.put``; it must not
+    block).
     """
 
     @property

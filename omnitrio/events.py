@@ -69,6 +69,20 @@ REQUEST_FAILED = "request_failed"  # stage, error_type, message (a stage's failu
 REQUEST_INVALID = "request_invalid"  # stage, error_type, message, code (the caller's mistake)
 REQUEST_ABORTED = "request_aborted"  # reason
 REQUEST_REJECTED = "request_rejected"  # reason
+# Start-up event names (request id None; ``stage`` set for one stage's, else None).  A stage process
+# emits its own, the caller's process those of its inline stages and of the processes it starts.
+PROCESS_SPAWNED = "process_spawned"  # process, how: spawn|forkserver|ray (the caller, as it starts one)
+FORK_SERVER_UP = "fork_server_up"  # the fork server's first line of Python ran
+FORK_SERVER_PRELOADED = "fork_server_preloaded"  # modules, failed: its preload is done
+PROCESS_INTERPRETER_UP = "process_interpreter_up"  # the stage process's first line of Python ran
+PROCESS_RUNTIME_IMPORTED = "process_runtime_imported"  # omnitrio's own modules imported
+PROCESS_LISTENING = "process_listening"  # its socket bound and its peers named
+PROCESS_FACTORIES_IMPORTED = "process_factories_imported"  # every factory its stages name imported
+STAGE_BUILD_BEGAN = "stage_build_began"
+STAGE_BUILT = "stage_built"  # the factory returned its scheduler (models loaded)
+STAGE_WARM = "stage_warm"  # warmed: what the scheduler says it warmed; the stage serves
+PROCESS_READY = "process_ready"  # process (the stage process, as it says so; the caller, as it hears it)
+PIPELINE_READY = "pipeline_ready"  # open_pipeline yields
 
 _clock = time.monotonic_ns
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
@@ -137,6 +151,12 @@ class EventRecorder:
         buffer = self._buffer
         buffer.append(Event(t, name, request_id, stage, fields, self.process, self.pid))
         if len(buffer) >= self._max_buffered or t >= self._flush_due:
+            self.flush()
+
+    def emit_at(self, t_ns: int, request_id: str | None, stage: str | None, name: str, /, **fields: Any) -> None:
+        """:meth:`emit` for something that happened at ``t_ns`` (``time.monotonic_ns()``), before now."""
+        self._buffer.append(Event(t_ns, name, request_id, stage, fields, self.process, self.pid))
+        if len(self._buffer) >= self._max_buffered:
             self.flush()
 
     def coordinator_event(self, request_id: str, name: str, fields: dict[str, Any]) -> None:

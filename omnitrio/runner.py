@@ -22,7 +22,7 @@ from omnitrio.children import open_children
 from omnitrio.config import PipelineConfig, validate
 from omnitrio.coordinator import Coordinator
 from omnitrio.errors import collapse
-from omnitrio.events import flush_periodically, recorder_from_env
+from omnitrio.events import PIPELINE_READY, flush_periodically, recorder_from_env
 from omnitrio.factory import build_stages, start_stages
 from omnitrio.pipeline import Pipeline
 from omnitrio.replicas import Replicas
@@ -52,11 +52,13 @@ async def open_pipeline(config: PipelineConfig, *, inline: bool = False) -> Asyn
             await nursery.start(board.run)
             if recorder is not None:
                 nursery.start_soon(flush_periodically, recorder)
-            async with open_children(config, homes, board, coordinator) as children:
+            async with open_children(config, homes, board, coordinator, recorder) as children:
                 try:
                     async with trio.open_nursery() as starting:
                         starting.start_soon(start_stages, nursery, stages.values())
                         starting.start_soon(children.wait_ready)
+                    if recorder is not None:
+                        recorder.emit(None, None, PIPELINE_READY)
                     yield Pipeline(config, coordinator, stages, children, recorder)
                 finally:
                     coordinator.close()

@@ -6,20 +6,22 @@
 waits there and reaches the next one).
 
 * The first build runs in a worker thread (loading models takes seconds; the IO loop
-  keeps serving).  A factory that raises, or a scheduler whose warm-up raises, fails the
-  stage's start: :meth:`run` raises :class:`StartupError` before reporting started.
+  keeps serving).  A factory that raises, or a scheduler whose warm-up raises or outlasts
+  the stage's ``warm_up_timeout``, fails the stage's start: :meth:`run` raises
+  :class:`StartupError` naming the stage before reporting started.
 * When a scheduler crashes (``start()`` raised or returned by itself), the stage is told
   at once (``on_crash``: it fails the requests the scheduler held), and the supervisor
   waits ``scheduler_restart_backoff`` seconds — doubled after every restart in a row
   that crashed again before delivering anything, at most :data:`MAX_BACKOFF_S` — then
   builds a fresh scheduler (in a worker thread) and runs it.
-* A rebuild that fails (the factory raises, warm-up raises, or ``start()`` raises before
-  the scheduler delivered anything) counts as one more restart.  Past
+* A rebuild that fails (the factory raises, warm-up raises or outlasts its deadline, or
+  ``start()`` raises before the scheduler delivered anything) counts as one more restart.  Past
   ``scheduler_restarts`` restarts the stage is dead: ``on_dead`` is told why, once, and
   the supervisor returns; the stage fails its requests from then on, and the rest of the
   pipeline keeps serving.
 
-Cancellation stops the running scheduler (see the bridge) and ends the supervisor.
+Cancellation stops the running scheduler (see the bridge) and ends the supervisor at once,
+also while a factory is still building (its thread is left to finish on its own).
 """
 
 from __future__ import annotations
@@ -58,14 +60,16 @@ class SchedulerState(enum.Enum):
 
 @attrs.frozen
 class RestartPolicy:
-    """How often, and how patiently, a crashed scheduler is rebuilt (from :class:`StageConfig`)."""
+    """How long a scheduler may warm up, and how often and how patiently a crashed one is rebuilt
+    (from :class:`StageConfig`)."""
 
     restarts: int = 5
     backoff_s: float = 0.05
+    warm_up_timeout: float = 600.0
 
     @classmethod
     def of(cls, config: StageConfig) -> RestartPolicy:
-        return cls(config.scheduler_restarts, config.scheduler_restart_backoff)
+        return cls(config.scheduler_restarts, config.scheduler_restart_backoff, config.warm_up_timeout)
 
     def delay(self, crashed_in_a_row: int) -> float:
         """Seconds to wait before a rebuild after ``crashed_in_a_row`` (≥ 1) lives that ended so."""
@@ -104,7 +108,8 @@ class SchedulerSupervisor:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled or dead; ``started`` once the first scheduler has warmed up."""
-        scheduler = await trio.to_thread.run_sync(self._build)  # StartupError: the stage cannot start
+        # StartupError: the stage cannot start
+        scheduler = await trio.to_thread.run_sync(self._build, abandon_on_cancel=True)
         bridge = self._make_bridge(scheduler, self.feed)
         outcome = await self._first_life(bridge, task_status)
         delivered = bridge.outbox.delivered
@@ -121,7 +126,7 @@ class SchedulerSupervisor:
             await trio.sleep(self.policy.delay(crashed_in_a_row))
             self.restarts += 1
             try:
-                scheduler = await trio.to_thread.run_sync(self._build)
+                scheduler = await trio.to_thread.run_sync(self._build, abandon_on_cancel=True)
             except StartupError as exc:
                 outcome, delivered = Outcome(Run.FAILED_TO_START, exc), False
                 continue
@@ -137,16 +142,24 @@ class SchedulerSupervisor:
         return outcome
 
     async def _life(self, bridge: SchedulerBridge, started: Callable[[], object] = lambda: None) -> Outcome:
-        """Run one scheduler until it crashes (``started()`` once it has warmed up)."""
+        """Run one scheduler until it crashes (``started()`` once it has warmed up), or until its
+        warm-up outlasts ``warm_up_timeout`` (then it is stopped, and failed to start)."""
         ended: list[Outcome] = []
 
         async def life(*, task_status: trio.TaskStatus[Run]) -> None:
             ended.append(await bridge.run(task_status=task_status))
 
         async with trio.open_nursery() as nursery:
-            if await nursery.start(life) is not Run.FAILED_TO_START:
-                self.state = SchedulerState.SERVING
-                started()
+            with trio.move_on_after(self.policy.warm_up_timeout):
+                if await nursery.start(life) is not Run.FAILED_TO_START:
+                    self.state = SchedulerState.SERVING
+                    started()
+        if not ended:
+            seconds = self.policy.warm_up_timeout
+            error = StartupError(
+                f"stage {self.name!r}: its scheduler did not warm up within {seconds:g} s (warm_up_timeout)"
+            )
+            return Outcome(Run.FAILED_TO_START, error)
         return ended[0]
 
     def _die(self, why: str) -> None:

@@ -43,6 +43,7 @@ from typing import Any, Literal, Protocol
 import attrs
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
+from schedulers.warm_up import WarmUp
 
 SESSION_METADATA_KEY = "session"
 SessionOp = Literal["open", "append", "close", "abort"]
@@ -164,7 +165,9 @@ class SessionScheduler:
         max_sessions: int = 64,
         max_concurrency: int = 4,
         max_state_bytes: int = 1 << 30,
+        warm_up: WarmUp | None = None,
     ) -> None:
+        """``warm_up``: what the factory warms before the stage reports ready (:mod:`schedulers.warm_up`)."""
         for name, value in (("max_sessions", max_sessions), ("max_concurrency", max_concurrency)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -182,6 +185,7 @@ class SessionScheduler:
         self._live: dict[str, _Work] = {}
         self._state_bytes = 0  # usage + reserved over all sessions
         self._pool: ThreadPoolExecutor | None = None
+        self.warm_up = warm_up or WarmUp()
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -200,6 +204,12 @@ class SessionScheduler:
 
     def warm_up_serving_thread(self) -> None:
         self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="session")
+        self.warm_up.run()
+
+    @property
+    def warmed(self) -> list[str]:
+        """What the warm-up ran (see :mod:`schedulers.warm_up`)."""
+        return self.warm_up.warmed
 
     def start(self) -> None:
         if self._pool is None:

@@ -53,6 +53,7 @@ import attrs
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
 from schedulers._idsets import Admission, Life, RequestLedger
+from schedulers.warm_up import WarmUp
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ class SimpleScheduler:
         max_concurrency: int | None = None,
         abort_callback: Callable[[str], None] | None = None,
         shutdown_callback: Callable[[], None] | None = None,
+        warm_up: WarmUp | None = None,
     ) -> None:
         if compute_fn is None and batch_compute_fn is None and self._needs_compute():
             raise ValueError(f"{type(self).__name__} needs compute_fn or batch_compute_fn")
@@ -184,6 +186,7 @@ class SimpleScheduler:
         self.max_batch_cost = max_batch_cost
         self.abort_callback = abort_callback
         self.shutdown_callback = shutdown_callback
+        self.warm_up = warm_up or WarmUp()
 
         self.inbox: queue.Queue[IncomingMessage] = queue.Queue()
         self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
@@ -208,7 +211,13 @@ class SimpleScheduler:
     # -- the StageScheduler protocol ------------------------------------------------
 
     def warm_up_serving_thread(self) -> None:
-        """Runs on the scheduler thread before :meth:`start`; override to warm caches."""
+        """Runs the factory's :class:`~schedulers.warm_up.WarmUp` on the scheduler thread before :meth:`start`."""
+        self.warm_up.run()
+
+    @property
+    def warmed(self) -> list[str]:
+        """What the warm-up ran (see :mod:`schedulers.warm_up`)."""
+        return self.warm_up.warmed
 
     def start(self) -> None:
         """Serve the inbox until :meth:`stop`; blocking, on the scheduler thread."""

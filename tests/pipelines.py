@@ -113,14 +113,18 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 async def settled_server(base_url: str, timeout: float = 30.0) -> dict[str, Any]:
     """Wait until the server at ``base_url`` says (``GET /health``) that no stage and not the
-    coordinator holds any request; return that health."""
+    coordinator holds any request; return that health. After ``timeout`` seconds an ``AssertionError``
+    says what the coordinator and each stage still held."""
+    health: dict[str, Any] = {}
     async with httpx.AsyncClient(base_url=base_url) as client:
-        with trio.fail_after(timeout):
+        with trio.move_on_after(timeout):
             while True:
-                health: dict[str, Any] = (await client.get("/health")).json()
+                health = (await client.get("/health")).json()
                 if health["requests"] == 0 and all(s["active_requests"] == 0 for s in health["stages"].values()):
                     return health
                 await trio.sleep(0.01)
+    held = {name: s["active_requests"] for name, s in health.get("stages", {}).items() if s["active_requests"]}
+    raise AssertionError(f"after {timeout} s the coordinator holds {health.get('requests')} requests, stages {held}")
 
 
 async def until_alive(pipeline: Any, stage: str, timeout: float = 60.0) -> None:

@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
 from omnitrio.cli import main
 from omnitrio.tiny_models import TINY_MODELS, config_for
 from schedulers.qwen3_omni.tiny import write_checkpoint

@@ -11,16 +11,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from transformers import PretrainedConfig, PreTrainedModel  # noqa: E402
-
-from omnitrio.cli import main  # noqa: E402
-from omnitrio.config_loading import load  # noqa: E402
-from omnitrio.errors import ConfigError  # noqa: E402
-from schedulers.devices import Placement, PlacementError, build, check_placement, to_host  # noqa: E402
+from omnitrio.cli import main
+from omnitrio.config_loading import load
+from omnitrio.errors import ConfigError
+from schedulers.devices import Placement, PlacementError, build, check_placement, to_host
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN3_OMNI = ROOT / "configs" / "qwen3-omni.toml"

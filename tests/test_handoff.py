@@ -8,12 +8,11 @@ from collections.abc import Iterator
 
 import attrs
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from omnitrio.transport.relay import ShmPool, ShmReader  # noqa: E402
-from schedulers.handoff import handoff  # noqa: E402
-from schedulers.qwen3_omni.handoffs import Codes, Knobs, TalkerPrompt, TalkerToken, ThinkerInput  # noqa: E402
+from omnitrio.transport.relay import ShmPool, ShmReader
+from schedulers.handoff import handoff
+from schedulers.qwen3_omni.handoffs import Codes, Knobs, TalkerPrompt, TalkerToken, ThinkerInput
 
 
 @pytest.fixture

@@ -184,16 +184,16 @@ async def test_chat_with_tools_the_model_cannot_call_is_answered_in_words_unless
 
 
 async def test_a_spoken_realtime_turn_of_a_session_with_tools_is_answered_in_speech() -> None:
-    from tests.test_realtime_voice import events_until, pcm16, send_audio
+    from tests.test_realtime_voice import pcm16, send_audio
 
     async with served() as port, open_realtime(f"ws://127.0.0.1:{port}/v1/realtime") as rt:
         await rt.receive()
         await rt.send({"type": "session.update", "session": {"turn_detection": None, "tools": [WEATHER]}})
-        updated = (await events_until(rt, "session.updated"))[-1]["session"]
+        updated = (await rt.receive_until("session.updated"))[-1]["session"]
         await send_audio(rt, pcm16("What is the capital of France?", variation=0.0))
         await rt.send({"type": "input_audio_buffer.commit"})
         await rt.send({"type": "response.create"})
-        events = await events_until(rt, "response.done", seconds=300)
+        events = await rt.receive_until("response.done", timeout=300)
     assert [tool["name"] for tool in updated["tools"]] == ["get_weather"]  # the session keeps them as set
     assert [e for e in events if e["type"] == "error"] == []
     assert events[-1]["response"]["status"] == "completed"

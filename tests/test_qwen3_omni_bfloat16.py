@@ -29,16 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from omnitrio import open_pipeline  # noqa: E402
-from omnitrio.config import PipelineConfig  # noqa: E402
-from omnitrio.config_loading import load  # noqa: E402
-from schedulers.qwen3_omni.code2wav.stage import create_code2wav_stage  # noqa: E402
-from schedulers.qwen3_omni.tiny import patch_loaded_model, write_checkpoint  # noqa: E402
-from tests.test_qwen3_omni_pipeline import (  # noqa: E402  (the float32 test's prompts, lengths and reading)
+from omnitrio import open_pipeline
+from omnitrio.config import PipelineConfig
+from omnitrio.config_loading import load
+from schedulers.qwen3_omni.code2wav.stage import create_code2wav_stage
+from schedulers.qwen3_omni.tiny import patch_loaded_model, write_checkpoint
+from tests.test_qwen3_omni_pipeline import (  # the float32 test's prompts, lengths and reading
     CONFIG,
     GREEDY_TALKER,
     PROMPTS,
@@ -46,13 +44,13 @@ from tests.test_qwen3_omni_pipeline import (  # noqa: E402  (the float32 test's 
     THINKER_TOKENS,
     answer,
 )
-from toys.qwen3_omni_reference import (  # noqa: E402
+from toys.qwen3_omni_reference import (
     ReferenceOutput,
     reference_generate,
     reference_processor,
     sample_messages,
 )
-from toys.qwen3_omni_requests import chat_inputs, on_pcm_grid, pcm16, snr_db  # noqa: E402
+from toys.qwen3_omni_requests import chat_inputs, on_pcm_grid, pcm16, snr_db
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -14,13 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from schedulers.qwen3_omni.checkpoint import CheckpointError, check_checkpoint, load_config, load_weights  # noqa: E402
-from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import (  # noqa: E402
+from schedulers.qwen3_omni.checkpoint import CheckpointError, check_checkpoint, load_config, load_weights
+from schedulers.qwen3_omni.tiny import write_checkpoint
+from toys.qwen3_omni_reference import (
     load_reference_model,
     reference_generate,
     reference_processor,

@@ -10,21 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from schedulers.qwen3_omni.front.encoders import (  # noqa: E402
+from schedulers.qwen3_omni.front.encoders import (
     AudioTower,
     VisionTower,
     create_audio_encoder_stage,
     create_image_encoder_stage,
 )
-from schedulers.qwen3_omni.front.processor import OmniProcessor  # noqa: E402
-from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput  # noqa: E402
-from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
-from tests.scheduler_harness import by_id, new, put_atomically, running, take  # noqa: E402
-from toys.qwen3_omni_reference import load_reference_model, sample_clip, sample_image  # noqa: E402
+from schedulers.qwen3_omni.front.processor import OmniProcessor
+from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
+from schedulers.qwen3_omni.tiny import write_checkpoint
+from tests.scheduler_harness import by_id, new, put_atomically, running, take
+from toys.qwen3_omni_reference import load_reference_model, sample_clip, sample_image
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}  # packing changes matmul shapes, so sums may round differently
 

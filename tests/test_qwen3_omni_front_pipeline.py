@@ -12,16 +12,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from omnitrio import CompleteMessage, open_pipeline  # noqa: E402
-from omnitrio.cli import main  # noqa: E402
-from omnitrio.config_loading import load  # noqa: E402
-from schedulers.qwen3_omni.handoffs import ThinkerInput  # noqa: E402
-from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import (  # noqa: E402
+from omnitrio import CompleteMessage, open_pipeline
+from omnitrio.cli import main
+from omnitrio.config_loading import load
+from schedulers.qwen3_omni.handoffs import ThinkerInput
+from schedulers.qwen3_omni.tiny import write_checkpoint
+from toys.qwen3_omni_reference import (
     load_reference_model,
     png_data_url,
     reference_processor,

@@ -11,14 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from omnitrio.contract import OmniRequest, StagePayload  # noqa: E402
-from schedulers.qwen3_omni import graph  # noqa: E402
-from schedulers.qwen3_omni.front.preprocess import Preprocessor, create_preprocess_stage, resolve_speaker  # noqa: E402
-from schedulers.qwen3_omni.handoffs import (  # noqa: E402
+from omnitrio.contract import OmniRequest, StagePayload
+from schedulers.qwen3_omni import graph
+from schedulers.qwen3_omni.front.preprocess import Preprocessor, create_preprocess_stage, resolve_speaker
+from schedulers.qwen3_omni.handoffs import (
     AudioEmbeddings,
     ImageEmbeddings,
     ImageEncoderInput,
@@ -28,9 +26,9 @@ from schedulers.qwen3_omni.handoffs import (  # noqa: E402
     ThinkerInput,
     ThinkerResult,
 )
-from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
-from tests.scheduler_harness import new, running, take  # noqa: E402
-from toys.qwen3_omni_reference import (  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint
+from tests.scheduler_harness import new, running, take
+from toys.qwen3_omni_reference import (
     png_data_url,
     processor_inputs,
     reference_processor,

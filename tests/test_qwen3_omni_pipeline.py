@@ -4,10 +4,12 @@ Greedy thinker (``temperature`` 0) and talker (``talker.factory.do_sample=false`
 and an image prompt the thinker's ids are ``generate``'s, the transcript is their decode, and the
 streamed pcm16 has the length of ``generate``'s waveform and matches it (≥ 80 dB, the figure the code2wav
 stage holds against transformers' whole decode: float rounding flips a rare sample by 1 LSB; a different
-talker code would change whole frames), inline and with one process per stage.  Concurrent requests
-each equal their solo answer; a text-only request never reaches the talker or code2wav and leaves no
-request held at any stage; an abort in the middle of the audio leaves no request held by any stage and
-nothing in /dev/shm.
+talker code would change whole frames), inline and with one process per stage.  Eight concurrent
+requests each equal their solo answer, and the thinker, the talker and code2wav each held several of
+them at once (the pipeline's own event timeline says so); a text-only request never reaches the talker
+or code2wav and leaves no request held at any stage; an abort in the middle of the audio, once its
+audio has crossed from code2wav's process through shared memory, leaves no request held by any stage
+or the coordinator, and once the pipeline is closed none of its segments in /dev/shm.
 """
 
 from __future__ import annotations
@@ -18,26 +20,25 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import trio
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-import trio  # noqa: E402
-
-from omnitrio import CompleteMessage, StreamMessage, open_pipeline  # noqa: E402
-from omnitrio.config import PipelineConfig  # noqa: E402
-from omnitrio.config_loading import load  # noqa: E402
-from omnitrio.events import EVENT_DIR_ENV  # noqa: E402
-from omnitrio.pipeline import Pipeline  # noqa: E402
-from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import (  # noqa: E402
+from omnitrio import CompleteMessage, StreamMessage, open_pipeline
+from omnitrio.config import PipelineConfig
+from omnitrio.config_loading import load
+from omnitrio.events import EVENT_DIR_ENV, STAGE_ABORTED, STAGE_COMPLETE, STAGE_FAILED, STAGE_INPUT_RECEIVED, Event
+from omnitrio.pipeline import Pipeline
+from omnitrio.trace import load as load_events
+from omnitrio.transport.relay import DEFAULT_INLINE_LIMIT
+from schedulers.qwen3_omni.tiny import write_checkpoint
+from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,
     reference_generate,
     reference_processor,
     sample_messages,
 )
-from toys.qwen3_omni_requests import chat_inputs, on_pcm_grid, pcm16, snr_db  # noqa: E402
+from toys.qwen3_omni_requests import chat_inputs, on_pcm_grid, pcm16, snr_db
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -142,26 +143,51 @@ async def test_one_process_per_stage_speaks_what_generate_speaks(
     assert {"frontend", "thinker", "talker", "code2wav"} <= processes  # and the realtime front (ingress, listen)
 
 
+def most_held_at_once(events: list[Event], stage: str) -> int:
+    """The most requests ``stage`` held together, by the order of its events (first input in, until its
+    result went on or it failed or let go): several means they were in flight there at the same time."""
+    held: set[str | None] = set()
+    most = 0
+    for event in events:
+        if event.stage != stage:
+            continue
+        if event.event == STAGE_INPUT_RECEIVED:
+            held.add(event.request_id)
+        elif event.event in (STAGE_COMPLETE, STAGE_FAILED, STAGE_ABORTED):
+            held.discard(event.request_id)
+        most = max(most, len(held))
+    return most
+
+
 async def test_eight_concurrent_requests_each_equal_their_solo_answer(
-    inline: Pipeline, messages: Any, references: Any, tokenizer: Any
+    config: PipelineConfig,
+    messages: Any,
+    references: Any,
+    tokenizer: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv(EVENT_DIR_ENV, str(tmp_path))
     answers: dict[int, dict[str, Any]] = {}
+    async with open_pipeline(config, inline=True) as pipeline:
 
-    async def one(i: int) -> None:
-        answers[i] = await answer(inline, f"c{i}", chat_inputs(messages[PROMPTS[i % 3]], max_tokens=THINKER_TOKENS))
+        async def one(i: int) -> None:
+            inputs = chat_inputs(messages[PROMPTS[i % 3]], max_tokens=THINKER_TOKENS)
+            answers[i] = await answer(pipeline, f"c{i}", inputs)
 
-    async with trio.open_nursery() as nursery:
-        for i in range(8):
-            nursery.start_soon(one, i)
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(one, i)
     for i, got in answers.items():
         assert_equal_to_generate(got, references[PROMPTS[i % 3]], tokenizer)
+    events = load_events([tmp_path])
+    together = {stage: most_held_at_once(events, stage) for stage in ("thinker", "talker", "code2wav")}
+    assert min(together.values()) >= 2, together
 
 
 async def test_text_only_request_never_reaches_talker_or_code2wav(
     config: PipelineConfig, messages: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from omnitrio.trace import load as load_events
-
     monkeypatch.setenv(EVENT_DIR_ENV, str(tmp_path))
     async with open_pipeline(config, inline=True) as pipeline:
         got = await answer(pipeline, "t", chat_inputs(messages["text"], audio=False, max_tokens=THINKER_TOKENS))
@@ -195,17 +221,23 @@ def _shm() -> set[str]:
 
 
 async def test_abort_in_the_middle_of_the_audio_frees_every_stage(checkpoint: Path, messages: Any) -> None:
-    before = _shm()
+    before, made = _shm(), set()
     longer = ["talker.factory.do_sample=false", "talker.factory.max_new_tokens=400"]
+    longer.append("talker.factory.min_new_tokens=60")  # code2wav's windows grow past the inline limit
     long_talk = load(CONFIG, longer, model=checkpoint, device=DEVICE)
     async with open_pipeline(long_talk) as pipeline:
         inputs = chat_inputs(messages["tone"], max_tokens=64)
         async with pipeline.stream("a", inputs) as stream:
             async for message in stream:
-                if isinstance(message, StreamMessage) and message.modality == "audio":
-                    break  # leaving the stream early aborts the request
+                match message:
+                    case StreamMessage(modality="audio", chunk=chunk) if (
+                        np.asarray(chunk["pcm"]).nbytes > DEFAULT_INLINE_LIMIT
+                    ):
+                        made = _shm() - before  # this chunk came from code2wav's process through shared memory
+                        break  # leaving the stream early aborts the request
         await settled(pipeline)
-    assert _shm() <= before  # no segment of this pipeline's processes is left
+    assert made, "no audio chunk crossed through shared memory: the check below would prove nothing"
+    assert not _shm() & made and _shm() <= before  # no segment of this pipeline's processes is left
 
 
 def test_model_dir_sets_every_stage_and_names_the_model(checkpoint: Path, config: PipelineConfig) -> None:

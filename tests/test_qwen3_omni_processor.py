@@ -11,13 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from schedulers.qwen3_omni.front.processor import OmniProcessor, audio_token_count  # noqa: E402
-from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import reference_processor, sample_clip, sample_image  # noqa: E402
+from schedulers.qwen3_omni.front.processor import OmniProcessor, audio_token_count
+from schedulers.qwen3_omni.tiny import write_checkpoint
+from toys.qwen3_omni_reference import reference_processor, sample_clip, sample_image
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 
 Greedy thinker and talker on a tiny checkpoint: the whole answer's ``message.audio`` (a WAV and its
 transcript) and the streamed ``delta.audio`` chunks (pcm16 and transcript deltas) equal transformers'
-``generate`` on the same checkpoint; a voice the checkpoint does not have and a video part are 400s;
+``generate`` on the same checkpoint, and so does the answer in a second speaker's voice (named as the
+checkpoint spells it); a voice the checkpoint does not have and a video part are 400s;
 ``modalities: ["text"]`` answers text only; ``/v1/models`` names the checkpoint directory.
 """
 
@@ -18,26 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
+import torch
+import trio
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-import openai  # noqa: E402
-import trio  # noqa: E402
-
-from omnitrio import open_pipeline  # noqa: E402
-from omnitrio.config_loading import load  # noqa: E402
-from omnitrio.serve import serve  # noqa: E402
-from schedulers.qwen3_omni.tiny import SPEAKERS, write_checkpoint  # noqa: E402
-from toys.qwen3_omni_reference import (  # noqa: E402
+from omnitrio import open_pipeline
+from omnitrio.config_loading import load
+from omnitrio.serve import serve
+from schedulers.qwen3_omni.tiny import SPEAKERS, write_checkpoint
+from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,
     reference_generate,
     reference_processor,
     sample_messages,
 )
-from toys.qwen3_omni_requests import on_pcm_grid, openai_messages, pcm16, snr_db  # noqa: E402
+from toys.qwen3_omni_requests import on_pcm_grid, openai_messages, pcm16, snr_db
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,10 +59,25 @@ def tone() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def expected(checkpoint: Path, tone: list[dict[str, Any]]) -> tuple[ReferenceOutput, str]:
-    model, processor = load_reference_model(checkpoint), reference_processor(checkpoint)
+def reference(checkpoint: Path) -> tuple[Any, Any]:
+    """transformers' model and processor on the checkpoint."""
+    return load_reference_model(checkpoint), reference_processor(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def expected(reference: tuple[Any, Any], tone: list[dict[str, Any]]) -> tuple[ReferenceOutput, str]:
+    model, processor = reference
     out = reference_generate(model, processor, tone, max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS)
     return out, processor.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def chelsie(reference: tuple[Any, Any], tone: list[dict[str, Any]]) -> ReferenceOutput:
+    """``generate``'s answer to the tone in the checkpoint's second speaker's voice."""
+    model, processor = reference
+    return reference_generate(
+        model, processor, tone, speaker="chelsie", max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS
+    )
 
 
 @pytest.fixture
@@ -142,10 +155,13 @@ async def test_a_voice_the_checkpoint_lacks_is_a_400_listing_its_speakers(url: s
     assert "'robot'" in caught.value.message and all(name in caught.value.message for name in SPEAKERS)
 
 
-async def test_a_checkpoint_speaker_is_a_voice(url: str, tone: Any) -> None:
+async def test_a_checkpoint_speaker_is_a_voice(url: str, tone: Any, expected: Any, chelsie: ReferenceOutput) -> None:
     body = audio_chat(tone, audio={"voice": "Chelsie", "format": "wav"})
     completion = await call(url, lambda c: c.chat.completions.create(**body))
-    assert len(wav_samples(base64.b64decode(completion.choices[0].message.audio.data))) > 0
+    assert_speaks(wav_samples(base64.b64decode(completion.choices[0].message.audio.data)), chelsie)
+    ethan, _ = expected
+    assert chelsie.waveform is not None and ethan.waveform is not None
+    assert not np.array_equal(pcm16(chelsie.waveform), pcm16(ethan.waveform))  # the voice is not the default's
 
 
 async def test_a_video_part_is_a_400(url: str) -> None:

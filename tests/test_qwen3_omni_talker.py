@@ -230,11 +230,30 @@ def test_frames_go_out_in_chunks_of_the_configured_size(
     assert torch.equal(torch.cat(messages, dim=1), ref.codes)
 
 
-def test_sampled_codes_are_reproducible_for_a_seed(reference: Callable[..., Reference], talker: TalkerModel) -> None:
-    ref = reference("text")
+def test_sampled_codes_are_generates_draws_for_the_seed(
+    full: tuple[Any, Any], reference: Callable[..., Reference], talker: TalkerModel
+) -> None:
+    """Sampling with ``generate``'s talker defaults draws, first code then the code predictor's, in
+    ``generate``'s order from the scheduler's generator: seeded alike, the codes are ``generate``'s sampled
+    ones — not the greedy ones — and the same again for the seed."""
+    model, processor = full
+    inputs = dict(processor_inputs(processor, PROMPTS["text"]()))
+    eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    torch.manual_seed(7)
+    drawn = reference_run(
+        model,
+        inputs,
+        speaker="ethan",
+        thinker_max_new_tokens=THINKER_TOKENS,
+        talker_max_new_tokens=TALKER_TOKENS,
+        eos_token_id=eos,
+        talker_do_sample=True,
+    )
     sampling = TalkerSampling(max_new_tokens=TALKER_TOKENS, min_new_tokens=2)  # generate's sampling defaults
-    first, second = (spoken(TalkerScheduler(talker, sampling=sampling, seed=7), ref) for _ in range(2))
-    assert torch.equal(first, second)
+    first, second = (spoken(TalkerScheduler(talker, sampling=sampling, seed=7), drawn) for _ in range(2))
+    greedy = reference("text").codes
+    assert torch.equal(first, drawn.codes) and torch.equal(second, first)
+    assert first.shape != greedy.shape or not torch.equal(first, greedy)
     assert int(first.max()) < talker.config.code2wav_config.codebook_size
 
 

@@ -1,7 +1,8 @@
 """The Qwen3-Omni thinker stage against transformers' own ``generate`` on the same tiny checkpoint.
 
 Greedy answers must be the same token ids for text, audio and image prompts, alone or eight at a time
-joining the batch at different steps; the talker's prompt chunk must carry exactly the embeddings and
+joining the batch at different steps; a sampled answer draws the tokens ``generate`` draws from the same
+seeded generator; the talker's prompt chunk must carry exactly the embeddings and
 hidden states ``generate`` computes; abort and finish must free the request's keys/values.
 """
 
@@ -71,6 +72,7 @@ def _messages(text: str, *, audio: np.ndarray | None = None, image: np.ndarray |
 
 
 def _generate(reference: Any, inputs: Any, max_new_tokens: int, **kwargs: Any) -> Any:
+    """``generate``'s thinker on ``inputs``, greedy unless ``kwargs`` say ``thinker_do_sample=True``."""
     eos = reference.config.im_end_token_id
     with torch.inference_mode():
         return reference.generate(
@@ -78,8 +80,7 @@ def _generate(reference: Any, inputs: Any, max_new_tokens: int, **kwargs: Any) -
             return_audio=False,
             thinker_max_new_tokens=max_new_tokens,
             thinker_eos_token_id=eos,
-            thinker_do_sample=False,
-            **kwargs,
+            **{"thinker_do_sample": False, **kwargs},
         )
 
 
@@ -295,7 +296,33 @@ def test_max_tokens_past_the_context_is_refused_and_no_max_tokens_gets_what_is_l
     assert (len(answer.token_ids), answer.finish_reason) == (3, "length")
 
 
-def test_sampling_at_a_temperature_is_seeded_and_stays_in_vocab(
+def test_sampling_at_a_temperature_draws_what_generate_draws(
+    reference: Any, processor: Any, make_scheduler: Any
+) -> None:
+    """Without a seed the stage draws from torch's global generator, as ``generate`` does: seeded alike,
+    both sample the same tokens, which greedy decoding does not give."""
+    inputs = processor_inputs(processor, _messages("surprise me"))
+    scheduler = make_scheduler()
+    knobs = scheduler.sampling  # the stage's top-k, top-p and penalty, given to generate too
+    torch.manual_seed(7)
+    sampled = _answer(_ask(scheduler, thinker_payload(reference, inputs, max_new_tokens=8, temperature=1.5)))
+    torch.manual_seed(7)
+    drawn = _generate(
+        reference,
+        inputs,
+        8,
+        thinker_do_sample=True,
+        thinker_temperature=1.5,
+        thinker_top_k=knobs.top_k,
+        thinker_top_p=knobs.top_p,
+        thinker_repetition_penalty=knobs.repetition_penalty,
+    )[0, inputs["input_ids"].shape[1] :].tolist()
+    greedy = _answer(_ask(make_scheduler(), thinker_payload(reference, inputs, max_new_tokens=8, temperature=0.0)))
+    assert sampled == drawn
+    assert sampled != greedy
+
+
+def test_sampling_is_reproducible_for_a_seed_and_stays_in_vocab(
     reference: Any, processor: Any, make_scheduler: Any
 ) -> None:
     inputs = processor_inputs(processor, _messages("surprise me"))
@@ -303,5 +330,6 @@ def test_sampling_at_a_temperature_is_seeded_and_stays_in_vocab(
         _answer(_ask(make_scheduler(seed=7), thinker_payload(reference, inputs, max_new_tokens=8, temperature=1.5)))
         for _ in range(2)
     ]
-    assert runs[0] == runs[1]
+    greedy = _answer(_ask(make_scheduler(), thinker_payload(reference, inputs, max_new_tokens=8, temperature=0.0)))
+    assert runs[0] == runs[1] != greedy
     assert all(0 <= t < reference.config.thinker_config.text_config.vocab_size for t in runs[0])

@@ -34,8 +34,8 @@ import trio_websocket
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.realtime.pacing import DEFAULT_LEAD, PIECE_SECONDS
 from tests.pipelines import settled_server
+from tests.realtime_events import GA_AUDIO_RESPONSE, checked_until, output_audio
 from tests.realtime_sdk_types import checked
-from tests.test_serve_realtime import GA_AUDIO_RESPONSE
 from tests.test_speech_roundtrip import heard_as
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
@@ -93,21 +93,8 @@ def server() -> Iterator[Server]:
         yield started
 
 
-async def receive_until(rt: RealtimeClient, event_type: str, *, beta: bool = False) -> list[dict[str, Any]]:
-    events = []
-    with trio.fail_after(60):
-        while True:
-            events.append(checked(await rt.receive(), beta=beta))
-            if events[-1]["type"] == event_type:
-                return events
-
-
-def audio_of(events: list[dict[str, Any]], name: str = "response.output_audio.delta") -> bytes:
-    return b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == name)
-
-
 def sdk_session(server: Server, steps: Any) -> list[dict[str, Any]]:
-    """Run ``steps(connection, receive_until)`` with the openai SDK's realtime client (in a thread)."""
+    """Run ``steps(connection, until)`` with the openai SDK's realtime client (in a thread)."""
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     events: list[dict[str, Any]] = []
 
@@ -159,7 +146,7 @@ async def test_sdk_text_in_gets_the_ga_sequence_and_speech(server: Server) -> No
     done = events[-1]["response"]
     assert done["status"] == "completed"
     assert done["output"][0]["content"][0]["transcript"] == transcript == SENTENCE
-    assert len(audio_of(events)) > RATE  # more than half a second of speech
+    assert len(output_audio(events)) > RATE  # more than half a second of speech
 
 
 async def test_sdk_manual_commit_is_transcribed_then_answered(server: Server) -> None:
@@ -194,9 +181,9 @@ async def test_a_hand_commit_with_server_vad_on_is_not_cancelled_by_its_own_audi
             await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + 4800]).decode()})
         await rt.send({"type": "input_audio_buffer.commit"})
         await rt.send({"type": "response.create"})
-        events = await receive_until(rt, "response.done")
+        events = await checked_until(rt, "response.done")
         await rt.send({"type": "input_audio_buffer.clear"})
-        events += await receive_until(rt, "input_audio_buffer.cleared")
+        events += await checked_until(rt, "input_audio_buffer.cleared")
     types = [e["type"] for e in events]
     # Server VAD may see the speech before the commit arrives; once committed, that audio starts no turn.
     after_commit = types[types.index("input_audio_buffer.committed") :]
@@ -222,7 +209,7 @@ async def test_a_beta_client_talking_with_server_vad_gets_beta_events_only(serve
         created = checked(await rt.receive(), beta=True)
         for i in range(0, len(pcm), 4800):
             await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + 4800]).decode()})
-        events = await receive_until(rt, "response.done", beta=True)
+        events = await checked_until(rt, "response.done", beta=True)
     types = [e["type"] for e in events]
     assert created["session"]["turn_detection"]["type"] == "server_vad"
     order = [
@@ -245,7 +232,7 @@ async def test_a_beta_client_talking_with_server_vad_gets_beta_events_only(serve
         t for t in types if t.startswith(("response.output_audio", "response.output_text", "conversation.item.added"))
     ]
     assert heard_as(events[-1]["response"]["output"][0]["content"][0]["transcript"], SENTENCE)
-    assert audio_of(events, "response.audio.delta")
+    assert output_audio(events, "response.audio.delta")
 
 
 async def text_turn(rt: RealtimeClient, text: str) -> None:
@@ -259,7 +246,7 @@ async def test_truncate_cuts_audio_and_transcript_to_what_was_heard(server: Serv
         await rt.receive()
         await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
         await text_turn(rt, THREE)
-        events = await receive_until(rt, "response.done")
+        events = await checked_until(rt, "response.done")
         # Each sentence's transcript delta comes just before its audio: where each sentence starts.
         starts, received = [], 0
         for event in events:
@@ -274,9 +261,9 @@ async def test_truncate_cuts_audio_and_transcript_to_what_was_heard(server: Serv
         await rt.send(
             {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": end_ms}
         )
-        truncated = (await receive_until(rt, "conversation.item.truncated"))[-1]
+        truncated = (await checked_until(rt, "conversation.item.truncated"))[-1]
         await rt.send({"type": "conversation.item.retrieve", "item_id": item_id})
-        item = (await receive_until(rt, "conversation.item.retrieved"))[-1]["item"]
+        item = (await checked_until(rt, "conversation.item.retrieved"))[-1]["item"]
     assert [text for _, text in starts] == [
         "The train leaves at nine.",
         "The library closes at ten tonight.",
@@ -294,14 +281,14 @@ async def test_barge_in_stops_the_answer_and_leaves_at_most_the_lead(server: Ser
     async with open_realtime(server.ws_url) as rt:
         await rt.receive()
         await text_turn(rt, THREE + " " + THREE)
-        await receive_until(rt, "response.output_audio.delta")
+        await checked_until(rt, "response.output_audio.delta")
         first_audio = trio.current_time()
         for i in range(0, len(interruption), 4800):
             chunk = base64.b64encode(interruption[i : i + 4800]).decode()
             await rt.send({"type": "input_audio_buffer.append", "audio": chunk})
-        events = await receive_until(rt, "input_audio_buffer.speech_started")
-        held = (len(audio_of(events)) / 2 + 4800) / RATE - (trio.current_time() - first_audio)
-        events += await receive_until(rt, "response.done")
+        events = await checked_until(rt, "input_audio_buffer.speech_started")
+        held = (len(output_audio(events)) / 2 + 4800) / RATE - (trio.current_time() - first_audio)
+        events += await checked_until(rt, "response.done")
     after = [e["type"] for e in events[events.index(next(e for e in events if e["type"].endswith("speech_started"))) :]]
     assert "response.output_audio.delta" not in after
     assert held <= DEFAULT_LEAD + 2 * PIECE_SECONDS
@@ -328,7 +315,7 @@ async def test_sdk_response_cancel_reports_cancelled(server: Server) -> None:
     events = response_part(await in_thread(sdk_session, server, steps))
     done = events[-1]["response"]
     assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "client_cancelled")
-    assert len(audio_of(events)) / 2 / RATE <= played[0] + DEFAULT_LEAD + 2 * PIECE_SECONDS
+    assert len(output_audio(events)) / 2 / RATE <= played[0] + DEFAULT_LEAD + 2 * PIECE_SECONDS
     types = [e["type"] for e in events]
     assert [t for t in types if t not in DELTAS] == GA_AUDIO_RESPONSE
 
@@ -350,7 +337,7 @@ async def test_a_bad_event_is_an_error_naming_it(server: Server, event: dict[str
     async with open_realtime(server.ws_url) as rt:
         await rt.receive()
         await rt.send({**event, "event_id": "evt-9"})
-        error = (await receive_until(rt, "error"))[-1]["error"]
+        error = (await checked_until(rt, "error"))[-1]["error"]
     assert (error["code"], error["param"], error["event_id"]) == (code, param, "evt-9")
 
 
@@ -360,7 +347,7 @@ async def test_short_sessions_are_no_stage_failures(server: Server) -> None:
             await rt.receive()
             vad = {"type": "server_vad", "silence_duration_ms": 300}  # restarts turn detection
             await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
-            await receive_until(rt, "session.updated")
+            await checked_until(rt, "session.updated")
     await settled_server(server.url)  # the server aborts each ASR session just after its socket closed
     metrics = (await trio.to_thread.run_sync(httpx.get, f"{server.url}/metrics")).text
     failures = [line for line in metrics.splitlines() if line.startswith("omnitrio_stage_failures_total{")]
@@ -379,14 +366,14 @@ async def microphone(rt: RealtimeClient, queued: bytearray) -> None:
 
 def played_out(events: list[dict[str, Any]], first_audio_at: float) -> float:
     """When a client playing from ``first_audio_at`` in real time finishes the audio of ``events``."""
-    return first_audio_at + len(audio_of(events)) / 2 / RATE
+    return first_audio_at + len(output_audio(events)) / 2 / RATE
 
 
 async def receive_answer(rt: RealtimeClient) -> tuple[list[dict[str, Any]], float]:
     """A response's events up to ``response.done``, and when its audio has finished playing."""
-    events = await receive_until(rt, "response.output_audio.delta")
+    events = await checked_until(rt, "response.output_audio.delta")
     first_audio_at = trio.current_time()
-    events += await receive_until(rt, "response.done")
+    events += await checked_until(rt, "response.done")
     return events, played_out(events, first_audio_at)
 
 
@@ -403,9 +390,9 @@ async def test_idle_timeout_answers_a_silent_user_once_the_answer_has_played(ser
         await trio.sleep_until(first_end + 1.0)
         queued += speech  # the user answers within the timeout: a turn of their own
         spoken, second_end = await receive_answer(rt)
-        idle = await receive_until(rt, "input_audio_buffer.timeout_triggered")
+        idle = await checked_until(rt, "input_audio_buffer.timeout_triggered")
         fired_at = trio.current_time()
-        idle += await receive_until(rt, "response.done")
+        idle += await checked_until(rt, "response.done")
         nursery.cancel_scope.cancel()
     assert "input_audio_buffer.timeout_triggered" not in [e["type"] for e in greeting + spoken]
     # Counted from the end of playback (about 1.5 s after response.done here), not from response.done.

@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the turns' speech comes from the speech extra's Piper voice")
 
 from schedulers.qwen3_omni.tiny import write_checkpoint

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import wave
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import playwright.sync_api as playwright_api
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
 pytest.importorskip("piper", reason="the microphone's speech comes from the speech extra's Piper voice")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
 
-from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
-from tests.test_voice_page import stats, wait_for  # noqa: E402  (the cascade page test's readers of window.voiceStats)
-from toys.browser import RATE, Server, ensure_chromium, launch_args  # noqa: E402
-from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken  # noqa: E402
+from schedulers.qwen3_omni.tiny import write_checkpoint
+from tests.test_voice_page import stats, wait_for  # the cascade page test's readers of window.voiceStats
+from toys.browser import RATE, Server, chromium_page, ensure_chromium
+from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -74,17 +71,6 @@ def playwright() -> Iterator[Any]:
         yield running
 
 
-@contextmanager
-def voice_page(playwright: Any, microphone: Path, url: str) -> Iterator[Any]:
-    browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(microphone))
-    try:
-        page = browser.new_page()
-        page.goto(url)
-        yield page
-    finally:
-        browser.close()
-
-
 def start(page: Any, transport: str) -> None:
     page.click("summary")
     page.select_option("#transport", transport)
@@ -95,7 +81,7 @@ def start(page: Any, transport: str) -> None:
 def test_a_spoken_question_is_answered_with_speech(
     server: Server, microphones: dict[str, Path], playwright: Any, transport: str
 ) -> None:
-    with voice_page(playwright, microphones["question"], server.url) as page:
+    with chromium_page(playwright, microphones["question"], server.url) as page:
         start(page, transport)
         wait_for(page, "s.latencies.length > 0 && s.events.includes('response.done') && s.state === 'LISTENING'")
         seen = stats(page)
@@ -111,7 +97,7 @@ def test_a_spoken_question_is_answered_with_speech(
 def test_speaking_over_the_answer_stops_it(
     server: Server, microphones: dict[str, Path], playwright: Any, transport: str
 ) -> None:
-    with voice_page(playwright, microphones["interruption"], server.url) as page:
+    with chromium_page(playwright, microphones["interruption"], server.url) as page:
         start(page, transport)
         wait_for(page, "Object.keys(s.truncated).length > 0 || (s.cut && s.cut.length > 0)")
         seen = stats(page)

@@ -14,7 +14,6 @@ from tests.test_serve_realtime import (
     DELTAS,
     chats,
     manual_turns,
-    receive_until,
     say,
 )
 
@@ -34,13 +33,13 @@ async def test_an_out_of_band_response_is_never_added_to_the_conversation(served
         await say(rt, "hello")
         options = {"conversation": "none", "output_modalities": ["text"], "metadata": {"purpose": "summary"}}
         await rt.send({"type": "response.create", "response": options})
-        events = await receive_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
         item_id = events[-1]["response"]["output"][0]["id"]
         await rt.send({"type": "conversation.item.retrieve", "item_id": item_id})
-        error = (await receive_until(rt, "error"))[-1]["error"]
+        error = (await rt.receive_until("error"))[-1]["error"]
         await say(rt, "again")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     created, done = events[0]["response"], events[-1]["response"]
     assert response_events(events) == [
         "response.created",
@@ -69,11 +68,11 @@ async def test_response_input_replaces_the_conversation_for_that_response(served
         new = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "three"}]}
         context = [{"type": "item_reference", "id": first["item"]["id"]}, new]
         await rt.send({"type": "response.create", "response": {"input": context}})
-        events = await receive_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
         await rt.send({"type": "response.create", "response": {"input": []}})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     with_input, empty, own = chats(served)
     assert with_input.inputs["messages"] == [{"role": "user", "content": "one"}, {"role": "user", "content": "three"}]
     assert with_input.inputs["session_id"] is None
@@ -89,9 +88,9 @@ async def test_response_instructions_modalities_and_max_tokens_apply_to_that_res
         await say(rt, "hi")
         options = {"instructions": "be loud", "output_modalities": ["text"], "max_output_tokens": 7}
         await rt.send({"type": "response.create", "response": options})
-        done = (await receive_until(rt, "response.done"))[-1]["response"]
+        done = (await rt.receive_until("response.done"))[-1]["response"]
         await rt.send({"type": "response.create"})
-        default = (await receive_until(rt, "response.done"))[-1]["response"]
+        default = (await rt.receive_until("response.done"))[-1]["response"]
     special, plain = chats(served)
     assert special.inputs["messages"][0] == {"role": "system", "content": "be loud"}
     assert (special.inputs["max_tokens"], special.inputs["modalities"]) == (7, ["text"])
@@ -122,8 +121,8 @@ async def test_a_bad_response_parameter_is_an_error_naming_it(
         await manual_turns(rt)
         await say(rt, "hi")
         await rt.send({"type": "response.create", "event_id": "evt-2", "response": options})
-        error = (await receive_until(rt, "error"))[-1]["error"]
+        error = (await rt.receive_until("error"))[-1]["error"]
         await rt.send({"type": "response.create"})
-        assert (await receive_until(rt, "response.done"))[-1]["response"]["status"] == "completed"
+        assert (await rt.receive_until("response.done"))[-1]["response"]["status"] == "completed"
     assert (error["code"], error["param"], error["event_id"]) == (code, param, "evt-2")
     assert len(chats(served)) == 1  # the refused response never reached the pipeline

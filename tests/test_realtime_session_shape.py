@@ -19,7 +19,6 @@ from tests.test_serve_realtime import (
     manual_turns,
     one_second_b64,
     open_beta,
-    receive_until,
     say,
 )
 
@@ -33,7 +32,7 @@ async def test_every_voice_name_plays_the_one_voice_and_the_session_says_so(serv
     async with open_realtime(served.ws_url) as rt:
         await manual_turns(rt)
         await rt.send({"type": "session.update", "session": {"audio": {"output": {"voice": "marin"}}}})
-        session = (await receive_until(rt, "session.updated"))[-1]["session"]
+        session = (await rt.receive_until("session.updated"))[-1]["session"]
     assert session["audio"]["output"]["voice"] == "default"
     assert "voice" not in session and "turn_detection" not in session  # beta spellings go to beta clients only
 
@@ -43,14 +42,14 @@ async def test_a_voice_change_once_the_assistant_has_spoken_is_refused_whole(ser
         await manual_turns(rt, audio={"output": {"voice": "alloy"}})
         await say(rt, "hi")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
         change = {"instructions": "be loud", "audio": {"output": {"voice": "echo"}}}
         await rt.send({"type": "session.update", "session": change})
-        error = (await receive_until(rt, "error"))[-1]["error"]
+        error = (await rt.receive_until("error"))[-1]["error"]
         await rt.send({"type": "session.update", "session": {"voice": "alloy", "instructions": "be kind"}})
-        await receive_until(rt, "session.updated")
+        await rt.receive_until("session.updated")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     assert (error["code"], error["param"]) == ("cannot_update_voice", "session.audio.output.voice")
     assert chats(served)[1].inputs["messages"][0] == {"role": "system", "content": "be kind"}
 
@@ -61,7 +60,7 @@ async def every_kind_of_event(rt: RealtimeClient, *, beta: bool) -> list[dict[st
 
     async def step(event: dict[str, Any], until: str) -> None:
         await rt.send(event)
-        events.extend(await receive_until(rt, until))
+        events.extend(await rt.receive_until(until))
 
     manual: dict[str, Any] = {"turn_detection": None, "input_audio_transcription": {}}
     await step({"type": "session.update", "session": manual}, "session.updated")

@@ -26,20 +26,7 @@ from omnitrio.serve.context import ServeContext
 from omnitrio.serve.realtime.session import RealtimeSession
 from omnitrio.serve.realtime.speech_native import SpeechNative
 from tests.fake_pipeline import FakePipeline, FakeRequest, Served, start_server
-
-AUDIO_SEQUENCE = [
-    "response.created",
-    "response.output_item.added",
-    "conversation.item.added",
-    "response.content_part.added",
-    "response.output_audio.done",
-    "response.output_audio_transcript.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "conversation.item.done",
-    "response.done",
-]
-DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta"}
+from tests.realtime_events import DELTAS, GA_AUDIO_RESPONSE
 
 
 class SpeechNativeFake(FakePipeline):
@@ -70,21 +57,12 @@ def tasks(served: Served) -> list[str]:
     return [request.inputs["task"] for request in served.fake.history if request.inputs["task"] != "asr_session"]
 
 
-async def receive_until(rt: RealtimeClient, event_type: str, seconds: float = 10) -> list[dict[str, Any]]:
-    events = []
-    with trio.fail_after(seconds):
-        while True:
-            events.append(await rt.receive())
-            if events[-1]["type"] == event_type:
-                return events
-
-
 async def manual_session(rt: RealtimeClient, **session: Any) -> list[dict[str, Any]]:
     """``session.created``, then server VAD off (the toy has no VAD stage) and ``session``; the events after."""
     await rt.receive()
     update = {"type": "realtime", "audio": {"input": {"turn_detection": None}}, **session}
     await rt.send({"type": "session.update", "session": update})
-    return await receive_until(rt, "session.updated")
+    return await rt.receive_until("session.updated")
 
 
 def spoken(seconds: float, frequency: float = 300.0) -> bytes:
@@ -95,12 +73,12 @@ def spoken(seconds: float, frequency: float = 300.0) -> bytes:
 async def commit(rt: RealtimeClient, pcm16: bytes) -> None:
     await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16).decode()})
     await rt.send({"type": "input_audio_buffer.commit"})
-    await receive_until(rt, "conversation.item.done")
+    await rt.receive_until("conversation.item.done")
 
 
 async def answer(rt: RealtimeClient) -> list[dict[str, Any]]:
     await rt.send({"type": "response.create"})
-    return await receive_until(rt, "response.done")
+    return await rt.receive_until("response.done")
 
 
 def audio_part(message: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +111,7 @@ async def test_the_committed_audio_reaches_the_model_untranscribed_and_the_answe
     assert part["sample_rate"] == REALTIME_RATE
     np.testing.assert_array_equal(part["array"], pcm16_to_float(pcm16))
     assert (chat.inputs["modalities"], tasks(served)) == (["text", "audio"], ["chat"])  # no transcription
-    assert [e["type"] for e in events if e["type"] not in DELTAS] == AUDIO_SEQUENCE
+    assert [e["type"] for e in events if e["type"] not in DELTAS] == GA_AUDIO_RESPONSE
     kinds = [e["type"] for e in events if e["type"] in DELTAS]
     assert kinds[:2] == ["response.output_audio.delta", "response.output_audio_transcript.delta"]
     assert events[-1]["response"]["output"][0]["content"][0]["transcript"] == "echo: "
@@ -147,7 +125,7 @@ async def test_the_next_turn_hears_the_conversation_as_context(served: Served) -
         await answer(rt)
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and then?"}]}
         await rt.send({"type": "conversation.item.create", "item": item})
-        await receive_until(rt, "conversation.item.done")
+        await rt.receive_until("conversation.item.done")
         await commit(rt, second)
         await answer(rt)
     inputs = chats(served)[1].inputs
@@ -175,9 +153,9 @@ async def test_input_transcription_without_an_asr_stage_is_an_error_naming_it(se
     async with open_realtime(served.ws_url) as rt:
         await rt.receive()
         await rt.send({"type": "session.update", "session": {"type": "realtime", "audio": asked}})
-        updated = await receive_until(rt, "session.updated")
+        updated = await rt.receive_until("session.updated")
         while updated[-1]["type"] != "error" or updated[-1]["error"]["param"] is None:  # not server VAD's
-            updated += await receive_until(rt, "error")  # after session.updated: the settings hold
+            updated += await rt.receive_until("error")  # after session.updated: the settings hold
         await commit(rt, spoken(0.3))
         events = await answer(rt)
     error = updated[-1]["error"]
@@ -193,10 +171,10 @@ async def test_input_transcription_is_done_when_the_pipeline_has_asr(nursery: tr
     async with open_realtime(served.ws_url) as rt:
         await rt.receive()
         await rt.send({"type": "session.update", "session": {"type": "realtime", "audio": asked}})
-        await receive_until(rt, "session.updated")
+        await rt.receive_until("session.updated")
         await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(spoken(0.5)).decode()})
         await rt.send({"type": "input_audio_buffer.commit"})
-        completed = (await receive_until(rt, "conversation.item.input_audio_transcription.completed"))[-1]
+        completed = (await rt.receive_until("conversation.item.input_audio_transcription.completed"))[-1]
     assert completed["transcript"] == "heard 0.50 seconds"
 
 
@@ -205,11 +183,11 @@ async def test_cancelling_an_answer_aborts_its_request_and_keeps_what_was_heard(
         await manual_session(rt, instructions="slow")
         await commit(rt, spoken(0.3))
         await rt.send({"type": "response.create"})
-        first = await receive_until(rt, "response.output_audio.delta")
+        first = await rt.receive_until("response.output_audio.delta")
         item_id = first[-1]["item_id"]
         truncate = {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 50}
         await rt.send(truncate)
-        after = await receive_until(rt, "response.done")
+        after = await rt.receive_until("response.done")
         await served.fake.idle()
     truncated = [e["type"] for e in after].index("conversation.item.truncated")
     assert "response.output_audio.delta" not in [e["type"] for e in after[truncated:]]
@@ -224,7 +202,7 @@ async def test_a_g711_answer_keeps_every_sample_of_the_answer(served: Served) ->
         await commit(rt, spoken(0.3))
         events = await answer(rt)
     sent = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
-    assert [e["type"] for e in events if e["type"] not in DELTAS] == AUDIO_SEQUENCE
+    assert [e["type"] for e in events if e["type"] not in DELTAS] == GA_AUDIO_RESPONSE
     assert len(sent) == REALTIME_RATE // 10 // 3  # the toy's 0.1 s answer at 8 kHz, its filter's tail included
 
 

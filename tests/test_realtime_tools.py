@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from typing import Any
 
 import pytest
 import trio
 
-from omnitrio.client import RealtimeClient, open_realtime
+from omnitrio.client import open_realtime
 from omnitrio.messages import CompleteMessage, StreamMessage
 from tests.fake_pipeline import FakePipeline, FakeRequest, Served, start_server
-from tests.realtime_sdk_types import checked
+from tests.realtime_events import checked_until
 from tests.test_serve_realtime import chats, manual_turns, say
 
 WEATHER = {
@@ -62,22 +61,12 @@ async def served(nursery: trio.Nursery) -> Served:
     return await start_server(nursery, ToolCallingPipeline())
 
 
-async def until(rt: RealtimeClient, event_type: str) -> list[dict[str, Any]]:
-    """Every event, each checked against the SDK's type, up to the first of ``event_type``."""
-    events = []
-    with trio.fail_after(10):
-        while True:
-            events.append(checked(await rt.receive()))
-            if events[-1]["type"] == event_type:
-                return events
-
-
 async def test_session_tools_reach_the_responder_in_the_chat_shape(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
         await manual_turns(rt, tools=[WEATHER], tool_choice="required")
         await say(rt, "What is the weather in Oslo?")
         await rt.send({"type": "response.create"})
-        await until(rt, "response.done")
+        await checked_until(rt, "response.done")
     inputs = chats(served)[0].inputs
     described = {key: WEATHER[key] for key in ("name", "description", "parameters")}
     assert inputs["tools"] == [{"type": "function", "function": described}]
@@ -89,7 +78,7 @@ async def test_a_session_without_tools_offers_the_responder_none(served: Served)
         await manual_turns(rt)
         await say(rt, "What is the weather in Oslo?")
         await rt.send({"type": "response.create"})
-        await until(rt, "response.done")
+        await checked_until(rt, "response.done")
     assert "tools" not in chats(served)[0].inputs
 
 
@@ -98,7 +87,7 @@ async def test_a_tool_call_is_a_function_call_item_with_its_arguments(served: Se
         await manual_turns(rt, tools=[WEATHER])
         await say(rt, "What is the weather in Oslo?")
         await rt.send({"type": "response.create"})
-        events = await until(rt, "response.done")
+        events = await checked_until(rt, "response.done")
     types = [e["type"] for e in events]
     assert types == ["response.created", *CALL_EVENTS, "response.done"]  # no message item: the answer said nothing
     added, done = events[1]["item"], events[5]["item"]
@@ -121,12 +110,12 @@ async def test_the_function_output_then_response_create_answers_with_the_result_
         await manual_turns(rt, tools=[WEATHER])
         await say(rt, "What is the weather in Oslo?")
         await rt.send({"type": "response.create"})
-        call = (await until(rt, "response.done"))[-1]["response"]["output"][0]
+        call = (await checked_until(rt, "response.done"))[-1]["response"]["output"][0]
         output = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 21 C"}
         await rt.send({"type": "conversation.item.create", "item": output})
-        await until(rt, "conversation.item.done")
+        await checked_until(rt, "conversation.item.done")
         await rt.send({"type": "response.create"})
-        events = await until(rt, "response.done")
+        events = await checked_until(rt, "response.done")
     assert events[-1]["response"]["status"] == "completed"
     assert "sunny" in events[-1]["response"]["output"][0]["content"][0]["transcript"]  # echo: the tool's output
     messages = chats(served)[1].inputs["messages"]

@@ -59,15 +59,6 @@ async def send_audio(rt: RealtimeClient, pcm: bytes, chunk_ms: int = 100) -> Non
         await rt.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + step]).decode()})
 
 
-async def events_until(rt: RealtimeClient, event_type: str, seconds: float = 60) -> list[dict[str, Any]]:
-    events = []
-    with trio.fail_after(seconds):
-        while True:
-            events.append(await rt.receive())
-            if events[-1]["type"] == event_type:
-                return events
-
-
 def heard(events: list[dict[str, Any]]) -> str:
     """What Whisper hears in the response audio of ``events``."""
     from schedulers.speech.asr import shared_recognizer
@@ -99,7 +90,7 @@ async def test_manual_commit_is_answered_with_speech_of_the_transcript() -> None
         await send_audio(rt, pcm16(SENTENCE))
         await rt.send({"type": "input_audio_buffer.commit"})
         await rt.send({"type": "response.create"})
-        events = await events_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
     assert events[-1]["response"]["status"] == "completed"
     assert not [e for e in events if e["type"].startswith("input_audio_buffer.speech")]
     assert_spoken_back(events, SENTENCE)
@@ -109,7 +100,7 @@ async def test_server_vad_answers_speech_then_silence_without_a_commit() -> None
     async with realtime_url() as url, open_realtime(url) as rt:
         await rt.receive()
         await send_audio(rt, pcm16(SENTENCE, silence_after=1.0))
-        events = await events_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
     types = [e["type"] for e in events]
     order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed"]
     assert [t for t in types if t in order] == order
@@ -122,7 +113,7 @@ async def test_speech_sent_faster_than_real_time_is_transcribed_from_its_start()
     async with realtime_url() as url, open_realtime(url) as rt:
         await rt.receive()
         await send_audio(rt, pcm16(LONG, silence_after=1.0))  # longer than the idle input kept
-        events = await events_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
     assert heard_as(transcript(events), LONG)
 
 
@@ -131,9 +122,9 @@ async def test_speaking_over_a_response_cancels_it_and_silences_its_audio() -> N
         await rt.receive()
         barge_in = pcm16("Stop, please stop.", silence_after=0.2)
         await send_audio(rt, pcm16(LONGER, silence_after=1.0))
-        await events_until(rt, "response.output_audio.delta")
+        await rt.receive_until("response.output_audio.delta")
         await send_audio(rt, barge_in)
-        events = await events_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
     types = [e["type"] for e in events]
     assert "input_audio_buffer.speech_started" in types
     after_barge_in = types[types.index("input_audio_buffer.speech_started") :]
@@ -161,7 +152,7 @@ async def test_closing_the_socket_releases_the_asr_session() -> None:
             async with open_realtime(url) as rt:
                 await rt.receive()
                 await send_audio(rt, pcm16(SENTENCE, silence_after=1.0))
-                events = await events_until(rt, "response.done")
+                events = await rt.receive_until("response.done")
             assert events[-1]["response"]["status"] == "completed"
             # The server aborts the ASR session just after the socket closed.
             await settled_server(url.replace("ws://", "http://").removesuffix("/v1/realtime"))

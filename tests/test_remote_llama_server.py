@@ -21,7 +21,7 @@ from omnitrio.client import open_realtime
 from schedulers.speech.packages import package_dir
 from schedulers.speech.stages import SMOLLM2_PACKAGE
 from tests.chat_servers import llama_server
-from tests.test_realtime_voice import events_until, transcript
+from tests.test_realtime_voice import transcript
 from tests.test_remote_serve import WEATHER, remote_responder, say, served
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -92,7 +92,7 @@ async def test_a_realtime_turn_is_answered_in_speech_by_the_llama_server(llama_u
         async with open_realtime(f"ws://127.0.0.1:{port}/v1/realtime") as rt:
             await rt.receive()
             await rt.send({"type": "session.update", "session": {"turn_detection": None, "max_output_tokens": 24}})
-            await events_until(rt, "session.updated")
+            await rt.receive_until("session.updated")
             with trio.fail_after(120):
                 events = await say(rt, "What is the capital of France?")
     assert events[-1]["response"]["status"] == "completed"

@@ -22,7 +22,7 @@ from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.config_loading import load
 from omnitrio.serve import serve
 from tests.chat_servers import Reply, scripted_server, text_chunks
-from tests.test_realtime_voice import LONGER, SENTENCE, events_until, pcm16, send_audio, transcript
+from tests.test_realtime_voice import LONGER, SENTENCE, pcm16, send_audio, transcript
 from toys.speech_text import heard_as
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -101,7 +101,7 @@ async def say(rt: RealtimeClient, text: str) -> list[dict[str, Any]]:
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     await rt.send({"type": "conversation.item.create", "item": item})
     await rt.send({"type": "response.create"})
-    return await events_until(rt, "response.done")
+    return await rt.receive_until("response.done")
 
 
 async def test_a_realtime_conversation_reaches_the_server_with_its_history_and_is_spoken() -> None:
@@ -130,7 +130,7 @@ async def test_a_spoken_turn_is_heard_by_the_server_and_its_answer_spoken() -> N
         async with open_realtime(f"ws://127.0.0.1:{port}/v1/realtime") as rt:
             await rt.receive()
             await send_audio(rt, pcm16(SENTENCE, silence_after=1.0))
-            events = await events_until(rt, "response.done", 120)
+            events = await rt.receive_until("response.done", timeout=120)
     assert events[-1]["response"]["status"] == "completed"
     assert transcript(events) == "Left at the second light. Got it."
     asked = server.bodies[-1]["messages"][-1]
@@ -143,10 +143,10 @@ async def test_speaking_over_a_remote_answer_cancels_it_and_closes_the_servers_s
         async with open_realtime(f"ws://127.0.0.1:{port}/v1/realtime") as rt:
             await rt.receive()
             await send_audio(rt, pcm16(LONGER, silence_after=1.0))
-            await events_until(rt, "response.output_audio.delta", 120)
+            await rt.receive_until("response.output_audio.delta", timeout=120)
             answering = list(server.left)  # the answer being spoken (and any speculative one before it)
             await send_audio(rt, pcm16("Stop, please stop.", silence_after=0.2))
-            events = await events_until(rt, "response.done", 120)
+            events = await rt.receive_until("response.done", timeout=120)
             assert events[-1]["response"]["status"] == "cancelled"
             with trio.fail_after(10):
                 for left in answering:

@@ -24,20 +24,7 @@ from omnitrio.serve.limits import ServeLimits
 from omnitrio.serve.realtime.conversation import Spoken, heard_text
 from omnitrio.serve.realtime.pacing import DEFAULT_LEAD, PIECE_SECONDS
 from tests.fake_pipeline import FakeRequest, Served, start_server, tone
-
-GA_AUDIO_RESPONSE = [
-    "response.created",
-    "response.output_item.added",
-    "conversation.item.added",
-    "response.content_part.added",
-    "response.output_audio.done",
-    "response.output_audio_transcript.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "conversation.item.done",
-    "response.done",
-]
-DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta"}
+from tests.realtime_events import DELTAS, GA_AUDIO_RESPONSE
 
 
 @pytest.fixture
@@ -49,16 +36,6 @@ def one_second_b64() -> str:
     return base64.b64encode(float_to_pcm16(tone(1.0, 24_000, as_float=True))).decode()
 
 
-async def receive_until(rt: RealtimeClient, event_type: str, seconds: float = 10) -> list[dict[str, Any]]:
-    """Every event up to and including the first of ``event_type``."""
-    events = []
-    with trio.fail_after(seconds):
-        while True:
-            events.append(await rt.receive())
-            if events[-1]["type"] == event_type:
-                return events
-
-
 def chats(served: Served) -> list[FakeRequest]:
     """The responder requests the server made, in order."""
     return [request for request in served.fake.history if request.inputs["task"] == "chat"]
@@ -68,20 +45,20 @@ async def manual_turns(rt: RealtimeClient, **session: Any) -> None:
     """Take ``session.created``, then turn server VAD off: the client commits and asks for responses."""
     await rt.receive()
     await rt.send({"type": "session.update", "session": {"turn_detection": None, **session}})
-    await receive_until(rt, "session.updated")
+    await rt.receive_until("session.updated")
 
 
 async def commit_one_second(rt: RealtimeClient) -> list[dict[str, Any]]:
     await rt.send({"type": "input_audio_buffer.append", "audio": one_second_b64()})
     await rt.send({"type": "input_audio_buffer.commit"})
-    return await receive_until(rt, "conversation.item.done")
+    return await rt.receive_until("conversation.item.done")
 
 
 async def say(rt: RealtimeClient, text: str, previous_item_id: str | None = None) -> dict[str, Any]:
     """Add a user text message; returns its ``conversation.item.added`` event."""
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     await rt.send({"type": "conversation.item.create", "item": item, "previous_item_id": previous_item_id})
-    events = await receive_until(rt, "conversation.item.done")
+    events = await rt.receive_until("conversation.item.done")
     return next(e for e in events if e["type"] == "conversation.item.added")
 
 
@@ -107,7 +84,7 @@ async def test_semantic_vad_reads_back_with_its_eagerness(served: Served) -> Non
         await rt.receive()
         vad = {"type": "semantic_vad", "eagerness": "high", "create_response": False}
         await rt.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
-        session = (await receive_until(rt, "session.updated"))[-1]["session"]
+        session = (await rt.receive_until("session.updated"))[-1]["session"]
     detection = session["audio"]["input"]["turn_detection"]
     assert (detection["type"], detection["eagerness"]) == ("semantic_vad", "high")
     assert detection["create_response"] is False and detection["interrupt_response"] is True
@@ -136,9 +113,9 @@ async def test_an_unsupported_session_value_is_an_error_naming_its_param(
     async with open_realtime(served.ws_url) as rt:
         await rt.receive()
         await rt.send({"type": "session.update", "event_id": "mine", "session": update})
-        error = (await receive_until(rt, "error"))[-1]["error"]
+        error = (await rt.receive_until("error"))[-1]["error"]
         if error["event_id"] is None:  # the toy pipeline has no ASR session for server VAD: it says so first
-            error = (await receive_until(rt, "error"))[-1]["error"]
+            error = (await rt.receive_until("error"))[-1]["error"]
     assert (error["param"], error["event_id"], error["type"]) == (param, "mine", "invalid_request_error")
 
 
@@ -147,7 +124,7 @@ async def test_session_update_passes_instructions_and_max_tokens_to_the_responde
         await manual_turns(rt, instructions="be brief", max_output_tokens=40)
         await say(rt, "hello there")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     inputs = chats(served)[0].inputs
     assert inputs["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
     assert inputs["max_tokens"] == 40
@@ -159,7 +136,7 @@ async def test_a_response_is_the_ga_event_sequence_each_event_once(served: Serve
         await manual_turns(rt)
         await say(rt, "turn left")
         await rt.send({"type": "response.create"})
-        events = await receive_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
     types = [e["type"] for e in events]
     assert [t for t in types if t not in DELTAS] == GA_AUDIO_RESPONSE
     assert len({e["event_id"] for e in events}) == len(events)
@@ -177,7 +154,7 @@ async def test_a_text_only_session_gets_output_text_events(served: Served) -> No
         await manual_turns(rt, output_modalities=["text"])
         await say(rt, "hi")
         await rt.send({"type": "response.create"})
-        events = await receive_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
     types = [e["type"] for e in events]
     assert "response.output_audio.delta" not in types
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "echo: hi "
@@ -190,10 +167,10 @@ async def test_a_beta_client_gets_beta_names_only(served: Served) -> None:
     async with open_beta(served.ws_url) as rt:
         created = await rt.receive()
         await rt.send({"type": "session.update", "session": {"turn_detection": None}})
-        await receive_until(rt, "session.updated")
+        await rt.receive_until("session.updated")
         await say_beta(rt, "hi")
         await rt.send({"type": "response.create"})
-        events = await receive_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
     types = [e["type"] for e in events]
     assert created["session"]["modalities"] == ["text", "audio"]
     assert created["session"]["input_audio_format"] == "pcm16"
@@ -213,7 +190,7 @@ async def test_a_beta_client_gets_beta_names_only(served: Served) -> None:
 async def say_beta(rt: RealtimeClient, text: str) -> None:
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     await rt.send({"type": "conversation.item.create", "item": item})
-    await receive_until(rt, "conversation.item.created")
+    await rt.receive_until("conversation.item.created")
 
 
 async def test_committed_audio_becomes_a_user_item_transcribed_for_the_responder(served: Served) -> None:
@@ -221,7 +198,7 @@ async def test_committed_audio_becomes_a_user_item_transcribed_for_the_responder
         await manual_turns(rt)
         events = await commit_one_second(rt)
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     committed, added, done = events[-3:]
     assert committed["type"] == "input_audio_buffer.committed"
     assert added["item"]["id"] == committed["item_id"] == done["item"]["id"]
@@ -235,7 +212,7 @@ async def test_input_transcription_events_follow_the_item_when_asked(served: Ser
     async with open_realtime(served.ws_url) as rt:
         await manual_turns(rt, audio={"input": {"transcription": {"model": "whisper-1"}}})
         events = await commit_one_second(rt)
-        events += await receive_until(rt, "conversation.item.input_audio_transcription.completed")
+        events += await rt.receive_until("conversation.item.input_audio_transcription.completed")
     types = [e["type"] for e in events]
     assert types.index("conversation.item.added") < types.index("conversation.item.input_audio_transcription.delta")
     completed = events[-1]
@@ -250,7 +227,7 @@ async def test_without_transcription_asked_no_transcription_event_is_sent(served
         await commit_one_second(rt)
         await say(rt, "after")
         await rt.send({"type": "response.create"})
-        events = await receive_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
     assert not [e for e in events if e["type"].startswith("conversation.item.input_audio_transcription")]
 
 
@@ -262,7 +239,7 @@ async def test_items_are_placed_after_previous_item_id_and_the_responder_sees_th
         second = await say(rt, "two", previous_item_id=first["item"]["id"])
         zeroth = await say(rt, "zero", previous_item_id="root")
         await rt.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     assert third["previous_item_id"] == first["item"]["id"]
     assert second["previous_item_id"] == first["item"]["id"]
     assert zeroth["previous_item_id"] is None
@@ -275,14 +252,14 @@ async def test_retrieve_returns_the_item_with_its_audio_and_delete_removes_it(se
         await manual_turns(rt)
         item_id = (await commit_one_second(rt))[-1]["item"]["id"]
         await rt.send({"type": "conversation.item.retrieve", "item_id": item_id})
-        retrieved = (await receive_until(rt, "conversation.item.retrieved"))[-1]["item"]
+        retrieved = (await rt.receive_until("conversation.item.retrieved"))[-1]["item"]
         await rt.send({"type": "conversation.item.delete", "item_id": item_id})
-        deleted = (await receive_until(rt, "conversation.item.deleted"))[-1]
+        deleted = (await rt.receive_until("conversation.item.deleted"))[-1]
         await rt.send({"type": "conversation.item.retrieve", "item_id": item_id})
-        error = (await receive_until(rt, "error"))[-1]["error"]
+        error = (await rt.receive_until("error"))[-1]["error"]
         await say(rt, "only this")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     assert len(base64.b64decode(retrieved["content"][0]["audio"])) == 2 * 24_000
     assert deleted["item_id"] == item_id
     assert (error["code"], error["param"]) == ("item_not_found", "item_id")
@@ -296,9 +273,9 @@ async def test_function_call_items_reach_the_responder_in_the_chat_shape(served:
         await manual_turns(rt)
         for item in (call, result):
             await rt.send({"type": "conversation.item.create", "item": item})
-            await receive_until(rt, "conversation.item.done")
+            await rt.receive_until("conversation.item.done")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     messages = chats(served)[0].inputs["messages"]
     called = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
     assert messages[0] == {"role": "assistant", "content": "", "tool_calls": [called]}
@@ -310,10 +287,10 @@ async def test_a_later_response_sees_the_earlier_answer(served: Served) -> None:
         await manual_turns(rt)
         await say(rt, "hello")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
         await say(rt, "again")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     said = [(m["role"], m["content"]) for m in chats(served)[1].inputs["messages"]]
     assert said == [("user", "hello"), ("assistant", "echo: hello"), ("user", "again")]
 
@@ -323,7 +300,7 @@ async def long_reply(rt: RealtimeClient) -> float:
     await manual_turns(rt)
     await say(rt, "slow")
     await rt.send({"type": "response.create"})
-    await receive_until(rt, "response.output_audio.delta")
+    await rt.receive_until("response.output_audio.delta")
     return trio.current_time()
 
 
@@ -332,7 +309,7 @@ async def test_response_cancel_leaves_the_client_at_most_the_lead_of_audio(serve
         first = await long_reply(rt)
         await trio.sleep(0.5)  # unpaced, the toy would have sent 10 s of audio by now
         await rt.send({"type": "response.cancel"})
-        events = await receive_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
         played = trio.current_time() - first
     audio = sum(len(base64.b64decode(e["delta"])) for e in events if e["type"] == "response.output_audio.delta")
     assert audio / 2 / 24_000 <= played + DEFAULT_LEAD + 2 * PIECE_SECONDS  # of the 40 s the answer has
@@ -348,7 +325,7 @@ async def test_an_interrupted_response_is_measured_in_metrics(served: Served) ->
     async with open_realtime(served.ws_url) as rt:
         await long_reply(rt)
         await rt.send({"type": "response.cancel"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
         await served.fake.idle()  # the cancelled request is released
         await trio.testing.wait_all_tasks_blocked()  # and the server has measured it
     async with httpx.AsyncClient() as client:
@@ -362,7 +339,7 @@ async def test_second_response_create_while_one_runs_is_an_error(served: Served)
     async with open_realtime(served.ws_url) as rt:
         await long_reply(rt)
         await rt.send({"type": "response.create"})
-        error = (await receive_until(rt, "error"))[-1]
+        error = (await rt.receive_until("error"))[-1]
     assert error["error"]["code"] == "conversation_already_has_active_response"
 
 
@@ -380,9 +357,9 @@ async def test_failed_response_reports_failed_and_keeps_the_session(served: Serv
         await manual_turns(rt)
         await say(rt, "fail")
         await rt.send({"type": "response.create"})
-        done = (await receive_until(rt, "response.done"))[-1]
+        done = (await rt.receive_until("response.done"))[-1]
         await rt.send({"type": "input_audio_buffer.clear"})
-        assert (await receive_until(rt, "input_audio_buffer.cleared"))[-1]["type"] == "input_audio_buffer.cleared"
+        assert (await rt.receive_until("input_audio_buffer.cleared"))[-1]["type"] == "input_audio_buffer.cleared"
     assert done["response"]["status"] == "failed"
     assert "fake failure on purpose" in done["response"]["status_details"]["error"]["message"]
 
@@ -427,7 +404,7 @@ async def test_a_bad_client_event_is_an_error_event_and_the_session_goes_on(
     async with open_realtime(served.ws_url) as rt:
         await manual_turns(rt)
         await rt.send({**event, "event_id": "evt-1"})
-        error = (await receive_until(rt, "error"))[-1]["error"]
+        error = (await rt.receive_until("error"))[-1]["error"]
         await say(rt, "still here")
     assert (error["code"], error["param"], error["event_id"]) == (code, param, "evt-1")
 
@@ -437,9 +414,9 @@ async def test_an_append_past_the_input_limit_is_refused(nursery: trio.Nursery) 
     async with open_realtime(served.ws_url) as rt:
         await manual_turns(rt)
         await rt.send({"type": "input_audio_buffer.append", "audio": one_second_b64()})
-        error = (await receive_until(rt, "error"))[-1]["error"]
+        error = (await rt.receive_until("error"))[-1]["error"]
         await rt.send({"type": "input_audio_buffer.commit"})
-        empty = (await receive_until(rt, "error"))[-1]["error"]
+        empty = (await rt.receive_until("error"))[-1]["error"]
     assert (error["code"], error["param"]) == ("input_audio_buffer_full", "audio")
     assert empty["code"] == "input_audio_buffer_commit_empty"  # the refused audio was not kept
 
@@ -449,7 +426,7 @@ async def test_the_audio_lead_is_a_server_option(nursery: trio.Nursery) -> None:
     async with open_realtime(served.ws_url) as rt:
         first = await long_reply(rt)
         await rt.send({"type": "response.cancel"})
-        events = await receive_until(rt, "response.done")
+        events = await rt.receive_until("response.done")
         played = trio.current_time() - first
     audio = sum(len(base64.b64decode(e["delta"])) for e in events if e["type"] == "response.output_audio.delta")
     assert audio / 2 / 24_000 <= played + 0.4 + 2 * PIECE_SECONDS
@@ -460,7 +437,7 @@ async def test_the_session_speed_reaches_the_pipeline(served: Served) -> None:
         await manual_turns(rt, audio={"output": {"speed": 1.25}})
         await say(rt, "hi")
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     assert chats(served)[0].inputs["speed"] == 1.25
 
 
@@ -478,9 +455,9 @@ async def test_an_input_audio_item_is_transcribed_for_the_responder(served: Serv
     async with open_realtime(served.ws_url) as rt:
         await manual_turns(rt)
         await rt.send({"type": "conversation.item.create", "item": item})
-        added = (await receive_until(rt, "conversation.item.added"))[-1]
+        added = (await rt.receive_until("conversation.item.added"))[-1]
         await rt.send({"type": "response.create"})
-        await receive_until(rt, "response.done")
+        await rt.receive_until("response.done")
     assert added["item"]["content"] == [{"type": "input_audio", "transcript": None}]
     assert chats(served)[0].inputs["messages"] == [{"role": "user", "content": "heard 1.00 seconds"}]
 
@@ -488,12 +465,12 @@ async def test_an_input_audio_item_is_transcribed_for_the_responder(served: Serv
 async def test_a_truncated_answer_gets_no_more_audio_and_is_cancelled(served: Served) -> None:
     async with open_realtime(served.ws_url) as rt:
         await long_reply(rt)
-        events = await receive_until(rt, "response.output_audio.delta")
+        events = await rt.receive_until("response.output_audio.delta")
         item_id = events[-1]["item_id"]
         await rt.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 0})
-        after = await receive_until(rt, "response.done")
+        after = await rt.receive_until("response.done")
         await rt.send({"type": "conversation.item.retrieve", "item_id": item_id})
-        retrieved = (await receive_until(rt, "conversation.item.retrieved"))[-1]["item"]
+        retrieved = (await rt.receive_until("conversation.item.retrieved"))[-1]["item"]
     truncated = [e["type"] for e in after].index("conversation.item.truncated")
     assert "response.output_audio.delta" not in [e["type"] for e in after[truncated:]]
     assert after[-1]["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}

@@ -1,6 +1,9 @@
 """Leaving ``open_pipeline`` is bounded: a scheduler whose ``stop()`` does not end its ``start()``
 is left behind after ``scheduler_stop_timeout``, with a warning naming its stage; a stage
-process exits anyway and leaves nothing in /dev/shm."""
+process exits anyway and leaves nothing in /dev/shm.  A stage process leaves within the stop
+grace, never killed, whatever else its process holds at exit (a thread that never looks at a
+stop, a finalizer that blocks) and also while it is still starting, and still runs its ``atexit``
+hooks."""
 
 from __future__ import annotations
 
@@ -12,10 +15,13 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from omnitrio import ConfigError, PipelineConfig, StageConfig, open_pipeline
+from omnitrio import ConfigError, FactoryArgs, PipelineConfig, StageConfig, open_pipeline
 from omnitrio.config import validate
+from omnitrio.errors import StartupError
 from tests import route_stages
+from tests.exit_stages import E
 from tests.route_stages import R
+from tests.warm_stages import W
 
 WATCHDOG_S = 30.0
 """Past this a watchdog ends the stuck scheduler itself, so a shutdown that waits for it fails, not hangs."""
@@ -93,3 +99,54 @@ def test_scheduler_stop_timeout_is_validated(value: object) -> None:
     config.stages[0].scheduler_stop_timeout = value  # type: ignore[assignment]
     with pytest.raises(ConfigError, match=r"stages\[0\] \('stuck'\): scheduler_stop_timeout: must be"):
         validate(config)
+
+
+def one_process(factory: str, **kwargs: object) -> PipelineConfig:
+    stage = StageConfig(
+        name="leaver",
+        process="p_leaver",
+        factory_path=f"{E}.{factory}",
+        factory=FactoryArgs(**kwargs),
+        terminal=True,
+        scheduler_stop_timeout=0.5,
+    )
+    return PipelineConfig(stages=[stage])
+
+
+@pytest.mark.parametrize("factory", ["create_lingering_thread", "create_blocking_finalizer"])
+async def test_a_stage_process_leaves_within_the_grace_whatever_its_process_still_holds(
+    factory: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="omnitrio.children")
+    async with open_pipeline(one_process(factory)) as pipeline:
+        assert await pipeline.submit("r1", "hi") == {"raw_inputs": "hi"}
+        pid = (await pipeline.health())["stages"]["leaver"]["pid"]
+    killed = [r.getMessage() for r in caplog.records if "killed it" in r.getMessage()]
+    assert killed == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+async def test_a_stage_process_runs_its_exit_hooks(tmp_path: object) -> None:
+    base = str(tmp_path)
+    async with open_pipeline(one_process("create_temporary_directory", base=base)) as pipeline:
+        assert await pipeline.submit("r1", "hi") == {"raw_inputs": "hi"}
+        assert len(os.listdir(base)) == 1
+    assert os.listdir(base) == []
+
+
+async def test_a_stage_process_still_warming_up_when_the_pipeline_stops_leaves_within_the_grace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="omnitrio.children")
+    config = PipelineConfig(
+        stages=[
+            StageConfig(name="slow", process="p_slow", factory_path=f"{W}.create_slow_warm_up", next="broken"),
+            StageConfig(name="broken", process="p_broken", factory_path=f"{W}.create_broken", terminal=True),
+        ]
+    )
+    with pytest.raises(StartupError, match="this stage never starts"):
+        async with open_pipeline(config):
+            pass
+    killed = [r.getMessage() for r in caplog.records if "killed it" in r.getMessage()]
+    assert killed == []

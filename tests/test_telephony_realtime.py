@@ -18,7 +18,7 @@ from omnitrio.serve.realtime.formats import EdgeAudio
 from omnitrio.serve.realtime.g711 import decode, encode
 from omnitrio.serve.realtime.protocol import EventError, beta_session
 from omnitrio.serve.realtime.session_config import default_session, updated_session
-from tests.test_realtime_voice import events_until, pcm16, realtime_url, send_audio
+from tests.test_realtime_voice import pcm16, realtime_url, send_audio
 from toys.speech_text import heard_as
 
 SENTENCE = "Turn left at the second traffic light."
@@ -92,9 +92,9 @@ async def spoken_down_the_line(law: str) -> tuple[dict[str, Any], bytes]:
             await rt.receive()
             update = {"audio": {"input": {"format": kind}, "output": {"format": kind}}}
             await rt.send({"type": "session.update", "session": update})
-            session = (await events_until(rt, "session.updated"))[-1]["session"]
+            session = (await rt.receive_until("session.updated"))[-1]["session"]
             await send_audio(rt, line, chunk_ms=50)
-            events = await events_until(rt, "response.done")
+            events = await rt.receive_until("response.done")
     answer = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
     return session, answer
 

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from omnitrio.client import RealtimeClient, open_realtime
-from tests.test_realtime_voice import events_until, pcm16, realtime_url, send_audio, transcript
+from tests.test_realtime_voice import pcm16, realtime_url, send_audio, transcript
 from toys.speech_text import heard_as
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # serves the speech pipeline
@@ -36,7 +36,7 @@ async def set_turn_detection(rt: RealtimeClient, detection: dict[str, Any]) -> d
     await rt.receive()
     audio = {"input": {"turn_detection": detection, "transcription": {"model": "whisper-1"}}}
     await rt.send({"type": "session.update", "session": {"audio": audio}})
-    return (await events_until(rt, "session.updated"))[-1]["session"]  # type: ignore[no-any-return]
+    return (await rt.receive_until("session.updated"))[-1]["session"]  # type: ignore[no-any-return]
 
 
 async def events_until_all(rt: RealtimeClient, *event_types: str) -> list[dict[str, Any]]:

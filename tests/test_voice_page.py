@@ -17,12 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import playwright.sync_api as playwright_api
 import pytest
 
-from toys.browser import RATE, Server, launch_args, page_server, speech_wav
+from toys.browser import RATE, Server, chromium_page, page_server, speech_wav
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
 # The first test also installs chromium (apt) and starts the server with its models.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -70,18 +70,6 @@ def playwright() -> Iterator[Any]:
         yield running
 
 
-@contextmanager
-def voice_page(playwright: Any, microphone: Path, url: str) -> Iterator[Any]:
-    """The page at ``url`` in a fresh chromium whose microphone plays ``microphone`` once."""
-    browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(microphone))
-    try:
-        page = browser.new_page()
-        page.goto(url)
-        yield page
-    finally:
-        browser.close()
-
-
 def start(page: Any, transport: str, key: str = KEY) -> None:
     """What a person does: the key, the connection under Settings, then Start talking."""
     page.fill("#key", key)
@@ -121,7 +109,7 @@ def words(text: str) -> str:
 def test_a_spoken_question_is_transcribed_and_its_answer_played(
     server: Server, microphones: dict[str, Path], playwright: Any, transport: str
 ) -> None:
-    with voice_page(playwright, microphones["question"], server.url) as page:
+    with chromium_page(playwright, microphones["question"], server.url) as page:
         start(page, transport)
         wait_for(page, "s.latencies.length > 0 && s.events.includes('response.done') && s.state === 'LISTENING'")
         seen = stats(page)
@@ -141,7 +129,7 @@ def test_a_spoken_question_is_transcribed_and_its_answer_played(
 def test_a_typed_turn_is_answered_using_the_keyboard_only(
     server: Server, microphones: dict[str, Path], playwright: Any, transport: str
 ) -> None:
-    with voice_page(playwright, microphones["silence"], server.url) as page:
+    with chromium_page(playwright, microphones["silence"], server.url) as page:
         page.click("summary")
         page.select_option("#transport", transport)
         page.focus("#key")
@@ -161,7 +149,7 @@ def test_a_typed_turn_is_answered_using_the_keyboard_only(
 def test_speaking_over_the_answer_stops_it_where_it_was_heard(
     server: Server, microphones: dict[str, Path], playwright: Any, transport: str
 ) -> None:
-    with voice_page(playwright, microphones["interruption"], server.url) as page:
+    with chromium_page(playwright, microphones["interruption"], server.url) as page:
         start(page, transport)
         wait_for(page, "s.state === 'LISTENING'")
         page.fill("#message", LONG)
@@ -189,7 +177,7 @@ def test_speaking_over_the_answer_stops_it_where_it_was_heard(
 def test_a_wrong_key_is_refused_with_a_message_the_page_shows(
     server: Server, microphones: dict[str, Path], playwright: Any
 ) -> None:
-    with voice_page(playwright, microphones["silence"], server.url) as page:
+    with chromium_page(playwright, microphones["silence"], server.url) as page:
         start(page, "websocket", key="sk-wrong")
         wait_for(page, "s.state === 'FAILED'", timeout=30_000)
         error = page.inner_text("#error")
@@ -218,7 +206,7 @@ def test_a_page_from_an_origin_not_allowed_says_how_to_allow_it_and_the_server_l
 ) -> None:
     with another_origin() as origin:
         url = f"{origin}/static/index.html?server={server.url}"
-        with voice_page(playwright, microphones["silence"], url) as page:
+        with chromium_page(playwright, microphones["silence"], url) as page:
             page.click("summary")
             page.select_option("#transport", "websocket")
             page.click("#talk")

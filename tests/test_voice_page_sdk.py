@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import playwright.sync_api as playwright_api
 import pytest
 import trio
 
-from toys.browser import Server, launch_args, page_server, speech_wav
+from toys.browser import Server, launch_chromium, page_server, speech_wav
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
-playwright_api = pytest.importorskip("playwright.sync_api", reason="the test extra (playwright) is not installed")
 # The first test also installs chromium (apt) and starts the server with its models.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -92,7 +92,7 @@ def pages(playwright: Any, bundle: bytes, microphone: Path) -> Iterator[Any]:
     browsers: list[Any] = []
 
     def open_page(origin: str) -> Any:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=launch_args(microphone))
+        browser = launch_chromium(playwright, microphone)
         browsers.append(browser)
         page = browser.new_page()
         page.goto(f"{origin}/voice.json")  # any document of the server's own origin (a loopback one)

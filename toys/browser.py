@@ -2,7 +2,8 @@
 
 Used by the page's tests and by ``bench/browser_turn.py``. Nothing is downloaded but Debian's
 ``chromium`` package (:func:`ensure_chromium` installs it with apt when it is missing); Playwright
-drives that binary (``executable_path``), never a browser of its own.
+drives that binary (``executable_path``), never a browser of its own: :func:`launch_chromium` starts it
+with :func:`launch_args`, :func:`chromium_page` opens one page in it for a block.
 
 :func:`served` starts ``python -m omnitrio serve`` on a free loopback port as a user does and
 keeps its log in a file; :func:`speech_wav` has the server's own TTS (Piper) say a sentence into
@@ -49,6 +50,23 @@ def launch_args(microphone: Path) -> list[str]:
         f"--use-file-for-fake-audio-capture={microphone}%noloop",
         "--autoplay-policy=no-user-gesture-required",
     ]
+
+
+def launch_chromium(playwright: Any, microphone: Path) -> Any:
+    """Debian's chromium under ``playwright`` (its sync API), with :func:`launch_args`; the caller closes it."""
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=launch_args(microphone))
+
+
+@contextlib.contextmanager
+def chromium_page(playwright: Any, microphone: Path, url: str) -> Iterator[Any]:
+    """The page at ``url`` in a fresh chromium whose microphone plays ``microphone`` once; closed after the block."""
+    browser = launch_chromium(playwright, microphone)
+    try:
+        page = browser.new_page()
+        page.goto(url)
+        yield page
+    finally:
+        browser.close()
 
 
 def ensure_chromium() -> str | None:

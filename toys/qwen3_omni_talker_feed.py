@@ -3,7 +3,9 @@
 :func:`reference_run` runs the whole model once and returns the thinker's stream as the thinker stage
 sends it (a ``TalkerPrompt``, then one ``TalkerToken`` per generated token, built from ``generate``'s
 own ``output_hidden_states``) together with the codes ``generate`` handed to code2wav, so a talker
-fed those chunks can be compared code for code.  Greedy thinker and talker unless told otherwise.
+fed those chunks can be compared code for code.  The thinker is greedy; so is the talker unless
+``talker_do_sample`` (then ``generate``'s talker and code predictor draw from torch's global generator
+with its talker defaults: seed it first).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ def reference_run(
     talker_max_new_tokens: int = 40,
     talker_min_new_tokens: int = 2,
     eos_token_id: int | None = None,
+    talker_do_sample: bool = False,
 ) -> Reference:
-    """Run ``model.generate`` on processor ``inputs`` (``input_ids`` and whatever else) greedily."""
+    """Run ``model.generate`` on processor ``inputs`` (``input_ids`` and whatever else), the thinker greedy."""
     captured: dict[str, Any] = {}
     thinker_generate = model.thinker.generate
     chunked_decode = model.code2wav.chunked_decode
@@ -56,7 +59,7 @@ def reference_run(
                 return_audio=True,
                 speaker=speaker,
                 thinker_do_sample=False,
-                talker_do_sample=False,
+                talker_do_sample=talker_do_sample,
                 thinker_max_new_tokens=thinker_max_new_tokens,
                 thinker_eos_token_id=eos_token_id if eos_token_id is not None else model.config.im_end_token_id,
                 talker_max_new_tokens=talker_max_new_tokens,

@@ -40,7 +40,9 @@ class GroupActor:
         sys.path[:0] = [p for p in json.loads(path) if p not in sys.path]
         from omnitrio.child import main
 
-        main(pickle.loads(blob))
+        code = main(pickle.loads(blob))  # threads it left behind end with the actor (the owner kills it)
+        if code:
+            sys.exit(code)
         return 0
 
 

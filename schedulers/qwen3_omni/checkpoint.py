@@ -12,10 +12,14 @@ wrong with it.
   configuration and chat template are present;
 * :func:`load_weights` loads the tensors under one prefix (``"thinker.audio_tower."``, ``"talker."``,
   ``"code2wav."``, ...) into a module, reading only the shards that hold them.
+
+Importing it silences one known-harmless transformers warning (:func:`mrope_keys_only`): its rope check
+does not know the keys Qwen3-Omni's multimodal rotary embedding reads.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Iterable
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 
 from schedulers.devices import check_placement
+from schedulers.library_noise import silence
 
 MODEL_TYPE = "qwen3_omni_moe"
 INDEX_FILE = "model.safetensors.index.json"
@@ -35,8 +40,26 @@ PREPROCESSOR_FILE = "preprocessor_config.json"
 PARTS = ("thinker.", "talker.", "code2wav.")
 
 
+MROPE_KEYS = frozenset({"mrope_section", "interleaved"})
+ROPE_CHECK = "Unrecognized keys in `rope_parameters` for 'rope_type'='default': "
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be served; the message names the file and the fault."""
+
+
+def mrope_keys_only(message: str) -> bool:
+    """Whether ``message`` is transformers' rope check naming only :data:`MROPE_KEYS` as unknown keys."""
+    if not message.startswith(ROPE_CHECK):
+        return False
+    try:
+        keys = ast.literal_eval(message.removeprefix(ROPE_CHECK))
+    except (ValueError, SyntaxError):
+        return False
+    return isinstance(keys, set) and keys <= MROPE_KEYS
+
+
+silence("transformers.modeling_rope_utils", mrope_keys_only)
 
 
 def require_model_dir(model_dir: str | Path | None) -> str:

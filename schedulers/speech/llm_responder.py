@@ -49,7 +49,7 @@ from typing import Any, Final
 
 import attrs
 
-from omnitrio.contract import InvalidRequest, OutgoingMessage, StagePayload
+from omnitrio.contract import InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.ar.kv_sessions import common_prefix
 from schedulers.engine.admission import completion_budget
 from schedulers.engine.intake import RequestIntake
@@ -118,10 +118,19 @@ class LLMResponder(RequestIntake):
         self._opening = chat.encode_chat([{"role": "user", "content": "\x00"}])  # default system prompt + header
         self._said_no_tools = False
 
+    warmed = ("chat", "spoken chat")
+    """What :meth:`warm_up_serving_thread` warms (see :mod:`schedulers.warm_up`)."""
+
     def warm_up_serving_thread(self) -> None:
+        """A short chat answered in text, then one answered for speech (its system prompt's keys and
+        values are kept for every later spoken answer), before the stage reports ready."""
         super().warm_up_serving_thread()
         self.engine.model.set_threads(self.threads)
         self.engine.add(LlamaRequest("warm-up", self.chat.encode_chat([{"role": "user", "content": "Hi"}]), 2))
+        hi = [{"role": "user", "content": "Hi"}]
+        spoken = OmniRequest({"task": "chat", "messages": hi, "modalities": ["text", "audio"], "max_tokens": 2})
+        request, _ = self.parse("warm-up-spoken", StagePayload("warm-up-spoken", spoken))
+        self.engine.add(request)
         while self.engine.has_work:
             self.engine.step()
 

@@ -41,6 +41,7 @@ from schedulers.speech.streaming_asr import StreamingTranscriber
 from schedulers.speech.tts import TtsBackendName, shared_synthesizer
 from schedulers.speech.tts_scheduler import SentenceStreamingTTSScheduler
 from schedulers.speech.vad import VadBackendName
+from schedulers.warm_up import WarmUp
 
 ResponderMode = Literal["llm", "repeat"]
 WeightsMode = Literal["float", "file"]
@@ -62,21 +63,35 @@ def create_tts_stage(
     return SentenceStreamingTTSScheduler(synthesizer, output_sample_rate=output_sample_rate)
 
 
-_warmed: set[int] = set()
-
-
 def _recognizer(backend: AsrBackendName, compute_type: str, cpu_threads: int, beam_size: int) -> SpeechRecognizer:
     started = time.perf_counter()
     if backend == "pocketsphinx":
         recognizer = shared_recognizer(backend)
     else:
         recognizer = shared_recognizer(backend, compute_type=compute_type, cpu_threads=cpu_threads, beam_size=beam_size)
-    if id(recognizer) not in _warmed:  # the first decode is slower; pay it at startup, not on a request
-        log.info("loading speech recognition (%s) ...", backend)
-        recognizer.transcribe(np.zeros(ASR_SAMPLE_RATE, dtype=np.float32))
-        _warmed.add(id(recognizer))
-        log.info("speech recognition %s ready in %.1f s", recognizer.name, time.perf_counter() - started)
+    log.info("speech recognition %s loaded in %.1f s", recognizer.name, time.perf_counter() - started)
     return recognizer
+
+
+def _voiced_clip() -> np.ndarray:
+    """One second of a voice-like sound (a few harmonics of a gliding pitch): the decoder runs on it."""
+    t = np.arange(ASR_SAMPLE_RATE, dtype=np.float32) / ASR_SAMPLE_RATE
+    pitch = 2 * np.pi * (140 + 40 * t) * t
+    voice = sum(np.sin(k * pitch) / k for k in (1, 2, 3, 4))
+    return (0.2 * voice * np.sin(np.pi * t)).astype(np.float32)
+
+
+def _recognizer_warm_up(recognizer: SpeechRecognizer, warm_up: WarmUp | None = None) -> WarmUp:
+    """Both ways a request decodes with ``recognizer``: whole (a second of silence: the encoder's full
+    window) and quick (a realtime turn's short window, on a voiced clip so that the decoder runs too);
+    once per process for a recognizer several stages share.  A timestamped decode pays nothing more
+    the first time."""
+    key = id(recognizer)
+    silence, clip = np.zeros(ASR_SAMPLE_RATE, dtype=np.float32), _voiced_clip()
+    warm_up = warm_up or WarmUp()
+    warm_up.step("transcribe", lambda: recognizer.transcribe(silence), key=(key, "transcribe"))
+    warm_up.step("transcribe quick", lambda: recognizer.transcribe(clip, quick=True), key=(key, "quick"))
+    return warm_up
 
 
 def _transcriber(recognizer: SpeechRecognizer) -> Any:
@@ -109,7 +124,8 @@ def create_asr_stage(
 ) -> SimpleScheduler:
     """Batch ASR: ``{"audio": float32 16 kHz, "language"}`` → ``payload.data = {"text", ...}``."""
     recognizer = _recognizer(backend, compute_type, cpu_threads, beam_size)
-    return SimpleScheduler(_transcriber(recognizer), max_concurrency=max_concurrency)
+    warm_up = _recognizer_warm_up(recognizer)
+    return SimpleScheduler(_transcriber(recognizer), max_concurrency=max_concurrency, warm_up=warm_up)
 
 
 def create_streaming_asr_stage(
@@ -133,6 +149,7 @@ def create_streaming_asr_stage(
         max_sessions=max_sessions,
         max_concurrency=max_concurrency,
         max_state_bytes=max_state_bytes,
+        warm_up=hooks.warm_up(_recognizer_warm_up(recognizer)),
     )
 
 

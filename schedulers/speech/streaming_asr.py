@@ -58,6 +58,7 @@ from schedulers.speech.audio import ASR_SAMPLE_RATE, FloatAudio, StreamResampler
 from schedulers.speech.turn_end import JUDGE_AT_MS, SCORE_AT_MS, SemanticTurnDetector
 from schedulers.speech.turn_words import unfinished_because
 from schedulers.speech.vad import VadBackendName, VadEvent, VoiceActivityDetector
+from schedulers.warm_up import WarmUp
 
 _WORD = re.compile(r"[^\w']+")
 EARLY_MS = 100  # semantic_vad: a turn whose voice is silent this long is transcribed and announced ahead of the pause
@@ -184,6 +185,16 @@ class TranscriptionSession:
         return self.chunks[0] if self.chunks else np.zeros(0, dtype=np.float32)
 
 
+def _turn_model_once(audio: FloatAudio) -> None:
+    from schedulers.speech.turn_model import shared_turn_model
+
+    try:
+        model = shared_turn_model()
+    except (ImportError, FileNotFoundError):
+        return
+    model.probability_complete(audio)
+
+
 class StreamingTranscriber:
     """Session hooks: re-decode the growing audio for partials, decode once more on close."""
 
@@ -196,6 +207,17 @@ class StreamingTranscriber:
         self.partial_every = partial_every_ms * ASR_SAMPLE_RATE // 1000
         self.vad_backend = vad_backend
         self._scoring = ThreadPoolExecutor(max_workers=2, thread_name_prefix="turn-model")  # beside the ASR
+
+    def warm_up(self, warm_up: WarmUp) -> WarmUp:
+        """``warm_up`` with what a first session would load and run: its resampler, the voice
+        activity detector's model and the turn model (when installed: without it a semantic VAD
+        session fails as it would have)."""
+        clip = np.zeros(ASR_SAMPLE_RATE // 2, np.float32)
+        audio_24k = np.zeros(12_000, np.float32)
+        warm_up.step("resample", lambda: StreamResampler(24_000, ASR_SAMPLE_RATE).push(audio_24k))
+        warm_up.step("voice activity", lambda: VoiceActivityDetector(backend=self.vad_backend).feed(clip))
+        warm_up.step("turn model", lambda: _turn_model_once(clip), key="turn model")
+        return warm_up
 
     def open(self, ref: SessionRef, request: OmniRequest) -> TranscriptionSession:
         config = request.metadata.get(SESSION_METADATA_KEY, {}).get("config") or {}

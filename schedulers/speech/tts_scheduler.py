@@ -81,6 +81,9 @@ class SentenceStreamingTTSScheduler:
         self._idle: dict[str, _Job] = {}  # streamed-text jobs waiting for more text (scheduler thread only)
         self._aborting_lock = threading.Lock()
 
+    warmed = ("synthesize",)
+    """What :meth:`warm_up_serving_thread` warms (see :mod:`schedulers.warm_up`)."""
+
     def warm_up_serving_thread(self) -> None:
         """Synthesize a word so the first real request does not pay onnxruntime's first-run cost."""
         self.synthesizer.synthesize("Ready.", 1.0)

@@ -27,8 +27,10 @@ import torch
 from omnitrio.contract import StagePayload
 from schedulers.devices import Placement, to_host
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
+from schedulers.qwen3_omni.front.warm_up import audio_warm_up, image_warm_up
 from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
 from schedulers.simple import SimpleScheduler
+from schedulers.warm_up import WarmUp
 
 Batch = list[StagePayload]
 T = TypeVar("T")
@@ -104,13 +106,16 @@ class VisionTower:
         return [(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(requests))]
 
 
-def _batched(encode_batch: Callable[[Batch], Batch], max_batch_size: int, max_batch_wait_ms: float) -> SimpleScheduler:
+def _batched(
+    encode_batch: Callable[[Batch], Batch], max_batch_size: int, max_batch_wait_ms: float, warm_up: WarmUp
+) -> SimpleScheduler:
     return SimpleScheduler(
         lambda payload: encode_batch([payload])[0],
         batch_compute_fn=encode_batch,
         max_batch_size=max_batch_size,
         max_batch_wait_ms=max_batch_wait_ms,
         batch_wait_when_idle=False,
+        warm_up=warm_up,
     )
 
 
@@ -152,7 +157,8 @@ def create_audio_encoder_stage(
     placement = Placement.of("audio_encoder", device, dtype)
     torch.set_num_threads(1)
     tower = AudioTower(require_model_dir(model_dir), placement)
-    return _batched(audio_batch_fn(tower), max_batch_size, max_batch_wait_ms)
+    warm_up = audio_warm_up(tower.encode, tower.tower.config.num_mel_bins)
+    return _batched(audio_batch_fn(tower), max_batch_size, max_batch_wait_ms, warm_up)
 
 
 def create_image_encoder_stage(
@@ -167,7 +173,8 @@ def create_image_encoder_stage(
     placement = Placement.of("image_encoder", device, dtype)
     torch.set_num_threads(1)
     tower = VisionTower(require_model_dir(model_dir), placement)
-    return _batched(image_batch_fn(tower), max_batch_size, max_batch_wait_ms)
+    warm_up = image_warm_up(tower.encode, tower.tower.config)
+    return _batched(image_batch_fn(tower), max_batch_size, max_batch_wait_ms, warm_up)
 
 
 create_audio_encoder_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ from schedulers.devices import Placement
 from schedulers.media import decode_audio, read_image_url
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.front.processor import OmniProcessor
+from schedulers.qwen3_omni.front.warm_up import preprocess_warm_up
 from schedulers.qwen3_omni.graph import AUDIO_ENCODER, IMAGE_ENCODER
 from schedulers.qwen3_omni.handoffs import Knobs, Preprocessed
 from schedulers.simple import SimpleScheduler
@@ -196,7 +197,7 @@ def create_preprocess_stage(
             raise InvalidRequest(str(exc), param=field if " " not in field else None) from None
         return payload
 
-    return SimpleScheduler(preprocess, max_concurrency=max_concurrency)
+    return SimpleScheduler(preprocess, max_concurrency=max_concurrency, warm_up=preprocess_warm_up(preprocessor))
 
 
 create_preprocess_stage.preflight = preflight  # type: ignore[attr-defined]

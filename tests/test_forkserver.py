@@ -1,0 +1,74 @@
+"""Stage processes are forks of one fork server that imported their factories' modules once, never
+forks of the caller; a server that touched CUDA or runs a thread after its import forks nothing,
+and the stage processes start as fresh interpreters, as they do with ``OMNITRIO_START_METHOD=spawn``.
+The server leaves with the pipeline."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import pytest
+
+from omnitrio import PipelineConfig, StageConfig, open_pipeline
+from omnitrio.children import START_METHOD_ENV
+from tests.fork_stages import F
+
+
+def two_processes(module: str) -> PipelineConfig:
+    factory = f"{module}.create_where"
+    return PipelineConfig(
+        stages=[
+            StageConfig(name="a", process="p_a", factory_path=factory, factory={"tag": "a"}, next="b"),
+            StageConfig(name="b", process="p_b", factory_path=factory, factory={"tag": "b"}, terminal=True),
+        ]
+    )
+
+
+async def where(config: PipelineConfig) -> dict[str, Any]:
+    async with open_pipeline(config) as pipeline:
+        return await pipeline.submit("r1", "hi")
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_stage_processes_are_forks_of_one_server_that_imported_their_factories() -> None:
+    got = await where(two_processes(F))
+    a, b = got["a"], got["b"]
+    server = a["ppid"]
+    assert server != os.getpid() and b["ppid"] == server
+    assert a["imported_in"] == b["imported_in"] == server
+    assert len({a["pid"], b["pid"], server}) == 3
+    assert gone(server)
+
+
+async def test_with_start_method_spawn_each_stage_process_is_a_fresh_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    got = await where(two_processes(F))
+    for stage in ("a", "b"):
+        assert got[stage]["ppid"] == os.getpid()
+        assert got[stage]["imported_in"] == got[stage]["pid"]
+
+
+@pytest.mark.parametrize(
+    ("module", "why"), [("tests.fork_stages_cuda", "touched CUDA"), ("tests.fork_stages_thread", "thread")]
+)
+async def test_a_fork_server_that_must_not_fork_forks_nothing(
+    module: str, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="omnitrio.forkserver")
+    got = await where(two_processes(module))
+    for stage in ("a", "b"):
+        assert got[stage]["ppid"] == os.getpid()
+        assert got[stage]["imported_in"] == got[stage]["pid"]
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and why in refusals[0] and module in refusals[0], refusals

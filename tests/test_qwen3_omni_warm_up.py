@@ -1,0 +1,39 @@
+"""configs/qwen3-omni.toml pays at start-up what a first request of each kind would pay in its front and its
+listener: when it says ready, preprocess has run the processor on a text, an audio and an image chat, each
+encoder its tower, and stream_asr its recognizer's decodes, voice activity detector and turn model (the start-up
+events say so, before the pipeline's ready), with one process per group as the config places them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omnitrio import open_pipeline
+from omnitrio.config_loading import load
+from omnitrio.events import EVENT_DIR_ENV
+from tests.startup_helpers import tiny_qwen3_omni, warmed_before_ready
+
+__all__ = ["tiny_qwen3_omni"]
+
+pytestmark = pytest.mark.timeout(600)
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni.toml"
+DECODES = ["transcribe", "transcribe quick"]
+WARMED = {
+    "preprocess": ["text", "audio", "image"],
+    "audio_encoder": ["audio"],
+    "image_encoder": ["image"],
+    "asr": DECODES,
+    "stream_asr": [*DECODES, "resample", "voice activity", "turn model"],
+}
+
+
+async def test_qwen3_omni_is_warm_when_it_says_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_qwen3_omni: Path
+) -> None:
+    monkeypatch.setenv(EVENT_DIR_ENV, str(tmp_path))
+    async with open_pipeline(load(CONFIG, model=tiny_qwen3_omni)):
+        pass
+    warmed = warmed_before_ready(tmp_path)
+    assert {stage: warmed[stage] for stage in WARMED} == WARMED
