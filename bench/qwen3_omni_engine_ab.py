@@ -10,9 +10,10 @@ moments another process took the core), over rounds the median; the ratio is aft
 
 What is measured, one torch thread:
 
-* **thinker**: the engine's tokens per second for ``batch`` requests of ``--prompt`` random tokens decoded
-  greedily, ``--tokens`` each (eos ignored), prefills included;
-* **talker**, frames per second (wall) and frames per second of the talker's own step time (busy):
+* **thinker**: the engine's tokens per second (wall, and per CPU second of its thread) for ``batch``
+  requests of ``--prompt`` random tokens decoded greedily, ``--tokens`` each (eos ignored), prefills
+  included;
+* **talker**, frames per second (wall) and frames per CPU second of the talker's own steps (busy):
   ``burst`` feeds every request's thinker stream at once (nobody ever sits a step out); ``paced`` feeds
   each request's thinker tokens one every ``--pace-ms`` milliseconds (default: slower than the size's
   talker steps, as a larger thinker streaming its answer is), the requests' starts staggered: a request
@@ -48,17 +49,18 @@ PACE_MS = {"tiny": 15.0, "medium": 120.0}  # a thinker token per request, slower
 
 
 class Timed:
-    """Wraps a callable and sums its wall time."""
+    """Wraps a callable and sums its time on ``clock`` (wall by default; ``time.thread_time``: the CPU time
+    of the thread that calls it, which a loaded machine's other processes do not add to)."""
 
-    def __init__(self, fn: Any) -> None:
-        self.fn, self.seconds = fn, 0.0
+    def __init__(self, fn: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.fn, self.clock, self.seconds = fn, clock, 0.0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = self.clock()
         try:
             return self.fn(*args, **kwargs)
         finally:
-            self.seconds += time.perf_counter() - start
+            self.seconds += self.clock() - start
 
 
 def feed(inbox: Any, streams: Sequence[Sequence[Any]], final: Callable[[str], Any], pace_s: float) -> None:
@@ -162,7 +164,7 @@ def talker_rate(
     """Frames per wall second and per second of the talker's step time, for ``streams`` fed at ``pace_s``."""
     sampling = api["TalkerSampling"](do_sample=False, max_new_tokens=frames + 1, min_new_tokens=frames + 1)
     scheduler = api["TalkerScheduler"](talker, sampling=sampling)
-    busy = Timed(scheduler._step)
+    busy = Timed(scheduler._step, time.thread_time)
     scheduler._step = busy
     total, wall = serve_streams(scheduler, streams, api["final"], pace_s)
     sizes = list(scheduler.batch_sizes)
@@ -173,19 +175,21 @@ def talker_rate(
     }
 
 
-def thinker_rate(api: dict[str, Any], lm: Any, batch: int, prompt: int, tokens: int) -> float:
-    """The engine's tokens per second for ``batch`` random prompts decoded greedily together."""
+def thinker_rate(api: dict[str, Any], lm: Any, batch: int, prompt: int, tokens: int) -> tuple[float, float]:
+    """The engine's tokens per wall second and per CPU second for ``batch`` random prompts decoded greedily
+    together (one torch thread: the CPU time is this thread's)."""
     import torch
 
     generator = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, 256, (prompt,), generator=generator) for _ in range(batch)]
     engine = api["ThinkerEngine"](lm, max_running=batch)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     for i, ids in enumerate(prompts):
         engine.add(api["ThinkerRequest"](f"r{i}", lm.prompt_inputs(ids), tokens, api["greedy"](), None))
     while engine.has_work:
         engine.step()
-    return batch * tokens / (time.perf_counter() - start)
+    generated = batch * tokens
+    return generated / (time.perf_counter() - start), generated / (time.thread_time() - cpu)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -210,8 +214,9 @@ def worker(args: argparse.Namespace) -> None:
     lm = thinker_scheduler(model_dir).engine.lm
     thinker_rate(api, lm, 1, args.prompt, 4)  # warm-up: first calls allocate
     for batch in batches:
-        best = max(thinker_rate(api, lm, batch, args.prompt, args.tokens) for _ in range(args.repeats))
-        emit({"part": "thinker", "batch": batch, "tok_s": round(best, 1)})
+        runs = [thinker_rate(api, lm, batch, args.prompt, args.tokens) for _ in range(args.repeats)]
+        emit({"part": "thinker", "batch": batch, "tok_s": round(max(r[0] for r in runs), 1),
+              "tok_per_cpu_s": round(max(r[1] for r in runs), 1)})  # fmt: skip
     model, processor = load_reference_model(model_dir), reference_processor(model_dir)
     eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     streams = []
@@ -332,7 +337,7 @@ def main() -> None:
         line = "  ".join(
             f"{n} {v['before']:.1f} -> {v['after']:.1f} (x{v['ratio']})"
             for n, v in row.items()
-            if isinstance(v, dict) and n in (name, "frames_per_busy_s")
+            if isinstance(v, dict) and n in (name, "frames_per_busy_s", "tok_per_cpu_s")
         )
         print(f"{what}: {line}", flush=True)
     if not args.quick:

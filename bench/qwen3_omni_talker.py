@@ -7,7 +7,7 @@ every request speaks exactly ``--frames`` + 1 talker tokens) is then fed all str
 from the first chunk to the last result; with ``--pace-ms`` each request's thinker tokens come one every
 that many milliseconds instead, the requests' starts staggered, as a thinker streams them, so a request
 whose next token has not come sits the talker's steps out (``frames_per_busy_s`` is then the figure of
-the talker's own cost: frames over the time its steps took).  The split of the wall time between the
+the talker's own cost: frames over the CPU time its steps took).  The split of the wall time between the
 talker's forwards and the code predictor's is measured in the same run (the code predictor runs inside
 the stage: the figure says what a stage of its own would have to beat after paying a stream hop each way
 per frame).
@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ def measure(
 ) -> dict[str, float]:
     sampling = TalkerSampling(do_sample=False, max_new_tokens=frames + 1, min_new_tokens=frames + 1)
     scheduler = TalkerScheduler(talker, sampling=sampling)
-    forward, predict, busy = Timed(talker.forward), Timed(scheduler.predictor.frames), Timed(scheduler._step)
+    forward, predict = Timed(talker.forward), Timed(scheduler.predictor.frames)
+    busy = Timed(scheduler._step, time.thread_time)
     talker.forward, scheduler.predictor.frames = forward, predict  # type: ignore[method-assign]
     scheduler._step = busy  # type: ignore[method-assign]
     total_frames, wall = serve_streams(scheduler, chunks, _final, pace_s)
