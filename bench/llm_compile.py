@@ -50,8 +50,9 @@ from schedulers.ar import model as ar_model  # noqa: E402
 from schedulers.ar.chat_tokenizer import chat_tokenizer  # noqa: E402
 from schedulers.ar.engine import ARBatchEngine, GenerationRequest  # noqa: E402
 from schedulers.ar.gguf_file import read_gguf  # noqa: E402
-from schedulers.ar.model import Block, KVCache, TinyLlama  # noqa: E402
+from schedulers.ar.model import Block, TinyLlama  # noqa: E402
 from schedulers.ar.weight_formats import WEIGHT_FORMATS, load_model  # noqa: E402
+from schedulers.engine.kv_batch import KVStep  # noqa: E402
 from schedulers.speech.stages import smollm2_path  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "llm_compile.json"
@@ -70,7 +71,7 @@ def _after_write(
 
 
 class CompiledDecode:
-    """``model.forward`` with decode steps of neighbouring slots through the two compiled graphs."""
+    """``model.forward`` with decode steps through the two compiled graphs (the KV batch's write stays eager)."""
 
     def __init__(self, model: TinyLlama) -> None:
         self.model = model
@@ -79,28 +80,20 @@ class CompiledDecode:
         self.after = torch.compile(_after_write, dynamic=True)
 
     def __call__(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache,
-        slots: list[int],
-        starts: list[int],
-        logits_at: list[int] | None = None,
+        self, tokens: torch.Tensor, step: KVStep, logits_at: list[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         b, t = tokens.shape
-        if t != 1 or logits_at is not None or slots != list(range(slots[0], slots[0] + b)):
-            return self.eager(tokens, cache, slots, starts, logits_at)
+        if t != 1 or logits_at is not None:
+            return self.eager(tokens, step, logits_at)
         model, config, dtype = self.model, self.model.config, self.model.matmul_dtype
-        positions = torch.tensor(starts).unsqueeze(1)
-        kv_len = max(starts) + 1
+        positions = torch.tensor(step.lengths).unsqueeze(1)
         cos, sin = model.rope_at(positions)
-        bias = ar_model.attention_bias(positions, kv_len)
-        flat = ar_model._flat_rows(cache, slots, starts, 1)
-        rows = slice(slots[0], slots[0] + b)
+        bias = ar_model.attention_bias(positions, step.width + 1)
         x = model.embed(tokens).float().view(b, -1)
-        for layer_cache, layer in zip(cache.data, model.blocks, strict=True):
+        for index, layer in enumerate(model.blocks):
             q, kv = self.before(layer, x, cos, sin, dtype)
-            ar_model._write_flat(layer_cache, flat, kv.view(b, 1, 2, config.n_kv_heads, -1).permute(2, 0, 3, 1, 4))
-            x = self.after(layer, x, q, layer_cache[:, rows, :, :kv_len], bias, dtype)
+            keys_values = step.update_stacked(index, kv.view(b, 1, 2, config.n_kv_heads, -1).permute(2, 0, 3, 1, 4))
+            x = self.after(layer, x, q, keys_values, bias, dtype)
         hidden = model.norm(x).view(b, 1, -1)
         return model.logits(hidden), hidden
 

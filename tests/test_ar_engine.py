@@ -104,7 +104,7 @@ def test_full_waiting_queue_raises_stage_overloaded(model) -> None:
     [
         (GenerationRequest("x", [], 4), "prompt is empty"),
         (GenerationRequest("x", [CONFIG.vocab_size], 4), "prompt token ids must be in"),
-        (GenerationRequest("x", [1] * 90, 10), "exceeds the 96-token context"),
+        (GenerationRequest("x", [1] * 90, 10), "maximum context length is 96 tokens"),
         (GenerationRequest("x", [1], 0), "max_new_tokens=0"),
     ],
 )

@@ -57,7 +57,7 @@ def test_the_least_recently_used_session_is_evicted_and_re_prefills_correctly(mo
     before = engine.prefilled_tokens
     assert turn(engine, "a2", follow_up, "a") == greedy_reference(model, follow_up, 6)
     assert engine.prefilled_tokens - before == len(follow_up)
-    assert engine.cache.data.shape[2] == 1 + 2  # memory: running slots + kept sessions, no more
+    assert engine.kv.capacity[0] == 1 + 2  # memory: rows for the running request + kept sessions, no more
 
 
 def test_a_shared_system_prompt_is_computed_once_for_every_session(model: torch.nn.Module) -> None:

@@ -239,7 +239,7 @@ def test_parked_sessions_are_evicted_least_recently_used_first(model: LlamaModel
 
 
 def test_a_request_larger_than_the_context_is_refused_naming_the_limit(engine: LlamaBatchEngine) -> None:
-    with pytest.raises(ValueError, match=r"exceeds the 4096-token context"):
+    with pytest.raises(ValueError, match=r"maximum context length is 4096 tokens"):
         engine.add(LlamaRequest("big", [1] * 4000, 200))
 
 

@@ -284,6 +284,18 @@ def test_prompt_longer_than_the_context_is_a_client_error(reference: Any, make_s
     assert isinstance(outputs[-1].data, InvalidRequest) and outputs[-1].data.code == "context_length_exceeded"
 
 
+def test_max_tokens_past_the_context_is_refused_and_no_max_tokens_gets_what_is_left(
+    reference: Any, make_scheduler: Any
+) -> None:
+    context = reference.config.thinker_config.text_config.max_position_embeddings
+    prompt = torch.full((context - 3,), 5)
+    (refused,) = _ask(make_scheduler(), ThinkerInput(prompt, Knobs(max_new_tokens=4)))
+    assert isinstance(refused.data, InvalidRequest) and refused.data.code == "context_length_exceeded"
+    assert f"{context - 3} in the messages, 4 in the completion" in str(refused.data)
+    answer = _ask(make_scheduler(eos_token_id=-1), ThinkerInput(prompt, Knobs()))[-1].data.data
+    assert (len(answer.token_ids), answer.finish_reason) == (3, "length")
+
+
 def test_sampling_at_a_temperature_draws_what_generate_draws(
     reference: Any, processor: Any, make_scheduler: Any
 ) -> None:

@@ -1,29 +1,31 @@
-"""The continuous-batching decode engine: a waiting queue, a fixed set of KV-cache slots, ``step()``.
+"""The continuous-batching decode engine: a waiting queue, one KV batch with a row per request, ``step()``.
 
 Each :meth:`ARBatchEngine.step` does, in order:
 
 1. **decode**: one token for every request that was already running, all in one batched forward;
-2. **admit**: move waiting requests (FIFO) into free slots, up to ``max_running_requests``, and prefill
+2. **admit**: give waiting requests (FIFO) a row, up to ``max_running_requests``, and prefill
    them together in one forward, which yields their first token;
 3. **retire**: requests that produced ``eos_token_id`` (finish ``"stop"``) or reached
-   ``max_new_tokens`` (finish ``"length"``) leave and free their slot for the next step.
+   ``max_new_tokens`` (finish ``"length"``) leave and free their row for the next step.
 
 So every running request gets exactly one token per step, and requests join and leave the batch at
 step boundaries.
 
-A request with a ``session_id`` keeps its slot's keys/values when it leaves (finished or aborted):
+A request with a ``session_id`` keeps its row's keys/values when it leaves (finished or aborted):
 that conversation's next request prefills only what it does not share with them, and a request's
 first ``shared_prefix_len`` prompt tokens (a system prompt) are computed once for all requests
 that start with them; :mod:`schedulers.ar.kv_sessions` holds those rules and their memory bound.
 
-:meth:`abort` takes effect at once: the request leaves the waiting queue or its slot is free for
+:meth:`abort` takes effect at once: the request leaves the waiting queue or its row is freed for
 the next step's admission, and it never produces another token.
 
-The KV cache is float32 whatever the weights' format (attention reads it without a conversion):
-``layers * 2 * kv_heads * head_dim * 4`` bytes a token, for ``max_running_requests + max_sessions``
-slots of ``max_seq_len`` tokens.
+The keys/values are one :class:`~schedulers.engine.kv_batch.KVBatch` (the engine layer's), float32
+whatever the weights' format (attention reads them without a conversion): ``layers * 2 * kv_heads *
+head_dim * 4`` bytes a token, for at most ``max_running_requests + max_sessions`` rows as long as the
+longest of them (with spare room).  The admission is the engine layer's
+(:class:`~schedulers.engine.admission.Admission`).
 
-The engine is not thread-safe: one thread (the scheduler's) owns it.  Requests beyond the free slots
+The engine is not thread-safe: one thread (the scheduler's) owns it.  Requests beyond ``max_running_requests``
 wait, at most ``max_waiting_requests`` of them; :meth:`add` raises
 :class:`~omnitrio.contract.StageOverloaded` when that queue is full.
 """
@@ -31,14 +33,16 @@ wait, at most ``max_waiting_requests`` of them; :meth:`add` raises
 from __future__ import annotations
 
 import collections
+from collections.abc import Hashable
 
 import attrs
 import torch
 
 from schedulers.ar.kv_sessions import SessionCache
-from schedulers.ar.model import KVCache, TinyLlama
+from schedulers.ar.model import TinyLlama
 from schedulers.ar.sampling import Penalties, penalize, sample_rows
-from schedulers.engine_admission import check_new_request, check_room
+from schedulers.engine.admission import Admission
+from schedulers.engine.kv_batch import KVBatch
 
 FinishReason = str  # "stop" | "length"
 
@@ -99,14 +103,13 @@ class StepStats:
 @attrs.define(eq=False)
 class _Running:
     request: GenerationRequest
-    slot: int
-    length: int  # tokens whose keys/values are in the cache
+    length: int  # tokens whose keys/values are in its row
     output_ids: list[int] = attrs.field(factory=list)
     hidden: list[torch.Tensor] = attrs.field(factory=list)
     generator: torch.Generator | None = None
 
     def cached_tokens(self) -> list[int]:
-        """The tokens whose keys/values are in the slot (the last output has none yet)."""
+        """The tokens whose keys/values are in its row (the last output has none yet)."""
         return (self.request.prompt_ids + self.output_ids)[: self.length]
 
 
@@ -123,16 +126,16 @@ class ARBatchEngine:
         max_sessions: int = 0,
         max_prefixes: int = 8,
     ) -> None:
-        if max_running_requests < 1:
-            raise ValueError(f"ARBatchEngine: max_running_requests={max_running_requests} must be >= 1")
-        if max_waiting_requests < 0:
-            raise ValueError(f"ARBatchEngine: max_waiting_requests={max_waiting_requests} must be >= 0")
+        self.admission = Admission(
+            "AR engine", context_tokens=model.config.max_seq_len, max_running=max_running_requests,
+            max_waiting=max_waiting_requests, vocab_size=model.config.vocab_size,
+        )  # fmt: skip
         self.model = model
         self.config = model.config
         self.max_running_requests = max_running_requests
         self.max_waiting_requests = max_waiting_requests
-        self.cache = KVCache(model.config, max_running_requests + max_sessions, torch.float32)
-        self.sessions = SessionCache(self.cache, max_sessions=max_sessions, max_prefixes=max_prefixes)
+        self.kv: KVBatch[Hashable] = KVBatch(model.config.n_layers, rows=max_running_requests + max_sessions)
+        self.sessions = SessionCache(self.kv, max_sessions=max_sessions, max_prefixes=max_prefixes)
         self.waiting: collections.OrderedDict[str, GenerationRequest] = collections.OrderedDict()
         self.running: dict[str, _Running] = {}
         self._generator = torch.Generator().manual_seed(seed)
@@ -148,11 +151,6 @@ class ARBatchEngine:
         """Queue a request; raises ``ValueError`` naming the bad field, or ``StageOverloaded`` when full."""
         rid = request.request_id
         vocab = self.config.vocab_size
-        present = rid in self.waiting or rid in self.running
-        check_new_request(
-            rid, request.prompt_ids, request.max_new_tokens, vocab_size=vocab,
-            context_tokens=self.config.max_seq_len, present=present,
-        )  # fmt: skip
         if request.temperature < 0:
             raise ValueError(f"request {rid!r}: temperature={request.temperature} must be >= 0")
         if not 0 < request.top_p <= 1:
@@ -162,9 +160,9 @@ class ARBatchEngine:
                 raise ValueError(f"request {rid!r}: {name}={getattr(request, name)} must be in [-2, 2]")
         if any(not 0 <= t < vocab or not -100 <= b <= 100 for t, b in request.logit_bias.items()):
             raise ValueError(f"request {rid!r}: logit_bias needs token ids in [0, {vocab}) and biases in [-100, 100]")
-        check_room(
-            "AR engine", rid, waiting=len(self.waiting), running=len(self.running),
-            max_running=self.max_running_requests, max_waiting=self.max_waiting_requests,
+        self.admission.check(
+            rid, request.prompt_ids, request.max_new_tokens, present=rid in self.waiting or rid in self.running,
+            waiting=len(self.waiting), running=len(self.running),
         )  # fmt: skip
         self.waiting[rid] = request
 
@@ -175,18 +173,18 @@ class ARBatchEngine:
         state = self.running.pop(request_id, None)
         if state is None:
             return False
-        self.sessions.release(state.slot, state.request.session_id, state.cached_tokens())
+        self.sessions.release(request_id, state.request.session_id, state.cached_tokens())
         return True
 
     def step(self) -> tuple[list[TokenEvent], StepStats]:
         """Run one step (decode, admit + prefill, retire); see the module docstring."""
         events: list[TokenEvent] = []
         with torch.inference_mode():
-            decoding = sorted(self.running.values(), key=lambda s: s.slot)
+            decoding = [self.running[rid] for rid in self.kv.order(self.running)]
             if decoding:
                 tokens = torch.tensor([[s.output_ids[-1]] for s in decoding])
-                starts = [s.length for s in decoding]
-                logits, hidden = self.model.forward(tokens, self.cache, [s.slot for s in decoding], starts)
+                step = self.kv.step([s.request.request_id for s in decoding])
+                logits, hidden = self.model.forward(tokens, step)
                 self._advance(decoding, logits[:, -1], hidden[:, -1], [1] * len(decoding), events)
             admitted = self._admit()
             for group in self._prefill_groups(admitted):
@@ -199,14 +197,16 @@ class ARBatchEngine:
         admitted = []
         while self.waiting and len(self.running) < self.max_running_requests:
             _, request = self.waiting.popitem(last=False)
-            slot, reused = self.sessions.claim(request.session_id, request.prompt_ids, request.shared_prefix_len)
+            rid = request.request_id
+            reused = self.sessions.claim(rid, request.session_id, request.prompt_ids, request.shared_prefix_len)
             generator = None if request.seed is None else torch.Generator().manual_seed(request.seed)
-            state = _Running(request, slot, reused, generator=generator)
+            state = _Running(request, reused, generator=generator)
             self.running[request.request_id] = state
             admitted.append(state)
             self.reused_tokens += reused
             self.prefilled_tokens += len(request.prompt_ids) - reused
-        admitted.sort(key=lambda s: s.slot)
+        order = {rid: row for row, rid in enumerate(self.kv.order(s.request.request_id for s in admitted))}
+        admitted.sort(key=lambda s: order[s.request.request_id])
         return admitted
 
     def _prefill_groups(self, admitted: list[_Running]) -> list[list[_Running]]:
@@ -222,13 +222,14 @@ class ARBatchEngine:
         width = max(lengths)
         padded = [ids + [0] * (width - len(ids)) for ids in todo]
         last = [n - 1 for n in lengths]
-        logits, hidden = self.model.forward(
-            torch.tensor(padded), self.cache, [s.slot for s in group], [start] * len(group), logits_at=last
-        )
+        rids = [s.request.request_id for s in group]
+        logits, hidden = self.model.forward(torch.tensor(padded), self.kv.step(rids, tokens=width), logits_at=last)
+        for rid, n in zip(rids, lengths, strict=True):
+            self.kv.truncate(rid, start + n)  # the padding written past a shorter prompt is not its own
         for state in group:
             shared = state.request.shared_prefix_len
             if start == 0 and 0 < shared < len(state.request.prompt_ids):
-                self.sessions.remember_prefix(state.slot, state.request.prompt_ids[:shared])
+                self.sessions.remember_prefix(state.request.request_id, state.request.prompt_ids[:shared])
         rows = torch.arange(len(group))
         self._advance(group, logits[:, 0], hidden[rows, torch.tensor(last)], lengths, events)
 
@@ -257,7 +258,7 @@ class ARBatchEngine:
                 events.append(TokenEvent(request.request_id, token))
                 continue
             del self.running[request.request_id]
-            self.sessions.release(state.slot, request.session_id, state.cached_tokens())
+            self.sessions.release(request.request_id, request.session_id, state.cached_tokens())
             hidden_states = torch.stack(state.hidden) if request.return_hidden_states else None
             events.append(TokenEvent(request.request_id, token, reason, state.output_ids, hidden_states))
 

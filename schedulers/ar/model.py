@@ -1,20 +1,21 @@
-"""A tiny Llama-style decoder (RMSNorm, RoPE, GQA attention, SwiGLU) with a per-slot KV cache.
+"""A tiny Llama-style decoder (RMSNorm, RoPE, GQA attention, SwiGLU) over the engine layer's KV batch.
 
 The weights are random, drawn from ``ModelConfig.seed``: two models built from equal configs are
 identical, so a test can build its oracle from the same config without sharing objects.
 
-The cache is one preallocated float32 tensor (:class:`KVCache`).  A slot is a request's row;
-:meth:`TinyLlama.forward` writes the new keys/values of each row at that row's own start position
-and masks attention per row, so requests of different lengths decode in one batch.  Positions at or
-beyond a slot's length may hold stale values from an earlier request or from padding: they are never
-attended to, because a row only attends to positions ``<=`` its own query position and every
-position is written before it is read.
+The keys/values live in a :class:`~schedulers.engine.kv_batch.KVBatch` (float32: the model makes them
+in float32 whatever the weights' format).  :meth:`TinyLlama.forward` runs one
+:class:`~schedulers.engine.kv_batch.KVStep`: each row's new keys/values go at that row's own length
+and attention is masked per row, so requests of different lengths decode in one batch.  Positions
+beyond a row's length may hold values from padding (a prefill of rows of different lengths, padded
+on the right) or from an earlier request: they are never attended to, because a row only attends to
+positions ``<=`` its own query position and every position is written before it is read.
 
 Decoding one token is a few small operations per layer around four matrix products, so the forward
 keeps the operation count low: the residual stream stays float32 and two-dimensional (``[rows, dim]``,
 so a product is one call; only the products' inputs are cast to the weights' dtype), RoPE is applied
 in place (a roll and two fused multiplies), attention is one ``scaled_dot_product_attention`` over
-grouped key/value heads, and each layer's cache views are made once per forward, not per layer.
+grouped key/value heads, and a layer's keys and values are written into the KV batch in one copy.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from schedulers.engine.kv_batch import KVStep
 
 
 @attrs.frozen
@@ -56,24 +59,6 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
-
-
-class KVCache:
-    """Preallocated keys/values for ``slots`` sequences; the engine owns slot assignment and lengths.
-
-    ``data`` is ``[layers, 2, slots, kv_heads, max_seq_len, head_dim]``: one layer's keys (or values)
-    of consecutive slots are one strided block, so a batch of neighbouring slots reads them without
-    a copy."""
-
-    def __init__(self, config: ModelConfig, slots: int, dtype: torch.dtype) -> None:
-        shape = (config.n_layers, 2, slots, config.n_kv_heads, config.max_seq_len, config.head_dim)
-        self.data = torch.zeros(shape, dtype=dtype)
-        self.slots = slots
-        self.max_seq_len = config.max_seq_len
-
-    def tokens(self, slot: int, length: int) -> torch.Tensor:
-        """The keys/values of a slot's first ``length`` positions (a view)."""
-        return self.data[:, :, slot, :, :length]
 
 
 class RMSNorm(nn.Module):
@@ -184,7 +169,7 @@ class Block(nn.Module):
 
 
 class TinyLlama(nn.Module):
-    """The decoder.  Use :meth:`forward` with a :class:`KVCache`; all calls must run under no-grad.
+    """The decoder.  Use :meth:`forward` with a step of a KV batch, under ``torch.inference_mode()``.
 
     The residual stream, norms, RoPE and attention are float32; the projections multiply in
     ``matmul_dtype`` (the weights' dtype, or bfloat16 for the packed formats of
@@ -231,51 +216,31 @@ class TinyLlama(nn.Module):
         return self.lm_head(rows).float().view(*hidden.shape[:-1], -1)
 
     def forward(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache,
-        slots: list[int],
-        starts: list[int],
-        logits_at: list[int] | None = None,
+        self, tokens: torch.Tensor, step: KVStep, logits_at: list[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run ``tokens [B, T]``; row ``b`` continues slot ``slots[b]`` at position ``starts[b]``.
+        """Run ``tokens [B, T]``: row ``b`` continues the ``b``-th row of ``step`` at its length.
 
         Returns ``(logits [B, T, vocab] float32, hidden [B, T, dim] float32)`` where ``hidden`` is the
         final normed hidden state; with ``logits_at`` (one index into ``T`` per row) logits are
         ``[B, 1, vocab]``, of those positions only (a prefill needs only its last).  Keys/values of
-        all ``T`` tokens are written into the cache (rows padded on the right write values past their
-        end: harmless, see the module docstring).  The caller keeps the lengths; ``starts[b] + T``
-        must not exceed ``max_seq_len``.
+        all ``T`` tokens are written (rows padded on the right write values past their end: the caller
+        truncates those rows, see the module docstring).  A row's length + ``T`` must not exceed
+        ``max_seq_len``.
         """
         b, t = tokens.shape
-        positions = torch.tensor(starts).unsqueeze(1) + torch.arange(t)  # [B, T]
-        kv_len = max(starts) + t
-        if kv_len > cache.max_seq_len:
-            raise ValueError(f"sequence length {kv_len} exceeds max_seq_len={cache.max_seq_len}")
+        positions = torch.tensor(step.lengths).unsqueeze(1) + torch.arange(t)  # [B, T]
+        kv_len = step.width + t
+        if kv_len > self.config.max_seq_len:
+            raise ValueError(f"sequence length {kv_len} exceeds max_seq_len={self.config.max_seq_len}")
         dtype, kv_heads = self.matmul_dtype, self.config.n_kv_heads
         cos, sin = self.rope_at(positions)
         bias = attention_bias(positions, kv_len)
-        contiguous = slots == list(range(slots[0], slots[0] + b))
-        rows = slice(slots[0], slots[0] + b)
-        # Unless the rows are neighbouring slots at one start, keys/values go to flat row indices.
-        flat = None if contiguous and all(s == starts[0] for s in starts) else _flat_rows(cache, slots, starts, t)
-        # Each layer's [2, B, KVH, T or L, D] destination and source, as views made once a step.
-        written = cache.data[:, :, rows, :, starts[0] : starts[0] + t].unbind(0) if flat is None else ()
-        read = cache.data[:, :, rows, :, :kv_len].unbind(0) if contiguous else None
         x = self.embed(tokens).float().view(b * t, -1)
         for index, layer in enumerate(self.blocks):
             q, kv = layer.attention_inputs(x, cos, sin, dtype)
             # [B, T, 2 * KVH, D] -> [2, B, KVH, T, D]
             new = kv.view(b, t, 2, kv_heads, -1).permute(2, 0, 3, 1, 4)
-            if flat is None:
-                written[index].copy_(new)
-            else:
-                _write_flat(cache.data[index], flat, new)
-            if read is None:
-                keys_values = torch.stack([cache.data[index, :, slot, :, :kv_len] for slot in slots], dim=1)
-            else:
-                keys_values = read[index]
-            keys, values = keys_values.to(torch.float32).unbind(0)
+            keys, values = step.update_stacked(index, new).unbind(0)
             x = layer.finish(x, attend(q, keys, values, bias), dtype)
         hidden = self.norm(x).view(b, t, -1)
         if logits_at is not None:
@@ -294,23 +259,6 @@ class TinyLlama(nn.Module):
             out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, enable_gqa=True)
             x = layer.finish(x, out.transpose(1, 2).reshape(b * t, -1), self.matmul_dtype)
         return self.logits(self.norm(x)).view(b, t, -1)
-
-
-def _flat_rows(cache: KVCache, slots: list[int], starts: list[int], t: int) -> torch.Tensor:
-    """Row indices ``[2 * B * KVH * T]`` into one layer's keys then values viewed as
-    ``[2 * slots * KVH * max_seq_len, D]``, in the order of a ``[2, B, KVH, T, D]`` tensor."""
-    _, _, count, heads, length, _ = cache.data.shape
-    slot = torch.tensor(slots).view(1, -1, 1, 1)
-    start = torch.tensor(starts).view(1, -1, 1, 1)
-    part = torch.arange(2).view(-1, 1, 1, 1) * count
-    head = torch.arange(heads).view(1, 1, -1, 1)
-    return (((part + slot) * heads + head) * length + start + torch.arange(t)).view(-1)
-
-
-def _write_flat(layer_cache: torch.Tensor, flat: torch.Tensor, new: torch.Tensor) -> None:
-    """Store new keys/values ``[2, B, KVH, T, D]`` at the rows :func:`_flat_rows` computed."""
-    d = new.shape[-1]
-    layer_cache.view(-1, d).index_copy_(0, flat, new.reshape(-1, d).to(layer_cache.dtype))
 
 
 def build_model(

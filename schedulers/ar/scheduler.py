@@ -42,11 +42,11 @@ from typing import Any, Final
 import attrs
 import torch
 
-from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload
+from omnitrio.contract import OutgoingMessage, StagePayload
 from schedulers.ar.engine import ARBatchEngine, GenerationRequest, StepStats, TokenEvent
 from schedulers.ar.model import ModelConfig, build_model
-from schedulers.ar.step_loop import StepLoop
 from schedulers.ar.tokenizer import Tokenizer, load_tokenizer
+from schedulers.engine.intake import RequestIntake
 
 _DTYPES: Final = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -111,7 +111,7 @@ class _Live:
     prompt_ids: list[int]
 
 
-class ARScheduler(StepLoop):
+class ARScheduler(RequestIntake):
     """Continuous-batching AR scheduler; the formats are in the module docstring."""
 
     def __init__(
@@ -138,28 +138,18 @@ class ARScheduler(StepLoop):
     def _has_work(self) -> bool:
         return self.engine.has_work
 
-    def _handle(self, message: IncomingMessage) -> None:
-        rid = message.request_id
-        match message.type:
-            case "new_request":
-                try:
-                    payload = message.data
-                    if self.prepare is not None and isinstance(payload, StagePayload):
-                        payload = self.prepare(payload)
-                    request, wants_stream = self.parse(rid, payload)
-                    self.engine.add(request)
-                except (ValueError, StageOverloaded) as exc:
-                    self._outbox.put(OutgoingMessage(rid, "error", exc))
-                    return
-                streams = self.stream if self.stream is not None else wants_stream
-                self._live[rid] = _Live(payload, streams, request.prompt_ids)
-            case "abort":
-                self.engine.abort(rid)
-                self._live.pop(rid, None)
-            case "stream_chunk" | "stream_done":
-                self.engine.abort(rid)
-                self._live.pop(rid, None)
-                self._refuse_stream(message)
+    def _accept(self, request_id: str, data: Any) -> None:
+        payload = data
+        if self.prepare is not None and isinstance(payload, StagePayload):
+            payload = self.prepare(payload)
+        request, wants_stream = self.parse(request_id, payload)
+        self.engine.add(request)
+        streams = self.stream if self.stream is not None else wants_stream
+        self._live[request_id] = _Live(payload, streams, request.prompt_ids)
+
+    def _forget(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._live.pop(request_id, None)
 
     def parse(self, request_id: str, payload: Any) -> tuple[GenerationRequest, bool]:
         """The engine request a ``new_request`` payload describes, and whether it streams (formats above)."""

@@ -48,7 +48,7 @@ import torch
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload
 from schedulers.ar.scheduler import prompt_and_params
-from schedulers.ar.step_loop import STOP, _Stop
+from schedulers.engine.step_loop import STOP, Stop
 
 # SGLang's shutdown waits up to 60 s for its killed children; then /dev/shm is cleaned.
 SHUTDOWN_TIMEOUT = 90.0
@@ -206,14 +206,14 @@ class SGLangScheduler:
         self.max_waiting_requests = max_waiting_requests
         self.default_max_new_tokens = default_max_new_tokens
         self.stream = stream
-        self._inbox: queue.Queue[IncomingMessage | _Stop] = queue.Queue()
+        self._inbox: queue.Queue[IncomingMessage | Stop] = queue.Queue()
         self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         # Owned by the engine loop:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._waiting: collections.OrderedDict[str, _Pending] = collections.OrderedDict()
 
     @property
-    def inbox(self) -> queue.Queue[IncomingMessage | _Stop]:
+    def inbox(self) -> queue.Queue[IncomingMessage | Stop]:
         return self._inbox
 
     @property
@@ -239,7 +239,7 @@ class SGLangScheduler:
         """Hand inbox messages to the engine loop until :meth:`stop`; then shut the engine down."""
         self.warm_up_serving_thread()
         try:
-            while not isinstance(message := self._inbox.get(), _Stop):
+            while not isinstance(message := self._inbox.get(), Stop):
                 self._engine_thread.call_soon(self._on_message, message)
         finally:
             self._engine_thread.close()

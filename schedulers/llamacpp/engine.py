@@ -41,7 +41,7 @@ import random
 
 import attrs
 
-from schedulers.engine_admission import check_new_request, check_room
+from schedulers.engine.admission import Admission
 from schedulers.llamacpp.model import LlamaModel
 from schedulers.llamacpp.sampling import Sampling, TokenSampler
 from schedulers.llamacpp.sequences import Sequences
@@ -138,6 +138,10 @@ class LlamaBatchEngine:
             raise ValueError(f"LlamaBatchEngine: context_length={context_length} must be in [2, {limit}]")
         self.model = model
         self.context_length = context_length or limit
+        self.admission = Admission(
+            "llama.cpp engine", context_tokens=self.context_length, max_running=max_running_requests,
+            max_waiting=max_waiting_requests, vocab_size=model.n_vocab,
+        )  # fmt: skip
         self.max_running_requests = max_running_requests
         self.max_waiting_requests = max_waiting_requests
         self.sequences = Sequences(
@@ -158,21 +162,15 @@ class LlamaBatchEngine:
     def add(self, request: LlamaRequest) -> None:
         """Queue a request; raises ``ValueError`` naming the bad field, or ``StageOverloaded`` when full."""
         rid = request.request_id
-        vocab = self.model.n_vocab
-        present = rid in self.waiting or rid in self.running
-        check_new_request(
-            rid, request.prompt_ids, request.max_new_tokens, vocab_size=vocab, context_tokens=self.context_length,
-            present=present,
-        )  # fmt: skip
-        problem = request.sampling.check(vocab)
+        problem = request.sampling.check(self.model.n_vocab)
         if problem is not None:
             raise ValueError(f"request {rid!r}: {problem}")
+        self.admission.check(
+            rid, request.prompt_ids, request.max_new_tokens, present=rid in self.waiting or rid in self.running,
+            waiting=len(self.waiting), running=len(self.running),
+        )  # fmt: skip
         if request.sampling.grammar is not None:  # parsed now, so that it cannot fail a step
             TokenSampler(self.model.llama, self.model.vocab, request.sampling, window=1, seed=0).close()
-        check_room(
-            "llama.cpp engine", rid, waiting=len(self.waiting), running=len(self.running),
-            max_running=self.max_running_requests, max_waiting=self.max_waiting_requests,
-        )  # fmt: skip
         self.waiting[rid] = request
 
     def abort(self, request_id: str) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from schedulers.engine.admission import FinishReason
 from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
 from schedulers.handoff import handoff
 
@@ -122,6 +123,63 @@ class Voice:
     stream: bool = True
 
 
+@handoff
+@attrs.frozen
+class DecodeToken:
+    """``thinker`` → ``decode``, one per generated token as soon as it is chosen, in order (the last may be
+    the eos): its id, and whether the answer is spoken (then its words are the audio's transcript)."""
+
+    token_id: int
+    want_audio: bool
+
+
+@handoff
+@attrs.frozen(eq=False)
+class TalkerPrompt:
+    """``thinker`` → ``talker``, the first chunk of its stream (only when the answer is spoken): the prompt
+    as the thinker saw it, what :class:`schedulers.qwen2_5_omni.talker.prompt.TalkerText` is built from.
+
+    ``token_ids`` ``Long[P]``; ``hidden`` ``Float[P, H]`` (the thinker's last hidden state per position) and
+    ``embeds`` ``Float[P, H]`` (its input embeddings, audio and image features in place), in the thinker's
+    dtype, as ``generate`` computes them; ``voice``: the request's speaker, seed and whether token2wav
+    streams."""
+
+    token_ids: torch.Tensor
+    hidden: torch.Tensor
+    embeds: torch.Tensor
+    voice: Voice
+
+
+@handoff
+@attrs.frozen(eq=False)
+class TalkerToken:
+    """``thinker`` → ``talker``, after :class:`TalkerPrompt`, one per answer token the thinker forwarded
+    (every generated token but the last, in order, as soon as its forward ran): the token's last hidden state
+    ``hidden`` ``Float[H]`` and its input embedding ``embed`` ``Float[H]``."""
+
+    hidden: torch.Tensor
+    embed: torch.Tensor
+
+
+@handoff
+@attrs.frozen
+class ThinkerResult:
+    """The thinker's result → ``decode`` and (when the answer is spoken) ``talker``; it ends their text.
+
+    ``token_ids``: the generated ids, eos included; ``prompt_len``: the prompt's tokens;
+    ``finish_reason``: ``"stop"`` (eos) or ``"length"``; ``want_audio`` as the client asked."""
+
+    token_ids: tuple[int, ...]
+    prompt_len: int
+    finish_reason: FinishReason
+    want_audio: bool = False
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """OpenAI's ``usage`` of the answer: ``{"prompt_tokens", "completion_tokens"}``."""
+        return {"prompt_tokens": self.prompt_len, "completion_tokens": len(self.token_ids)}
+
+
 @attrs.frozen(eq=False)
 class TalkerCodes:
     """talker → token2wav, a stream chunk: the next codes of the answer's speech, ``Long[n]`` (n >= 1), in the
@@ -145,6 +203,8 @@ class TalkerDone:
 __all__ = [
     "AudioEmbeddings",
     "AudioEncoderInput",
+    "DecodeToken",
+    "FinishReason",
     "ImageEmbeddings",
     "ImageEncoderInput",
     "Knobs",
@@ -152,6 +212,9 @@ __all__ = [
     "PreprocessedText",
     "TalkerCodes",
     "TalkerDone",
+    "TalkerPrompt",
+    "TalkerToken",
     "ThinkerInput",
+    "ThinkerResult",
     "Voice",
 ]

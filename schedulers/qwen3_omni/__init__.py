@@ -28,6 +28,6 @@ The parts, in the order a request meets them (no part imports another; what they
 At the family level: :mod:`.checkpoint` reads a checkpoint directory (each stage loads only the weights
 of the part it runs); :mod:`.graph` is the ingress, the routes between the parts, the terminal stages and
 the aggregate's merge (``configs/qwen3-omni.toml`` names its functions); :mod:`.handoffs` is what
-crosses each edge of that graph, one class per edge.  ``batch_kv`` and ``batched_kv`` hold the
-thinker's and the talker's KV batches.
+crosses each edge of that graph, one class per edge.  The step loop, the KV batch and the admission the
+thinker, talker and code predictor run on are the engine layer's (:mod:`schedulers.engine`).
 """

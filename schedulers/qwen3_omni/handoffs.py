@@ -21,15 +21,14 @@ re-exported here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
 
+from schedulers.engine.admission import FinishReason
 from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
 from schedulers.handoff import handoff
-
-FinishReason = Literal["stop", "length"]
 
 
 @handoff

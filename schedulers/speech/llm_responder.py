@@ -1,6 +1,6 @@
 """The language-model responder: a conversation in, the model's answer out, streamed as it is written.
 
-:class:`LLMResponder` is a :class:`~schedulers.ar.step_loop.StepLoop` around a
+:class:`LLMResponder` is a :class:`~schedulers.engine.intake.RequestIntake` around a
 :class:`~schedulers.llamacpp.engine.LlamaBatchEngine` (continuous batching on llama.cpp) that reads
 :mod:`schedulers.speech.conversation` inputs, renders them with the model's chat template and
 answers ``payload.data = {"text", "finish_reason", "usage"}``.
@@ -49,16 +49,10 @@ from typing import Any, Final
 
 import attrs
 
-from omnitrio.contract import (
-    IncomingMessage,
-    InvalidRequest,
-    OmniRequest,
-    OutgoingMessage,
-    StageOverloaded,
-    StagePayload,
-)
+from omnitrio.contract import InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.ar.kv_sessions import common_prefix
-from schedulers.ar.step_loop import StepLoop
+from schedulers.engine.admission import completion_budget
+from schedulers.engine.intake import RequestIntake
 from schedulers.llamacpp.chat import LlamaChat
 from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest, TokenEvent
 from schedulers.llamacpp.sampling import Sampling
@@ -97,7 +91,7 @@ class _Answer:
     sent: int = 0  # characters of the answer already streamed
 
 
-class LLMResponder(StepLoop):
+class LLMResponder(RequestIntake):
     """See the module docstring; ``stream_target(payload)`` names the stage text streams to."""
 
     def __init__(
@@ -143,24 +137,14 @@ class LLMResponder(StepLoop):
     def _has_work(self) -> bool:
         return self.engine.has_work
 
-    def _handle(self, message: IncomingMessage) -> None:
-        rid = message.request_id
-        match message.type:
-            case "new_request":
-                try:
-                    request, answer = self.parse(rid, message.data)
-                    self.engine.add(request)
-                except (ValueError, StageOverloaded) as exc:
-                    self._outbox.put(OutgoingMessage(rid, "error", exc))
-                    return
-                self._answers[rid] = answer
-            case "abort":
-                self.engine.abort(rid)
-                self._answers.pop(rid, None)
-            case "stream_chunk" | "stream_done":
-                self.engine.abort(rid)
-                self._answers.pop(rid, None)
-                self._refuse_stream(message)
+    def _accept(self, request_id: str, data: Any) -> None:
+        request, answer = self.parse(request_id, data)
+        self.engine.add(request)
+        self._answers[request_id] = answer
+
+    def _forget(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._answers.pop(request_id, None)
 
     def parse(self, request_id: str, payload: Any) -> tuple[LlamaRequest, _Answer]:
         """The engine request a ``new_request`` payload describes, and what its answer streams where."""
@@ -246,19 +230,11 @@ class LLMResponder(StepLoop):
         keep = 1 if messages and messages[0]["role"] == "system" else 0
         while True:
             prompt = self.chat.encode_chat(messages, tools)
-            room = context - len(prompt)
-            max_tokens = asked if asked is not None else min(self.defaults.max_tokens, room)
-            if len(prompt) + max_tokens <= context and max_tokens >= 1:
-                return prompt, max_tokens
-            if not trim or len(messages) - keep <= 1:
-                raise InvalidRequest(
-                    f"This model's maximum context length is {context} tokens. However, you requested "
-                    f"{len(prompt) + max(max_tokens, 1)} tokens ({len(prompt)} in the messages, "
-                    f"{max(max_tokens, 1)} in the completion). Please reduce the length of the messages "
-                    "or the completion.",
-                    code="context_length_exceeded",
-                    param="messages",
-                )
+            try:
+                return prompt, completion_budget(len(prompt), asked, context=context, default=self.defaults.max_tokens)
+            except InvalidRequest as refused:
+                if refused.code != "context_length_exceeded" or not trim or len(messages) - keep <= 1:
+                    raise
             del messages[keep]
 
     @property

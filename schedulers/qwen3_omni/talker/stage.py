@@ -22,9 +22,11 @@ What a caller may rely on:
   while the others step.
 * **Continuous batching**: each loop turn prefills the requests that became ready (one forward each)
   and steps up to ``max_batch_size`` decoding requests in one talker forward, then runs the code
-  predictor for all of them in one batched call.  Each request has its own KV cache
-  (:class:`~schedulers.qwen3_omni.batched_kv.BatchedKV`), freed the moment its codes are done, it
-  fails, or it is aborted.
+  predictor for all of them in one batched call.  Each request has its row in one KV batch
+  (:class:`~schedulers.engine.kv_batch.KVBatch`: a request that sits a step out costs nothing, joining
+  prefills straight into its row), freed the moment its codes are done, it fails, or it is aborted.
+  The loop is the engine layer's (:class:`~schedulers.engine.step_loop.StepLoop`): a turn's outputs
+  reach the outbox together, after its step.
 * **Abort** (``abort()`` from any thread, or the in-order ``abort`` message) drops the request's
   outputs and frees its state; late chunks of that life are dropped (:mod:`schedulers._idsets`).
   A failing forward fails the requests in it; the others carry on.
@@ -33,17 +35,17 @@ What a caller may rely on:
 from __future__ import annotations
 
 import logging
-import queue
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 import torch
 
-from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload, StreamItem, put_messages
+from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload, StreamItem
 from schedulers._idsets import Admission, Life, RequestLedger
 from schedulers.devices import Placement
-from schedulers.qwen3_omni.batched_kv import BatchedKV
+from schedulers.engine.kv_batch import KVBatch
+from schedulers.engine.step_loop import StepLoop
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import Codes, TalkerResult, TalkerToken, ThinkerResult
 from schedulers.qwen3_omni.talker.code_predictor import CodePredictor
@@ -57,10 +59,6 @@ logger = logging.getLogger(__name__)
 MODALITY: Final = "codes"
 
 
-class _Stop:
-    """Inbox sentinel: ``start()`` returns when it reaches it."""
-
-
 @attrs.frozen
 class _Free:
     """Inbox message data: free the state of ``life``, aborted from another thread."""
@@ -68,7 +66,7 @@ class _Free:
     life: Life
 
 
-class TalkerScheduler:
+class TalkerScheduler(StepLoop):
     """The talker stage's scheduler; the formats and promises are in the module docstring."""
 
     def __init__(
@@ -85,8 +83,9 @@ class TalkerScheduler:
             raise ValueError(
                 f"talker: frames_per_chunk and max_batch_size must be >= 1, got {frames_per_chunk}, {max_batch_size}"
             )
+        super().__init__()
         self.model = model
-        self.predictor = CodePredictor(model)
+        self.predictor = CodePredictor(model, rows=max_batch_size)
         self.sampling = sampling or TalkerSampling()
         self.frames_per_chunk = frames_per_chunk
         self.max_batch_size = max_batch_size
@@ -96,57 +95,18 @@ class TalkerScheduler:
         self.default_speaker = (default_speaker or ("ethan" if "ethan" in speakers else next(iter(speakers)))).lower()
         if self.default_speaker not in speakers:
             raise ValueError(f"talker: default_speaker {default_speaker!r} is not one of {sorted(speakers)}")
-        self.kv = BatchedKV(model.talker.config.text_config)
+        layers = model.talker.config.text_config.num_hidden_layers
+        self.kv: KVBatch[str] = KVBatch(layers, device=model.device, rows=max_batch_size)
         self.batch_sizes: list[int] = []
         self._suppressed = suppressed_mask(model.vocab_size, model.ids.codec_eos).to(model.device)
         self._generator = torch.Generator(model.device).manual_seed(seed)
-        self._inbox: queue.Queue[IncomingMessage | _Stop] = queue.Queue()
-        self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self._ledger = RequestLedger(self._new_request_queued, retire_on_abort=True)
         self._requests: dict[str, TalkerRequest] = {}
-        self._pending: list[OutgoingMessage] = []
-
-    # -- the StageScheduler protocol ------------------------------------------------
-
-    @property
-    def inbox(self) -> queue.Queue[IncomingMessage | _Stop]:
-        return self._inbox
-
-    @property
-    def outbox(self) -> queue.Queue[OutgoingMessage]:
-        return self._outbox
 
     @property
     def active_requests(self) -> int:
         """Requests holding state here (the scheduler thread's view)."""
         return len(self._requests)
-
-    def warm_up_serving_thread(self) -> None:
-        torch.set_num_threads(1)
-
-    def start(self) -> None:
-        """Serve until :meth:`stop`: block while no request can step, else take every message, then step."""
-        while True:
-            if not self._has_work():
-                self._flush()
-                first = self._inbox.get()
-                if isinstance(first, _Stop):
-                    return
-                self._handle(first)
-            while True:
-                try:
-                    message = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(message, _Stop):
-                    return
-                self._handle(message)
-            if self._has_work():
-                self._step()
-            self._flush()
-
-    def stop(self) -> None:
-        self._inbox.put(_Stop())
 
     def abort(self, request_id: str) -> None:
         """Non-blocking; the request's outputs stop now and its state is freed before the next step."""
@@ -172,7 +132,7 @@ class TalkerScheduler:
                         self._guarded(self._request(life), self._on_payload, message.data)
                     case Admission.DUPLICATE:
                         error = ValueError(f"talker: duplicate request {rid!r}")
-                        self._pending.append(OutgoingMessage(rid, "error", error))
+                        self.emit([OutgoingMessage(rid, "error", error)])
             case "stream_chunk" | "stream_done":
                 streamed = self._ledger.admit_stream(rid, is_done=message.type == "stream_done")
                 if streamed is not None:
@@ -248,7 +208,8 @@ class TalkerScheduler:
     def _has_work(self) -> bool:
         return any(req.prefill_ready() or req.decode_ready() for req in self._requests.values())
 
-    def _step(self) -> None:
+    def _step(self) -> list[OutgoingMessage]:
+        """Prefill, decode, choose; the outputs go through :meth:`emit` as they come (an empty list back)."""
         stepped: list[tuple[TalkerRequest, torch.Tensor, torch.Tensor]] = []
         for req in [r for r in self._requests.values() if r.prefill_ready()]:
             try:
@@ -256,7 +217,8 @@ class TalkerScheduler:
             except Exception as exc:
                 self._fail(req, exc)
         ready = [req for req in self._requests.values() if req.decode_ready()][: self.max_batch_size]
-        decoding = [(req, x) for req in ready if (x := req.decode_input()) is not None]
+        inputs = {req.request_id: (req, x) for req in ready if (x := req.decode_input()) is not None}
+        decoding = [inputs[rid] for rid in self.kv.order(inputs)]  # in row order: neighbours read in place
         if decoding:
             try:
                 hidden, logits = self._decode(decoding)
@@ -268,29 +230,25 @@ class TalkerScheduler:
         if stepped:
             self.batch_sizes.append(len(stepped))
             self._choose(stepped)
+        return []
 
     def _prefill(self, req: TalkerRequest) -> tuple[torch.Tensor, torch.Tensor]:
         assert req.feed is not None and req.prompt is not None
         embeds, talker_ids = req.feed.prefill(req.speaker_id)
         positions = self.model.prompt_positions(talker_ids, req.prompt.image_grid_thw, req.prompt.audio_feature_lengths)
-        cache = self.kv.new_cache()
-        hidden, logits = self.model.forward(
-            embeds.unsqueeze(0),
-            positions,
-            cache,
-            torch.ones(1, embeds.shape[0], dtype=torch.long, device=embeds.device),
-        )
-        self.kv.add(req.request_id, cache)
+        self.kv.add(req.request_id)
+        step = self.kv.step([req.request_id], tokens=embeds.shape[0])
+        hidden, logits = self.model.forward(embeds.unsqueeze(0), positions, step.cache, step.attention_mask())
         req.positions = positions[:, 0, -1] + 1
         req.prompt = None  # the thinker's prompt tensors are not needed any more
         req.phase = Phase.DECODING
         return hidden[0], logits[0]
 
     def _decode(self, decoding: list[tuple[TalkerRequest, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        cache, mask = self.kv.batch([req.request_id for req, _ in decoding])
+        step = self.kv.step([req.request_id for req, _ in decoding])
         embeds = torch.stack([x for _, x in decoding]).unsqueeze(1)
         positions = torch.stack([req.positions for req, _ in decoding], dim=1).unsqueeze(-1)
-        hidden, logits = self.model.forward(embeds, positions, cache, mask)
+        hidden, logits = self.model.forward(embeds, positions, step.cache, step.attention_mask())
         for req, _ in decoding:
             req.step += 1
             req.positions = req.positions + 1
@@ -348,7 +306,7 @@ class TalkerScheduler:
 
     def _spoken(self, req: TalkerRequest) -> None:
         """Its codes are done: free the KV now, send what is left; the result waits for the payload."""
-        self.kv.drop(req.request_id)
+        self.kv.remove(req.request_id)
         req.phase = Phase.SPOKEN
         req.feed = None
         req.next_input = None
@@ -365,17 +323,11 @@ class TalkerScheduler:
         messages.append(OutgoingMessage(req.request_id, "result", req.payload))
         self._drop_state(req.life)
         if self._ledger.end(req.life):
-            self._pending.extend(messages)
+            self.emit(messages)
 
     def _emit(self, req: TalkerRequest, messages: list[OutgoingMessage]) -> None:
         if not self._ledger.is_aborted(req.life):
-            self._pending.extend(messages)
-
-    def _flush(self) -> None:
-        """Put this turn's outputs on the outbox together (one wake-up of the IO side)."""
-        if self._pending:
-            put_messages(self._outbox, self._pending)
-            self._pending = []
+            self.emit(messages)
 
     def _guarded(self, req: TalkerRequest, handler: Any, *args: Any) -> None:
         try:
@@ -387,7 +339,7 @@ class TalkerScheduler:
         logger.debug("talker: request %r failed", req.request_id, exc_info=exc)
         self._drop_state(req.life)
         if self._ledger.end(req.life, failed_stream=True):
-            self._pending.append(OutgoingMessage(req.request_id, "error", exc))
+            self.emit([OutgoingMessage(req.request_id, "error", exc)])
 
     def _free(self, life: Life) -> None:
         self._drop_state(life)
@@ -397,7 +349,7 @@ class TalkerScheduler:
         req = self._requests.get(life.request_id)
         if req is not None and req.life is life:
             del self._requests[life.request_id]
-            self.kv.drop(life.request_id)
+            self.kv.remove(life.request_id)
 
 
 def create_talker_stage(

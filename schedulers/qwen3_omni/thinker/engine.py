@@ -2,10 +2,11 @@
 
 Each :meth:`ThinkerEngine.step` does, in order:
 
-1. **decode**: one token for every running request, in one batched forward over :class:`BatchKV`
-   (left-padded keys/values, a 2-D attention mask, each row's own text and rope positions);
-2. **admit**: waiting requests (FIFO, up to ``max_running``) are prefilled one by one (batch 1), which
-   yields their first token; their keys/values join the batch for the next step;
+1. **decode**: one token for every running request, in one batched forward over the engine layer's
+   :class:`~schedulers.engine.kv_batch.KVBatch` (every row steps: its storage is read in place; a
+   2-D attention mask, each row's own text and rope positions);
+2. **admit**: waiting requests (FIFO, up to ``max_running``) are prefilled one by one (batch 1) straight
+   into a new row of the batch, which yields their first token;
 3. **retire**: a request that produced ``eos_token_id`` (``"stop"``) or its ``max_new_tokens``-th token
    (``"length"``) leaves the batch; its keys/values are dropped at once.
 
@@ -16,9 +17,10 @@ fails that request alone (:class:`Failed`); a decode forward that raises fails e
 
 transformers' own continuous batching (``generate_batch`` / ``ContinuousBatchingManager``) takes token ids
 and 1-D packed positions only: no ``inputs_embeds`` with audio/image features scattered in, no deepstack,
-no 3-D rope positions with a per-request delta, so it cannot run this model; the project's AR engine is
-built around its own Llama and slot cache.  The step loop (:class:`~schedulers.ar.step_loop.StepLoop`)
-is shared; the batching here drives transformers' model through its ``Cache`` interface.
+no 3-D rope positions with a per-request delta, so it cannot run this model.  The engine layer
+(:mod:`schedulers.engine`) gives the KV batch, which drives transformers' model through its ``Cache``
+interface, and the admission (:class:`~schedulers.engine.admission.Admission`: :meth:`ThinkerEngine.add`
+raises its errors).
 
 Not thread-safe: the scheduler's thread owns it.
 """
@@ -26,17 +28,14 @@ Not thread-safe: the scheduler's thread owns it.
 from __future__ import annotations
 
 import collections
-from typing import Literal
 
 import attrs
 import torch
 
-from omnitrio.contract import StageOverloaded
-from schedulers.qwen3_omni.batch_kv import BatchKV
+from schedulers.engine.admission import Admission, FinishReason
+from schedulers.engine.kv_batch import KVBatch
 from schedulers.qwen3_omni.thinker.model import PromptInputs, ThinkerLM
 from schedulers.qwen3_omni.thinker.sampling import Sampler
-
-FinishReason = Literal["stop", "length"]
 
 
 @attrs.define(eq=False)
@@ -94,12 +93,14 @@ class ThinkerEngine:
     """The thinker's step loop state; see the module docstring."""
 
     def __init__(self, lm: ThinkerLM, *, max_running: int = 16, max_waiting: int = 256) -> None:
-        if max_running < 1 or max_waiting < 0:
-            raise ValueError(f"ThinkerEngine: max_running={max_running} must be >= 1, max_waiting={max_waiting} >= 0")
+        self.admission = Admission(
+            "thinker", context_tokens=int(lm.text_config.max_position_embeddings), max_running=max_running,
+            max_waiting=max_waiting, vocab_size=lm.vocab_size,
+        )  # fmt: skip
         self.lm = lm
         self.max_running = max_running
         self.max_waiting = max_waiting
-        self.kv = BatchKV(lm.text_config.num_hidden_layers)
+        self.kv: KVBatch[str] = KVBatch(lm.text_config.num_hidden_layers, device=lm.device, rows=max_running)
         self.waiting: collections.OrderedDict[str, ThinkerRequest] = collections.OrderedDict()
         self.running: dict[str, _Running] = {}
 
@@ -113,25 +114,20 @@ class ThinkerEngine:
         return len(self.waiting) + len(self.running)
 
     def add(self, request: ThinkerRequest) -> None:
-        """Queue a request; ``ValueError`` for a duplicate id or bad limits, ``StageOverloaded`` when full."""
+        """Queue a request; raises the admission's errors (a bad or too long request, a full queue)."""
         rid = request.request_id
-        if rid in self.waiting or rid in self.running:
-            raise ValueError(f"thinker: request {rid!r} is already generating")
-        if request.max_new_tokens < 1:
-            raise ValueError(f"thinker: request {rid!r}: max_new_tokens={request.max_new_tokens} must be >= 1")
-        free = self.max_running - len(self.running)
-        if len(self.waiting) >= self.max_waiting + max(free, 0):
-            raise StageOverloaded(f"thinker: {len(self.waiting)} requests waiting (max_waiting={self.max_waiting})")
+        self.admission.check(
+            rid, request.prompt.input_ids.tolist(), request.max_new_tokens,
+            present=rid in self.waiting or rid in self.running, waiting=len(self.waiting), running=len(self.running),
+        )  # fmt: skip
         self.waiting[rid] = request
 
     def abort(self, request_id: str) -> bool:
         """Drop a request wherever it is (its keys/values at once); True when it was here."""
         if self.waiting.pop(request_id, None) is not None:
             return True
-        if self.running.pop(request_id, None) is None:
-            return False
-        self.kv.remove(request_id)
-        return True
+        removed = self.kv.remove(request_id)  # a prefill that failed has a row and no running state
+        return self.running.pop(request_id, None) is not None or removed
 
     def step(self) -> list[Event]:
         """Decode, admit, retire (module docstring)."""
@@ -149,25 +145,27 @@ class ThinkerEngine:
 
     def _prefill(self, request: ThinkerRequest, events: list[Event]) -> None:
         rid = request.request_id
-        done = self.lm.prefill(request.prompt, hidden=request.want_hidden)
+        self.kv.add(rid)
+        step = self.kv.step([rid], tokens=int(request.prompt.input_ids.numel()))
+        done = self.lm.prefill(request.prompt, hidden=request.want_hidden, cache=step.cache)
         state = _Running(request)
         self.running[rid] = state
-        self.kv.add(rid, done.cache)
         events.append(Prefilled(rid, request.prompt, done.hidden))
         self._advance([state], done.logits[None], events)
 
     def _decode(self, events: list[Event]) -> None:
-        states = [self.running[rid] for rid in self.kv.rows]
+        rows = self.kv.rows
+        states = [self.running[rid] for rid in rows]
         embeds = torch.cat([s.next_embed for s in states if s.next_embed is not None])
         deltas = [s.request.prompt.rope_delta for s in states]
+        step = self.kv.step(rows)
         try:
-            logits = self.lm.decode(embeds, self.kv.lengths, deltas, self.kv.attention_mask(), self.kv.cache)
+            logits = self.lm.decode(embeds, step.lengths, deltas, step.attention_mask(), step.cache)
         except Exception as exc:  # the batch's forward failed: every request in it fails
             for state in states:
                 self.abort(state.request.request_id)
                 events.append(Failed(state.request.request_id, exc))
             return
-        self.kv.stepped()
         self._advance(states, logits, events)
 
     def _advance(self, states: list[_Running], logits: torch.Tensor, events: list[Event]) -> None:

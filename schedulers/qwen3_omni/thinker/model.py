@@ -68,7 +68,7 @@ class Prefill:
     """A prefill's outcome: the last position's logits, the keys/values, the hidden state the talker takes."""
 
     logits: torch.Tensor  # Float[V]
-    cache: DynamicCache  # batch 1, P positions
+    cache: Cache  # the one it wrote: batch 1, P positions
     hidden: torch.Tensor | None  # Float[P, H] at accept_hidden_layer, when asked for
 
 
@@ -196,9 +196,11 @@ class ThinkerLM:
         )
         return torch.cat([text, rope], dim=0), int(deltas.reshape(-1)[0])
 
-    def prefill(self, prompt: PromptInputs, *, hidden: bool = True) -> Prefill:
-        """One request's prompt in one forward (batch 1); ``hidden``: also the accept-layer states."""
-        cache = DynamicCache(config=self.text_config)
+    def prefill(self, prompt: PromptInputs, *, hidden: bool = True, cache: Cache | None = None) -> Prefill:
+        """One request's prompt in one forward (batch 1); ``hidden``: also the accept-layer states.
+
+        The keys/values go into ``cache`` (one empty row: a KV batch's prefill step) or a new ``DynamicCache``."""
+        cache = DynamicCache(config=self.text_config) if cache is None else cache
         with torch.inference_mode():
             out = self.model(
                 inputs_embeds=prompt.embeds[None],

@@ -9,11 +9,13 @@ this order (the classes of :mod:`schedulers.qwen3_omni.handoffs`):
 * to ``decode_target``, a ``DecodeToken`` per generated token;
 * the ``result``: the payload with a ``ThinkerResult`` as its data.
 
-A request's ``max_new_tokens`` is capped at the stage's ``max_new_tokens`` (and defaults to it) and at
-what the context (``max_position_embeddings``) leaves after the prompt; a prompt that fills it fails
-with ``InvalidRequest`` (``context_length_exceeded``).  Bad inputs fail only that request (an ``error``
-naming the field); ``abort`` drops the request and its keys/values before the next step.
-:attr:`ThinkerScheduler.live_requests` and :attr:`ThinkerScheduler.kv_bytes` say what the stage holds now.
+A request's ``max_new_tokens`` is capped at the stage's ``max_new_tokens``, and must fit beside the
+prompt in the context (``max_position_embeddings``); a request that does not say gets the stage's
+``max_new_tokens`` or what the context leaves, whichever is less.  A request that does not fit fails
+with ``InvalidRequest`` (``context_length_exceeded``, :mod:`schedulers.engine.admission`).  Bad inputs
+fail only that request (an ``error`` naming the field); ``abort`` drops the request and its keys/values
+before the next step.  :attr:`ThinkerScheduler.live_requests` and :attr:`ThinkerScheduler.kv_bytes` say
+what the stage holds now.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from typing import Any, overload
 import attrs
 import torch
 
-from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage, StagePayload
-from schedulers.ar.step_loop import StepLoop
+from omnitrio.contract import InvalidRequest, OutgoingMessage, StagePayload
 from schedulers.devices import Placement
+from schedulers.engine.admission import completion_budget
+from schedulers.engine.intake import RequestIntake
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import (
     DecodeToken,
@@ -76,7 +79,7 @@ def _plain(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.detach().to("cpu", dtype, copy=True)
 
 
-class ThinkerScheduler(StepLoop):
+class ThinkerScheduler(RequestIntake):
     """Serves :class:`ThinkerEngine` through the inbox/outbox (module docstring)."""
 
     def __init__(
@@ -116,32 +119,20 @@ class ThinkerScheduler(StepLoop):
     def _has_work(self) -> bool:
         return self.engine.has_work
 
-    def _handle(self, message: IncomingMessage) -> None:
-        rid = message.request_id
-        match message.type:
-            case "new_request":
-                try:
-                    request, live = self._parse(rid, message.data)
-                    self.engine.add(request)
-                except Exception as exc:  # a payload this stage cannot serve fails that request alone
-                    self._outbox.put(OutgoingMessage(rid, "error", exc))
-                    return
-                self._live[rid] = live
-            case "abort":
-                self.engine.abort(rid)
-                self._live.pop(rid, None)
-            case "stream_chunk" | "stream_done":
-                self.engine.abort(rid)
-                self._live.pop(rid, None)
-                self._refuse_stream(message)
+    def _accept(self, request_id: str, data: Any) -> None:
+        request, live = self._parse(request_id, data)
+        self.engine.add(request)
+        self._live[request_id] = live
+
+    def _forget(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._live.pop(request_id, None)
 
     def _parse(self, rid: str, payload: Any) -> tuple[ThinkerRequest, _Live]:
         given = _input_of(rid, payload)
         if given.input_ids.numel() == 0:
             raise ValueError(f"thinker: request {rid!r} has no input_ids")
         asked = given.knobs.max_new_tokens
-        if asked is not None and int(asked) < 1:
-            raise InvalidRequest(f"max_tokens={asked} must be >= 1", param="max_tokens")
         temperature = given.knobs.temperature
         if temperature is not None and float(temperature) < 0:
             raise InvalidRequest(f"temperature={temperature} must be >= 0", param="temperature")
@@ -154,15 +145,13 @@ class ThinkerScheduler(StepLoop):
             image_grid_thw=given.image_grid_thw,
             audio_feature_lengths=given.audio_feature_lengths,
         )
-        context = int(self.engine.lm.text_config.max_position_embeddings)
-        room = context - int(prompt.input_ids.numel())
-        if room < 1:
-            raise InvalidRequest(
-                f"the prompt has {prompt.input_ids.numel()} tokens; the thinker's context is {context}",
-                code="context_length_exceeded",
-                param="messages",
-            )
-        limit = min(int(asked) if asked is not None else self.max_new_tokens, self.max_new_tokens, room)
+        limit = completion_budget(
+            int(prompt.input_ids.numel()),
+            None if asked is None else int(asked),
+            context=self.engine.admission.context_tokens,
+            default=self.max_new_tokens,
+            cap=self.max_new_tokens,
+        )
         sampler = Sampler.build(self.sampling, None if temperature is None else float(temperature), self._seed(rid))
         want_audio = given.knobs.want_audio
         request = ThinkerRequest(rid, prompt, limit, sampler, self.eos_token_id, want_hidden=want_audio)

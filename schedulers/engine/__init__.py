@@ -1,0 +1,12 @@
+"""The engine layer, written once: what every stepping scheduler of every model family uses.
+
+* :mod:`.step_loop`: the scheduler thread's loop (block while idle, take every queued message in
+  order, step, one outbox wake-up per turn);
+* :mod:`.intake`: how a scheduler of whole requests reads new requests, aborts and refused stream input;
+* :mod:`.admission`: the checks before a request is queued (prompt, context, answer budget, queue room)
+  with OpenAI's error codes;
+* :mod:`.kv_batch`: the keys/values of many requests in one batch that grows in place and steps any
+  subset of its rows, seen by transformers' models as a ``Cache``.
+
+Importing the package loads nothing: import the module you use.
+"""
