@@ -7,6 +7,7 @@ knows nothing of any model.  Every error is a :class:`CheckpointError` whose mes
 what is wrong with it.
 
 * :func:`weight_map` reads the index and checks that every shard it names exists (no weights read);
+* :func:`check_processor_files` checks the tokenizer, processor configuration and chat template are there;
 * :func:`check_shards` checks that each shard holds the tensors the index puts in it (safetensors
   headers only);
 * :func:`read_tensors` reads the tensors under one prefix, opening only the shards that hold them;
@@ -25,6 +26,9 @@ import torch
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+CHAT_TEMPLATE_FILES = ("chat_template.json", "chat_template.jinja")
+PREPROCESSOR_FILE = "preprocessor_config.json"
 
 
 class CheckpointError(ValueError):
@@ -64,6 +68,23 @@ def check_model_type(path: Path, raw: dict[str, Any], model_type: str, family: s
     found = raw.get("model_type")
     if found != model_type:
         raise CheckpointError(f"{path}: model_type is {found!r}, not {model_type!r} ({family})")
+
+
+def check_equal(path: Path, *fields: tuple[str, Any]) -> None:
+    """A :class:`CheckpointError` naming ``path`` and every ``(field, value)`` unless all values are equal."""
+    if len({value for _, value in fields}) > 1:
+        listed = ", ".join(f"{name} = {value}" for name, value in fields)
+        raise CheckpointError(f"{path}: these must be equal: {listed}")
+
+
+def check_processor_files(model_dir: Path) -> None:
+    """``model_dir`` holds what a processor reads: a tokenizer, a readable ``preprocessor_config.json`` and
+    a chat template; else a :class:`CheckpointError` naming what is missing."""
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{model_dir}: no tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    read_json(model_dir / PREPROCESSOR_FILE)
+    if not any((model_dir / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        raise CheckpointError(f"{model_dir}: no chat template ({' or '.join(CHAT_TEMPLATE_FILES)})")
 
 
 def index_path(model_dir: Path) -> Path:
@@ -178,12 +199,17 @@ def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) ->
 
 
 __all__ = [
+    "CHAT_TEMPLATE_FILES",
     "INDEX_FILE",
+    "PREPROCESSOR_FILE",
     "SINGLE_FILE",
+    "TOKENIZER_FILES",
     "CheckpointError",
     "assign",
+    "check_equal",
     "check_model_type",
     "check_parts",
+    "check_processor_files",
     "check_shards",
     "directory",
     "index_path",

@@ -31,9 +31,6 @@ from schedulers.qwen2_5_omni.token2wav.noise import NOISE_BLOCK
 MODEL_TYPE = "qwen2_5_omni"
 FAMILY = "Qwen2.5-Omni"
 SPEAKERS_FILE = "spk_dict.pt"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-CHAT_TEMPLATE_FILES = ("chat_template.json", "chat_template.jinja")
-PREPROCESSOR_FILE = "preprocessor_config.json"
 PARTS = ("thinker.", "talker.", "token2wav.")
 
 
@@ -66,11 +63,7 @@ def check_checkpoint(model_dir: str | Path) -> None:
     mapping = checkpoints.weight_map(path)
     checkpoints.check_shards(path, mapping)
     checkpoints.check_parts(path, mapping, PARTS if config.enable_audio_output else PARTS[:1])
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{path}: no tokenizer ({' or '.join(TOKENIZER_FILES)})")
-    checkpoints.read_json(path / PREPROCESSOR_FILE)
-    if not any((path / name).is_file() for name in CHAT_TEMPLATE_FILES):
-        raise CheckpointError(f"{path}: no chat template ({' or '.join(CHAT_TEMPLATE_FILES)})")
+    checkpoints.check_processor_files(path)
     if config.enable_audio_output:
         _read_speakers(path, config)
 
@@ -164,7 +157,7 @@ def _check_consistency(config: Any, path: Path) -> None:
     """The cross-part rules whose breach transformers does not report (or reports deep in a forward)."""
     thinker, talker = config.thinker_config, config.talker_config
     hidden = thinker.text_config.hidden_size
-    _same(
+    checkpoints.check_equal(
         path,
         ("thinker_config.text_config.hidden_size", hidden),
         ("thinker_config.audio_config.output_dim", thinker.audio_config.output_dim),
@@ -180,7 +173,9 @@ def _check_consistency(config: Any, path: Path) -> None:
         _within(path, f"talker_config.{name}", getattr(talker, name), talker.vocab_size, "the talker's vocabulary")
     _within(path, "talker_config.tts_codec_mask_token_id", talker.tts_codec_mask_token_id, talker.vocab_size, "it")
     dit, bigvgan = config.token2wav_config.dit_config, config.token2wav_config.bigvgan_config
-    _same(path, ("token2wav_config.dit_config.mel_dim", dit.mel_dim), ("bigvgan_config.mel_dim", bigvgan.mel_dim))
+    checkpoints.check_equal(
+        path, ("token2wav_config.dit_config.mel_dim", dit.mel_dim), ("bigvgan_config.mel_dim", bigvgan.mel_dim)
+    )
     if dit.mel_dim % NOISE_BLOCK:
         raise CheckpointError(
             f"{path}: token2wav_config.dit_config.mel_dim {dit.mel_dim} is not a multiple of {NOISE_BLOCK}: "
@@ -196,12 +191,6 @@ def _check_consistency(config: Any, path: Path) -> None:
 def _within(path: Path, field: str, value: Any, size: int, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
         raise CheckpointError(f"{path}: {field} = {value!r} is not inside {what} ({size} ids)")
-
-
-def _same(path: Path, *fields: tuple[str, Any]) -> None:
-    if len({value for _, value in fields}) > 1:
-        listed = ", ".join(f"{name} = {value}" for name, value in fields)
-        raise CheckpointError(f"{path}: these must be equal: {listed}")
 
 
 __all__ = [
