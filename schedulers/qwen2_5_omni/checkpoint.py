@@ -25,47 +25,12 @@ import torch
 
 from schedulers import checkpoints
 from schedulers.checkpoints import CheckpointError, require_model_dir
-from schedulers.devices import check_placement
 from schedulers.qwen2_5_omni.token2wav.noise import NOISE_BLOCK
 
 MODEL_TYPE = "qwen2_5_omni"
 FAMILY = "Qwen2.5-Omni"
 SPEAKERS_FILE = "spk_dict.pt"
 PARTS = ("thinker.", "talker.", "token2wav.")
-
-
-def preflight(*, model_dir: str | None = None, **factory_args: Any) -> None:
-    """What ``omnitrio check`` runs for a stage reading this checkpoint: its ``device`` and ``dtype``
-    (:func:`schedulers.devices.check_placement`), then :func:`check_checkpoint`."""
-    check_placement(**factory_args)
-    check_checkpoint(require_model_dir(model_dir))
-
-
-def load_config(model_dir: str | Path) -> Any:
-    """``Qwen2_5OmniConfig`` from ``model_dir/config.json``, its parts checked for consistency (no weights)."""
-    from transformers import Qwen2_5OmniConfig
-
-    path = checkpoints.directory(model_dir) / "config.json"
-    raw = checkpoints.read_json(path)
-    checkpoints.check_model_type(path, raw, MODEL_TYPE, FAMILY)
-    try:
-        config = Qwen2_5OmniConfig.from_dict(raw)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path}: not a valid {FAMILY} configuration ({exc})") from None
-    _check_consistency(config, path)
-    return config
-
-
-def check_checkpoint(model_dir: str | Path) -> None:
-    """Everything :func:`load_config` checks, plus the files the stages read (module docstring)."""
-    path = checkpoints.directory(model_dir)
-    config = load_config(path)
-    mapping = checkpoints.weight_map(path)
-    checkpoints.check_shards(path, mapping)
-    checkpoints.check_parts(path, mapping, PARTS if config.enable_audio_output else PARTS[:1])
-    checkpoints.check_processor_files(path)
-    if config.enable_audio_output:
-        _read_speakers(path, config)
 
 
 def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) -> None:
@@ -193,7 +158,20 @@ def _within(path: Path, field: str, value: Any, size: int, what: str) -> None:
         raise CheckpointError(f"{path}: {field} = {value!r} is not inside {what} ({size} ids)")
 
 
+def _config_class() -> Any:
+    from transformers import Qwen2_5OmniConfig
+
+    return Qwen2_5OmniConfig
+
+
+CHECKPOINT = checkpoints.Family(MODEL_TYPE, FAMILY, PARTS, _config_class, _check_consistency, _read_speakers)
+load_config = CHECKPOINT.load_config
+check_checkpoint = CHECKPOINT.check_checkpoint
+preflight = CHECKPOINT.preflight
+
+
 __all__ = [
+    "CHECKPOINT",
     "FAMILY",
     "MODEL_TYPE",
     "CheckpointError",

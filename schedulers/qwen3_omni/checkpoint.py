@@ -29,7 +29,6 @@ import torch
 
 from schedulers import checkpoints
 from schedulers.checkpoints import CheckpointError, require_model_dir
-from schedulers.devices import check_placement
 from schedulers.library_noise import silence
 
 MODEL_TYPE = "qwen3_omni_moe"
@@ -53,38 +52,6 @@ def mrope_keys_only(message: str) -> bool:
 
 
 silence("transformers.modeling_rope_utils", mrope_keys_only)
-
-
-def preflight(*, model_dir: str | None = None, **factory_args: Any) -> None:
-    """What ``omnitrio check`` runs for a stage reading this checkpoint: its ``device`` and ``dtype``
-    (:func:`schedulers.devices.check_placement`), then :func:`check_checkpoint`."""
-    check_placement(**factory_args)
-    check_checkpoint(require_model_dir(model_dir))
-
-
-def load_config(model_dir: str | Path) -> Any:
-    """``Qwen3OmniMoeConfig`` from ``model_dir/config.json``, its parts checked for consistency (no weights)."""
-    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
-
-    path = checkpoints.directory(model_dir) / "config.json"
-    raw = checkpoints.read_json(path)
-    checkpoints.check_model_type(path, raw, MODEL_TYPE, FAMILY)
-    try:
-        config = Qwen3OmniMoeConfig.from_dict(raw)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path}: not a valid {FAMILY} configuration ({exc})") from None
-    _check_consistency(config, path)
-    return config
-
-
-def check_checkpoint(model_dir: str | Path) -> None:
-    """Everything :func:`load_config` checks, plus the files the stages read (module docstring)."""
-    path = checkpoints.directory(model_dir)
-    config = load_config(path)
-    mapping = checkpoints.weight_map(path)
-    checkpoints.check_shards(path, mapping)
-    checkpoints.check_parts(path, mapping, PARTS if config.enable_audio_output else PARTS[:1])
-    checkpoints.check_processor_files(path)
 
 
 def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) -> None:
@@ -195,7 +162,20 @@ def speakers(config: Any) -> dict[str, int]:
     return {str(name).lower(): int(codec_id) for name, codec_id in (config.talker_config.speaker_id or {}).items()}
 
 
+def _config_class() -> Any:
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig
+
+    return Qwen3OmniMoeConfig
+
+
+CHECKPOINT = checkpoints.Family(MODEL_TYPE, FAMILY, PARTS, _config_class, _check_consistency)
+load_config = CHECKPOINT.load_config
+check_checkpoint = CHECKPOINT.check_checkpoint
+preflight = CHECKPOINT.preflight
+
+
 __all__ = [
+    "CHECKPOINT",
     "FAMILY",
     "MODEL_TYPE",
     "CheckpointError",
