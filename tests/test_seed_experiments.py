@@ -7,6 +7,8 @@ test_processes.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 
@@ -35,19 +37,25 @@ STREAM_OUTPUT = """\
 """
 
 
-async def test_seed_fan_out_fan_in_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_fanin.main(inline=True)
-    assert capsys.readouterr().out == FANIN_OUTPUT
+# Each experiment's driver and the output the seed printed for it.
+SEED_OUTPUTS = pytest.mark.parametrize(
+    ("experiment", "output"),
+    [(ch4_fanin, FANIN_OUTPUT), (ch4_batch, BATCH_OUTPUT), (ch4_stream, STREAM_OUTPUT)],
+    ids=["fan_out_fan_in", "batching_window", "streaming"],
+)
 
 
-async def test_seed_batching_window_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_batch.main(inline=True)
-    assert capsys.readouterr().out == BATCH_OUTPUT
+@SEED_OUTPUTS
+async def test_seed_experiment_prints_the_seed_output(
+    experiment: Any, output: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await experiment.main(inline=True)
+    assert capsys.readouterr().out == output
 
 
-async def test_seed_burst_forms_one_batch_every_time_without_idle_wait() -> None:
-    """The reference splits this burst in about 1 run of 5; the atomic inbox hand-off never does."""
-    async with open_pipeline(ch4_batch.make_config(False), inline=True) as pipeline:
+async def ten_bursts_form_one_batch_each(inline: bool) -> None:
+    """Ten times four requests submitted together to the seed's batching stage: each forms one batch of 4."""
+    async with open_pipeline(ch4_batch.make_config(False), inline=inline) as pipeline:
         for round_ in range(10):
             sizes: list[int] = []
 
@@ -60,6 +68,6 @@ async def test_seed_burst_forms_one_batch_every_time_without_idle_wait() -> None
             assert sizes == [4, 4, 4, 4]
 
 
-async def test_seed_streaming_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_stream.main(inline=True)
-    assert capsys.readouterr().out == STREAM_OUTPUT
+async def test_seed_burst_forms_one_batch_every_time_without_idle_wait() -> None:
+    """The reference splits this burst in about 1 run of 5; the atomic inbox hand-off never does."""
+    await ten_bursts_form_one_batch_each(inline=True)
