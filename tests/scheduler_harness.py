@@ -14,8 +14,11 @@ TIMEOUT = 2.0
 
 
 @contextmanager
-def running(scheduler: Any) -> Iterator[Any]:
-    """Run ``scheduler.start()`` in a thread; stop it and join on exit."""
+def running(scheduler: Any, *, warm_up: bool = False) -> Iterator[Any]:
+    """Run ``scheduler.start()`` in a thread; stop it and join on exit.  ``warm_up``: first run
+    ``scheduler.warm_up_serving_thread()`` (here, before the thread starts)."""
+    if warm_up:
+        scheduler.warm_up_serving_thread()
     thread = threading.Thread(target=scheduler.start, name="scheduler-under-test", daemon=True)
     thread.start()
     try:
@@ -56,6 +59,35 @@ def take(outbox: queue.Queue[OutgoingMessage], count: int = 1) -> list[OutgoingM
 
 def by_id(messages: list[OutgoingMessage]) -> dict[str, OutgoingMessage]:
     return {msg.request_id: msg for msg in messages}
+
+
+def answer_burst(scheduler: Any, messages: list[IncomingMessage]) -> dict[str, OutgoingMessage]:
+    """Start ``scheduler``, hand it ``messages`` as one burst (:func:`put_atomically`) and return one output
+    per message, by request id; the scheduler is stopped after."""
+    with running(scheduler):
+        put_atomically(scheduler.inbox, messages)
+        return by_id(take(scheduler.outbox, len(messages)))
+
+
+def until_final(scheduler: Any, rid: str) -> list[OutgoingMessage]:
+    """``rid``'s outputs up to and with its result or error; an output of another request fails the test."""
+    seen: list[OutgoingMessage] = []
+    while not seen or seen[-1].type not in ("result", "error"):
+        out = scheduler.outbox.get(timeout=TIMEOUT)
+        assert out.request_id == rid, out
+        seen.append(out)
+    return seen
+
+
+def outputs_until_done(scheduler: Any, rids: set[str], timeout: float = 10) -> list[OutgoingMessage]:
+    """Everything ``scheduler`` sends until each of ``rids`` has a result or an error, in order."""
+    pending, seen = set(rids), []
+    while pending:
+        out = scheduler.outbox.get(timeout=timeout)
+        seen.append(out)
+        if out.type in ("result", "error"):
+            pending.discard(out.request_id)
+    return seen
 
 
 class Gate:

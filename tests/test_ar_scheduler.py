@@ -9,12 +9,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
+from omnitrio.contract import IncomingMessage, OmniRequest, StageOverloaded, StagePayload
 from schedulers.ar.engine import ARBatchEngine
 from schedulers.ar.model import ModelConfig, build_model
 from schedulers.ar.reference import greedy_reference
 from schedulers.ar.scheduler import ARScheduler, create_tiny_ar_scheduler
 from schedulers.ar.tokenizer import load_tokenizer
+from tests.scheduler_harness import outputs_until_done
 
 torch.set_num_threads(1)
 
@@ -46,17 +47,6 @@ def serve() -> Iterator:
         scheduler.stop()
         thread.join(timeout=10)
         assert not thread.is_alive()
-
-
-def outputs_until_done(scheduler: ARScheduler, rids: set[str]) -> list[OutgoingMessage]:
-    """Everything the scheduler sends until each of ``rids`` has a result or an error."""
-    pending, seen = set(rids), []
-    while pending:
-        out = scheduler.outbox.get(timeout=10)
-        seen.append(out)
-        if out.type in ("result", "error"):
-            pending.discard(out.request_id)
-    return seen
 
 
 def test_results_carry_the_greedy_continuation_of_token_prompts(serve) -> None:
