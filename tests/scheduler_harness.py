@@ -4,29 +4,28 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
+from toys.stage_feed import put_atomically as put_atomically
+from toys.stage_feed import running as toy_running
 
 TIMEOUT = 2.0
 
 
+def running(scheduler: Any, *, warm_up: bool = False) -> Any:
+    """:func:`toys.stage_feed.running`, joined within :data:`TIMEOUT`."""
+    return toy_running(scheduler, warm_up=warm_up, timeout=TIMEOUT)
+
+
 @contextmanager
-def running(scheduler: Any, *, warm_up: bool = False) -> Iterator[Any]:
-    """Run ``scheduler.start()`` in a thread; stop it and join on exit.  ``warm_up``: first run
-    ``scheduler.warm_up_serving_thread()`` (here, before the thread starts)."""
-    if warm_up:
-        scheduler.warm_up_serving_thread()
-    thread = threading.Thread(target=scheduler.start, name="scheduler-under-test", daemon=True)
-    thread.start()
-    try:
-        yield scheduler
-    finally:
-        scheduler.stop()
-        thread.join(TIMEOUT)
-        assert not thread.is_alive(), "start() did not return after stop()"
+def schedulers_running(timeout: float = 10) -> Iterator[Callable[[Any], Any]]:
+    """A function that starts each scheduler given (:func:`toys.stage_feed.running`) and returns it; when the
+    block ends every one is stopped and joined within ``timeout`` seconds."""
+    with ExitStack() as stack:
+        yield lambda scheduler: stack.enter_context(toy_running(scheduler, timeout=timeout))
 
 
 def payload(rid: str, data: Any = None) -> StagePayload:
@@ -43,14 +42,6 @@ def chunk(rid: str, chunk_id: int, data: Any) -> IncomingMessage:
 
 def done(rid: str) -> IncomingMessage:
     return IncomingMessage(rid, "stream_done", "upstream")
-
-
-def put_atomically(inbox: queue.Queue[IncomingMessage], messages: list[IncomingMessage]) -> None:
-    """Hand a burst over the way the runtime does: one extend under the queue's lock."""
-    with inbox.mutex:
-        inbox.queue.extend(messages)
-        inbox.unfinished_tasks += len(messages)
-        inbox.not_empty.notify(len(messages))
 
 
 def take(outbox: queue.Queue[OutgoingMessage], count: int = 1) -> list[OutgoingMessage]:
