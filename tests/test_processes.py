@@ -15,7 +15,7 @@ import trio
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, StageConfig, open_pipeline
 from omnitrio.errors import StartupError
 from tests.pipelines import T, chain_config, fan_config, settled, until_alive, until_held
-from tests.test_seed_experiments import SEED_OUTPUTS, ten_bursts_form_one_batch_each
+from tests.test_seed_experiments import SEEDS, assert_prints_the_seed_output, ten_bursts_form_one_batch_each
 
 
 def our_shm() -> list[str]:
@@ -44,12 +44,11 @@ def no_leftovers() -> None:
     assert set(our_shm()) - before == set()
 
 
-@SEED_OUTPUTS
+@pytest.mark.parametrize("name", list(SEEDS))
 async def test_seed_experiment_in_processes_prints_the_seed_output(
-    experiment: Any, output: str, capsys: pytest.CaptureFixture[str]
+    name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    await experiment.main(inline=False)
-    assert capsys.readouterr().out == output
+    await assert_prints_the_seed_output(name, False, capsys)
 
 
 async def test_each_process_group_is_its_own_process_and_shared_groups_share_one() -> None:

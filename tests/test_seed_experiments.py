@@ -38,19 +38,23 @@ STREAM_OUTPUT = """\
 
 
 # Each experiment's driver and the output the seed printed for it.
-SEED_OUTPUTS = pytest.mark.parametrize(
-    ("experiment", "output"),
-    [(ch4_fanin, FANIN_OUTPUT), (ch4_batch, BATCH_OUTPUT), (ch4_stream, STREAM_OUTPUT)],
-    ids=["fan_out_fan_in", "batching_window", "streaming"],
-)
+SEEDS: dict[str, tuple[Any, str]] = {
+    "fan_out_fan_in": (ch4_fanin, FANIN_OUTPUT),
+    "batching_window": (ch4_batch, BATCH_OUTPUT),
+    "streaming": (ch4_stream, STREAM_OUTPUT),
+}
 
 
-@SEED_OUTPUTS
-async def test_seed_experiment_prints_the_seed_output(
-    experiment: Any, output: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    await experiment.main(inline=True)
+async def assert_prints_the_seed_output(name: str, inline: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """The experiment ``name`` (a key of :data:`SEEDS`) prints exactly what the seed printed."""
+    experiment, output = SEEDS[name]
+    await experiment.main(inline=inline)
     assert capsys.readouterr().out == output
+
+
+@pytest.mark.parametrize("name", list(SEEDS))
+async def test_seed_experiment_prints_the_seed_output(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    await assert_prints_the_seed_output(name, True, capsys)
 
 
 async def ten_bursts_form_one_batch_each(inline: bool) -> None:
