@@ -4,7 +4,8 @@
 ``from_pretrained`` builds it), loads only the checkpoint's tensors under its prefix and moves it to the
 placement's device.  :func:`run_vision` runs a Qwen-style vision tower over every request's images in one
 call (packed along the patch axis, each image's grid kept apart) and says how many tokens each request's
-images make; the tower's output stays on its device for the caller to split.
+images make; the tower's output stays on its device for the caller to split.  :func:`thinker_widths` names
+the widths a checkpoint's towers and thinker must agree on.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from typing import Any
 import torch
 
 from schedulers.devices import Placement
+
+
+def thinker_widths(thinker_config: Any) -> tuple[tuple[str, int], ...]:
+    """The widths that must all be the thinker's text width, as ``(field, value)`` for
+    :func:`schedulers.checkpoints.check_equal`: its text model's and its audio and vision towers' outputs."""
+    return (
+        ("thinker_config.text_config.hidden_size", thinker_config.text_config.hidden_size),
+        ("thinker_config.audio_config.output_dim", thinker_config.audio_config.output_dim),
+        ("thinker_config.vision_config.out_hidden_size", thinker_config.vision_config.out_hidden_size),
+    )
 
 
 def load_tower(
@@ -48,4 +59,4 @@ def run_vision(
     return out, [int(g.prod(-1).sum()) // merge for _, g in requests]
 
 
-__all__ = ["load_tower", "run_vision"]
+__all__ = ["load_tower", "run_vision", "thinker_widths"]

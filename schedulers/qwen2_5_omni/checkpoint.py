@@ -25,6 +25,7 @@ import torch
 
 from schedulers import checkpoints
 from schedulers.checkpoints import CheckpointError, require_model_dir
+from schedulers.front.towers import thinker_widths
 from schedulers.qwen2_5_omni.token2wav.noise import NOISE_BLOCK
 
 MODEL_TYPE = "qwen2_5_omni"
@@ -121,14 +122,7 @@ def _read_speakers(model_dir: Path, config: Any) -> Speakers:
 def _check_consistency(config: Any, path: Path) -> None:
     """The cross-part rules whose breach transformers does not report (or reports deep in a forward)."""
     thinker, talker = config.thinker_config, config.talker_config
-    hidden = thinker.text_config.hidden_size
-    checkpoints.check_equal(
-        path,
-        ("thinker_config.text_config.hidden_size", hidden),
-        ("thinker_config.audio_config.output_dim", thinker.audio_config.output_dim),
-        ("thinker_config.vision_config.out_hidden_size", thinker.vision_config.out_hidden_size),
-        ("talker_config.embedding_size", talker.embedding_size),
-    )
+    checkpoints.check_equal(path, *thinker_widths(thinker), ("talker_config.embedding_size", talker.embedding_size))
     if not config.enable_audio_output:
         return
     vocab = thinker.text_config.vocab_size

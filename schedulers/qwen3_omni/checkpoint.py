@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 from schedulers import checkpoints
-from schedulers.checkpoints import CheckpointError, require_model_dir
+from schedulers.checkpoints import CheckpointError
+from schedulers.checkpoints import require_model_dir as require_model_dir
+from schedulers.front.towers import thinker_widths
 from schedulers.library_noise import silence
 
 MODEL_TYPE = "qwen3_omni_moe"
@@ -117,14 +119,8 @@ def _fuse_experts(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _check_consistency(config: Any, path: Path) -> None:
     """The cross-part rules whose breach transformers does not report (or reports deep in a forward)."""
     thinker, talker, code2wav = config.thinker_config, config.talker_config, config.code2wav_config
-    hidden = thinker.text_config.hidden_size
-    checkpoints.check_equal(
-        path,
-        ("thinker_config.text_config.hidden_size", hidden),
-        ("thinker_config.audio_config.output_dim", thinker.audio_config.output_dim),
-        ("thinker_config.vision_config.out_hidden_size", thinker.vision_config.out_hidden_size),
-        ("talker_config.thinker_hidden_size", talker.thinker_hidden_size),
-    )
+    thinker_width = ("talker_config.thinker_hidden_size", talker.thinker_hidden_size)
+    checkpoints.check_equal(path, *thinker_widths(thinker), thinker_width)
     if not config.enable_audio_output:
         return
     checkpoints.check_equal(
@@ -172,18 +168,3 @@ CHECKPOINT = checkpoints.Family(MODEL_TYPE, FAMILY, PARTS, _config_class, _check
 load_config = CHECKPOINT.load_config
 check_checkpoint = CHECKPOINT.check_checkpoint
 preflight = CHECKPOINT.preflight
-
-
-__all__ = [
-    "CHECKPOINT",
-    "FAMILY",
-    "MODEL_TYPE",
-    "CheckpointError",
-    "check_checkpoint",
-    "load_config",
-    "load_weights",
-    "mrope_keys_only",
-    "preflight",
-    "require_model_dir",
-    "speakers",
-]
