@@ -44,17 +44,18 @@ class Media:
         return self.start + self.pad + self.end
 
 
-def processor_tokens(audio: Media, image: Media, video: Media) -> dict[str, str]:
-    """The token attributes a Qwen omni processor reads from its tokenizer, from the media's tokens."""
-    return {
-        "audio_token": audio.pad,
-        "image_token": image.pad,
-        "video_token": video.pad,
-        "audio_bos_token": audio.start,
-        "audio_eos_token": audio.end,
-        "vision_bos_token": image.start,
-        "vision_eos_token": image.end,
-    }
+def processor_tokens(audio: Media, image: Media, video: Media, *, image_first: bool = False) -> dict[str, str]:
+    """The token attributes a Qwen omni processor reads from its tokenizer, from the media's tokens.
+
+    Their order fixes the tokens' ids (:func:`build_tokenizer` adds them in it): the audio and image
+    placeholders (``image_first``: the image's first), the video's, then the same two media's start and end
+    tokens in the same order."""
+    media = [("image", "vision", image), ("audio", "audio", audio)]
+    media = media if image_first else media[::-1]
+    tokens = {f"{name}_token": medium.pad for name, _, medium in media} | {"video_token": video.pad}
+    for _, bounds, medium in media:
+        tokens |= {f"{bounds}_bos_token": medium.start, f"{bounds}_eos_token": medium.end}
+    return tokens
 
 
 def build_tokenizer(

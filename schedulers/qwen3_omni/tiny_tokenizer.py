@@ -37,7 +37,7 @@ IMAGE = Media("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 VIDEO = Media("<|vision_start|>", "<|video_pad|>", "<|vision_end|>")
 
 # The attributes Qwen3OmniMoeProcessor reads from its tokenizer.
-NAMED_TOKENS = processor_tokens(AUDIO, IMAGE, VIDEO)
+NAMED_TOKENS = processor_tokens(AUDIO, IMAGE, VIDEO, image_first=True)
 
 ROLE_WORDS = ROLES
 
