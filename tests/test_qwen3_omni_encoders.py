@@ -20,7 +20,7 @@ from schedulers.qwen3_omni.front.encoders import (
 )
 from schedulers.qwen3_omni.front.processor import OmniProcessor
 from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
-from schedulers.qwen3_omni.tiny import write_checkpoint
+from tests.qwen3_omni_tiny import tiny_qwen3_omni_checkpoint  # noqa: F401  (fixture tiny_qwen3_omni)
 from tests.scheduler_harness import answer_burst, new
 from toys.qwen3_omni_reference import load_reference_model, sample_clip, sample_image
 
@@ -28,9 +28,8 @@ TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}  # packing changes matmul shapes, so su
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
+def tiny(tiny_qwen3_omni: Path) -> Path:
+    return tiny_qwen3_omni
 
 
 @pytest.fixture(scope="module")
