@@ -114,6 +114,16 @@ R = TypeVar("R", bound=StreamFedRequest)
 
 
 @attrs.frozen
+class StreamEdges:
+    """The classes a stage's input edges carry: the prompt chunk, each token chunk, the upstream result's
+    payload data; anything else is refused (an ``error`` naming what came)."""
+
+    prompt: type
+    token: type
+    result: type
+
+
+@attrs.frozen
 class _Free:
     """Inbox message data: free the state of ``life``, aborted from another thread."""
 
@@ -121,16 +131,12 @@ class _Free:
 
 
 class StreamFedTalker(StepLoop, Generic[R]):
-    """The stage's lifecycle (module docstring); ``stage`` names it in errors.
-
-    ``prompt_type``, ``token_type`` and ``result_type`` are the classes of the prompt chunk, the token
-    chunks and the upstream result's payload data; the others are refused."""
+    """The stage's lifecycle (module docstring); ``stage`` names it in errors, ``modality`` its stream
+    outputs, ``edges`` what its input carries."""
 
     stage: str = "talker"
     modality: str = "codes"
-    prompt_type: type = object
-    token_type: type = object
-    result_type: type = object
+    edges: StreamEdges = StreamEdges(object, object, object)
 
     def __init__(self, *, layers: int, device: torch.device, frames_per_chunk: int, max_batch_size: int) -> None:
         if frames_per_chunk < 1 or max_batch_size < 1:
@@ -152,11 +158,11 @@ class StreamFedTalker(StepLoop, Generic[R]):
         raise NotImplementedError
 
     def _on_prompt(self, req: R, data: Any) -> None:
-        """Build ``req``'s text state from the prompt chunk (already of ``prompt_type``)."""
+        """Build ``req``'s text state from the prompt chunk (already of ``edges.prompt``)."""
         raise NotImplementedError
 
     def _on_token(self, req: R, data: Any) -> None:
-        """Add one token chunk (already of ``token_type``) to ``req``'s text."""
+        """Add one token chunk (already of ``edges.token``) to ``req``'s text."""
         raise NotImplementedError
 
     def _prefill(self, req: R) -> Any:
@@ -237,9 +243,9 @@ class StreamFedTalker(StepLoop, Generic[R]):
         return req
 
     def _on_payload(self, req: R, payload: Any) -> None:
-        if not isinstance(payload, StagePayload) or not isinstance(payload.data, self.result_type):
+        if not isinstance(payload, StagePayload) or not isinstance(payload.data, self.edges.result):
             raise ValueError(
-                f"{self.stage}: new_request data must be a StagePayload holding a {self.result_type.__name__}, "
+                f"{self.stage}: new_request data must be a StagePayload holding a {self.edges.result.__name__}, "
                 f"got {payload!r:.80}"
             )
         req.payload = payload
@@ -252,7 +258,7 @@ class StreamFedTalker(StepLoop, Generic[R]):
             if req.payload is None:
                 return  # the payload says whether audio was wanted
             if self._wants_audio(req.payload.data):
-                raise ValueError(f"{self.stage}: the stream ended without its {self.prompt_type.__name__}")
+                raise ValueError(f"{self.stage}: the stream ended without its {self.edges.prompt.__name__}")
             req.phase = Phase.SPOKEN
         if req.phase is Phase.PREFILL and not req.speakable():
             req.phase = Phase.SPOKEN
@@ -263,15 +269,14 @@ class StreamFedTalker(StepLoop, Generic[R]):
             raise ValueError(f"{self.stage}: stream chunks must be StreamItems, got {item!r:.80}")
         data = item.data
         if req.phase is Phase.WAITING_PROMPT:
-            if not isinstance(data, self.prompt_type):
-                raise ValueError(
-                    f"{self.stage}: the stream must start with a {self.prompt_type.__name__}, got {type(data).__name__}"
-                )
+            if not isinstance(data, self.edges.prompt):
+                first = self.edges.prompt.__name__
+                raise ValueError(f"{self.stage}: the stream must start with a {first}, got {type(data).__name__}")
             self._on_prompt(req, data)
             req.phase = Phase.PREFILL
-        elif not isinstance(data, self.token_type):
+        elif not isinstance(data, self.edges.token):
             raise ValueError(
-                f"{self.stage}: expected a {self.token_type.__name__} after the {self.prompt_type.__name__}, "
+                f"{self.stage}: expected a {self.edges.token.__name__} after the {self.edges.prompt.__name__}, "
                 f"got {type(data).__name__}"
             )
         elif req.phase is not Phase.SPOKEN:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import attrs
 import torch
@@ -36,7 +36,7 @@ import torch
 from omnitrio.contract import InvalidRequest
 from schedulers._idsets import Life
 from schedulers.devices import Placement
-from schedulers.engine.stream_fed import StreamFedTalker
+from schedulers.engine.stream_fed import StreamEdges, StreamFedTalker
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import Codes, TalkerPrompt, TalkerResult, TalkerToken, ThinkerResult
 from schedulers.qwen3_omni.talker.code_predictor import CodePredictor
@@ -45,16 +45,11 @@ from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.prompt import TextFeed
 from schedulers.qwen3_omni.talker.request import TalkerRequest, check_prompt
 
-MODALITY: Final = "codes"
-
 
 class TalkerScheduler(StreamFedTalker[TalkerRequest]):
     """The talker stage's scheduler; the formats and promises are in the module docstring."""
 
-    modality = MODALITY
-    prompt_type = TalkerPrompt
-    token_type = TalkerToken
-    result_type = ThinkerResult
+    edges = StreamEdges(TalkerPrompt, TalkerToken, ThinkerResult)
 
     def __init__(
         self,
