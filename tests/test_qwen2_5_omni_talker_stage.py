@@ -200,3 +200,8 @@ def test_the_talker_and_token2wav_stages_speak_generates_audio(reference: Any, t
     assert audio.shape == expected.shape
     snr = 10 * np.log10(np.sum(expected**2) / max(np.sum((expected - audio) ** 2), 1e-30))
     assert snr >= MIN_WHOLE_SNR_DB
+
+
+def test_the_factory_names_the_knobs_when_one_is_unknown(tiny: Path) -> None:
+    with pytest.raises(ValueError, match="top_k"):
+        create_talker_stage(model_dir=str(tiny), top_n=3)
