@@ -16,20 +16,27 @@ from typing import Any
 
 
 @contextmanager
-def running(scheduler: Any, *, warm_up: bool = False, timeout: float | None = None) -> Iterator[Any]:
-    """Run ``scheduler.start()`` in a thread; stop it and join it (up to ``timeout`` seconds) on exit, and
-    fail when it has not returned.  ``warm_up``: first run ``scheduler.warm_up_serving_thread()`` (here,
-    before the thread starts)."""
+def serving_thread(scheduler: Any, *, warm_up: bool = False, timeout: float | None = None) -> Iterator[Any]:
+    """Run ``scheduler.start()`` in a thread, which the block gets (for its CPU clock, say); stop it and join
+    it (up to ``timeout`` seconds) on exit, and fail when it has not returned.  ``warm_up``: first run
+    ``scheduler.warm_up_serving_thread()`` (here, before the thread starts)."""
     if warm_up:
         scheduler.warm_up_serving_thread()
     thread = threading.Thread(target=scheduler.start, name="scheduler-under-test", daemon=True)
     thread.start()
     try:
-        yield scheduler
+        yield thread
     finally:
         scheduler.stop()
         thread.join(timeout)
         assert not thread.is_alive(), "start() did not return after stop()"
+
+
+@contextmanager
+def running(scheduler: Any, *, warm_up: bool = False, timeout: float | None = None) -> Iterator[Any]:
+    """:func:`serving_thread`, the block getting ``scheduler``."""
+    with serving_thread(scheduler, warm_up=warm_up, timeout=timeout):
+        yield scheduler
 
 
 def put_atomically(inbox: queue.Queue[Any], messages: list[Any]) -> None:
@@ -50,4 +57,4 @@ def wait_results(scheduler: Any, count: int, *, timeout: float = 600) -> None:
         ended += msg.type == "result"
 
 
-__all__ = ["put_atomically", "running", "wait_results"]
+__all__ = ["put_atomically", "running", "serving_thread", "wait_results"]
