@@ -9,7 +9,8 @@ A step hands each request's audio to :meth:`~SteppedVocoderBase.emit_step`: a re
 ``complete`` is finished there (its audio, then its result, then its state released); any other gets its
 audio back to go out with the step's others in one :func:`~omnitrio.contract.put_messages`, or nothing once
 it was aborted.  :meth:`~SteppedVocoderBase.fail_request` fails one request (an ``error`` output) or, when
-it no longer lives, drops its state.  Every hook runs on the scheduler thread.
+it no longer lives, drops its state.  Every hook runs on the scheduler thread.  :func:`talker_total`
+checks the talker's count of what it streamed against what arrived.
 """
 
 from __future__ import annotations
@@ -61,4 +62,14 @@ class SteppedVocoderBase(StreamingVocoderBase[StateT]):
             self._clear_state(request_id)
 
 
-__all__ = ["SteppedVocoderBase"]
+def talker_total(stage: str, unit: str, said: int, received: int) -> int:
+    """``said``, the talker's count of ``unit`` (``"codes"``, ``"frames"``) in all, when it equals the count
+    that ``received`` on the stream; else a ``ValueError`` naming ``stage`` and both counts."""
+    if said != received:
+        raise ValueError(
+            f"{stage}: the talker's result says num_{unit}={said}, but {received} {unit} arrived on the stream"
+        )
+    return said
+
+
+__all__ = ["SteppedVocoderBase", "talker_total"]
