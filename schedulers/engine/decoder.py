@@ -33,6 +33,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import torch
+from torch import Tensor
 from transformers.cache_utils import Cache
 
 from schedulers.engine.admission import Admission, FinishReason
@@ -89,16 +90,9 @@ class DecoderLM(Protocol):
         """One prompt (batch 1) into ``cache`` (one empty row); ``hidden``: also the states to hand on."""
         ...
 
-    def decode(
-        self,
-        embeds: torch.Tensor,
-        lengths: list[int],
-        rope_deltas: list[int],
-        attention_mask: torch.Tensor,
-        cache: Cache,
-    ) -> Decoded:
+    def decode(self, embeds: Tensor, lengths: list[int], rope_deltas: list[int], mask: Tensor, cache: Cache) -> Decoded:
         """One token for each row: ``embeds`` ``[B, H]``, ``lengths[b]`` tokens already in row b's cache,
-        ``attention_mask`` ``[B, width + 1]``."""
+        ``mask`` the attention mask ``[B, width + 1]``."""
         ...
 
 

@@ -29,6 +29,7 @@ from schedulers.engine.admission import FinishReason, completion_budget
 from schedulers.engine.decoder import Decoder, DecoderPrompt, DecoderRequest, Event, Failed, Forwarded, Prefilled, Token
 from schedulers.engine.intake import RequestIntake
 from schedulers.engine.sampling import Sampler, SamplingDefaults
+from schedulers.warm_up import WarmUp
 
 _T = TypeVar("_T")
 
@@ -97,6 +98,23 @@ def plain(tensor: torch.Tensor | None, dtype: torch.dtype | None = None) -> torc
     return tensor.detach().to("cpu", dtype or tensor.dtype, copy=True)
 
 
+def decoder_warm_up(engine: Decoder[Any], prompt: DecoderPrompt, *, tokens: int = 2) -> WarmUp:
+    """A warm-up step ``"prefill and decode"``: ``prompt`` prefilled and ``tokens`` greedy tokens decoded
+    through ``engine``'s KV batch (the first forwards' one-time costs), before any request: nothing of it
+    stays in the engine."""
+
+    def run() -> None:
+        rid = "\x00warm-up"
+        engine.add(DecoderRequest(rid, prompt, tokens, Sampler.build(SamplingDefaults(), 0.0), None, want_hidden=True))
+        try:
+            for _ in range(tokens):
+                engine.step()
+        finally:
+            engine.abort(rid)
+
+    return WarmUp().step("prefill and decode", run)
+
+
 @attrs.define(eq=False)
 class _Live:
     payload: StagePayload
@@ -117,8 +135,10 @@ class DecoderScheduler(RequestIntake):
         max_new_tokens: int = 1024,
         sampling: SamplingDefaults | None = None,
         on_step: Callable[[int], None] | None = None,
+        warm_up: WarmUp | None = None,
     ) -> None:
         super().__init__()
+        self.warm_up = warm_up or WarmUp()
         self.engine = engine
         self.family = family
         self.eos_token_id = eos_token_id
@@ -137,6 +157,16 @@ class DecoderScheduler(RequestIntake):
     def kv_bytes(self) -> int:
         """Bytes of keys/values the running requests hold now."""
         return self.engine.kv.nbytes()
+
+    def warm_up_serving_thread(self) -> None:
+        """One torch thread, then the factory's :class:`~schedulers.warm_up.WarmUp` on the serving thread."""
+        super().warm_up_serving_thread()
+        self.warm_up.run()
+
+    @property
+    def warmed(self) -> list[str]:
+        """What the warm-up ran (see :mod:`schedulers.warm_up`)."""
+        return self.warm_up.warmed
 
     def _has_work(self) -> bool:
         return self.engine.has_work
