@@ -10,7 +10,9 @@
 * :mod:`.sampling`: how a decoder picks its next token, as ``generate`` does (greedy, or seeded sampling);
 * :mod:`.decoder`: continuous batching of a decoder over the KV batch, for any family's model wrapper;
 * :mod:`.decoder_stage`: that decoder as a stage, a family's hook reading requests and building handoffs;
-* :mod:`.text_decode`: the terminal text decode stage over a family's token and result handoffs.
+* :mod:`.text_decode`: the terminal text decode stage over a family's token and result handoffs;
+* :mod:`.stream_fed`: a stage fed by another stage's stream (a talker speaking while the thinker
+  writes): the request lifecycle, batching and abort, with a family's model and text as hooks.
 
 Importing the package loads nothing: import the module you use.
 """
