@@ -4,16 +4,21 @@ The front, the thinker (the kit's decoder stage) and the text decode on a tiny c
 image prompts answer exactly ``Qwen2_5OmniForConditionalGeneration.generate``'s text ids and text, greedy
 (whole and streamed) and sampled under a seed; ``max_tokens`` ends an answer with ``length``; eight
 concurrent requests equal their solo answers while several are in the thinker together; a text-only request
-never reaches the talker; a request for audio is a 400 while the config has no talker.
+never reaches the talker; a spoken answer's transcript and whole WAV are ``generate``'s; the thinker stage
+streams the talker exactly what ``generate`` hands its talker.
 """
 
 from __future__ import annotations
 
+import base64
+import io
+import wave
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 import torch
@@ -29,6 +34,7 @@ from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT
 from tests import qwen2_5_omni_reference as ref
 from tests.qwen2_5_omni_reference import reference_model, tiny_checkpoint  # noqa: F401  (fixtures model, tiny)
 from tests.test_qwen3_omni_pipeline import most_held_at_once
+from toys.qwen3_omni_requests import pcm16, snr_db
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -88,29 +94,10 @@ def finish_reason(ids: list[int], processor: Any) -> str:
     return "stop" if ids[-1] == processor.tokenizer.convert_tokens_to_ids("<|im_end|>") else "length"
 
 
-def config_of(tiny: Path, tmp_path: Path, *, talker: bool = False, processes: bool = False) -> PipelineConfig:
-    """The shipped config on ``tiny``; ``talker``: with a talker stage that fails whatever reaches it (and the
-    thinker speaking), ``processes``: every stage in its own process."""
-    path = CONFIG
-    if talker:
-        text = CONFIG.read_text().replace('next = ["decode"]', 'next = ["decode", "talker"]')
-        text = text.replace('stream_to = ["decode"]', 'stream_to = ["decode", "talker"]')
-        text = text.replace("speech = false", "speech = true")
-        text += f'\n[[stages]]\nname = "talker"\nfactory_path = "{__name__}.create_refusing_stage"\nterminal = true\n'
-        path = tmp_path / "with-talker.toml"
-        path.write_text(text)
+def config_of(tiny: Path, *, processes: bool = False) -> PipelineConfig:
+    """The shipped config on ``tiny``, the talker greedy; ``processes``: every stage in its own process."""
     overrides = [f"{stage.name}.process={stage.name}" for stage in load(CONFIG).stages] if processes else []
-    return load(path, overrides, model=tiny)
-
-
-def create_refusing_stage() -> Any:
-    """A stage that fails every request it gets (the stand-in talker)."""
-    from schedulers.simple import SimpleScheduler
-
-    def refuse(payload: Any) -> Any:
-        raise RuntimeError(f"the talker got request {payload.request_id!r}")
-
-    return SimpleScheduler(refuse)
+    return load(CONFIG, ["talker.factory.do_sample=false", *overrides], model=tiny)
 
 
 async def serving(config: PipelineConfig, *, inline: bool = True) -> AsyncIterator[str]:
@@ -124,7 +111,7 @@ async def serving(config: PipelineConfig, *, inline: bool = True) -> AsyncIterat
 
 @pytest.fixture
 async def url(tiny: Path, tmp_path: Path) -> AsyncIterator[str]:
-    async for address in serving(config_of(tiny, tmp_path)):
+    async for address in serving(config_of(tiny)):
         yield address
 
 
@@ -175,7 +162,7 @@ async def test_greedy_answer_is_generates_text_whole_and_streamed(
 async def test_one_process_per_stage_answers_as_generate(
     tiny: Path, tmp_path: Path, greedy: dict[str, list[int]], processor: Any
 ) -> None:
-    async for address in serving(config_of(tiny, tmp_path, processes=True), inline=False):
+    async for address in serving(config_of(tiny, processes=True), inline=False):
         for name in PROMPTS:
             assert await whole(address, chat(name, temperature=0)) == expected(greedy[name], processor)
 
@@ -202,7 +189,7 @@ async def test_eight_concurrent_requests_each_equal_their_solo_answer(
     monkeypatch.setenv(EVENT_DIR_ENV, str(tmp_path))
     names = [list(PROMPTS)[i % len(PROMPTS)] for i in range(8)]
     answers: dict[int, tuple[str, str, int]] = {}
-    async for address in serving(config_of(tiny, tmp_path)):
+    async for address in serving(config_of(tiny)):
 
         async def one(i: int, address: str) -> None:
             ask = streamed if i % 2 else whole
@@ -219,17 +206,30 @@ async def test_a_text_only_request_never_reaches_the_talker(
     tiny: Path, tmp_path: Path, greedy: dict[str, list[int]], processor: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(EVENT_DIR_ENV, str(tmp_path))
-    async for address in serving(config_of(tiny, tmp_path, talker=True)):
+    async for address in serving(config_of(tiny)):
         assert await whole(address, chat("text", temperature=0)) == expected(greedy["text"], processor)
     stages = {event.stage for event in load_events([tmp_path]) if event.stage and event.request_id}
     assert {"thinker", "decode"} <= stages and "talker" not in stages
 
 
-async def test_an_audio_answer_is_a_400_without_a_talker(url: str) -> None:
-    body = chat("text", modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav"})
-    with pytest.raises(openai.BadRequestError) as caught:
-        await call(url, lambda c: c.chat.completions.create(**body))
-    assert "modalities" in caught.value.message and "talker" in caught.value.message
+async def test_a_spoken_answer_is_generates_text_and_audio(url: str, model: Any, processor: Any) -> None:
+    """The speech branch behind the thinker: transcript and whole WAV (``stream: false``) as ``generate``'s."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": PROMPTS["text"][1]},
+    ]
+    reference = ref.reference_answer(model, processor, messages, speaker="Chelsie", seed=3, max_new_tokens=TOKENS)
+    body = chat(
+        "text", temperature=0, seed=3, modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav"}
+    )
+    completion = await call(url, lambda c: c.chat.completions.create(**body))
+    audio = completion.choices[0].message.audio
+    assert audio.transcript == processor.tokenizer.decode(reference.ids, skip_special_tokens=True)
+    with wave.open(io.BytesIO(base64.b64decode(audio.data))) as got:
+        assert (got.getframerate(), got.getnchannels(), got.getsampwidth()) == (24_000, 1, 2)
+        samples = np.frombuffer(got.readframes(got.getnframes()), "<i2")
+    expected_pcm = pcm16(reference.wav.reshape(-1).numpy())
+    assert len(samples) == len(expected_pcm) and snr_db(expected_pcm, samples) >= 60
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -18,6 +18,7 @@ request's seed (the family says which).  :attr:`DecoderScheduler.live_requests` 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, overload
 
@@ -31,7 +32,7 @@ from schedulers.engine.intake import RequestIntake
 from schedulers.engine.sampling import Sampler, SamplingDefaults
 from schedulers.warm_up import WarmUp
 
-_T = TypeVar("_T")
+_T = TypeVar("_T", bound="_HasInputIds")
 
 
 @attrs.frozen(eq=False)
@@ -58,6 +59,16 @@ class Send:
     modality: str
 
 
+@attrs.frozen
+class Targets:
+    """What a thinker family's hook is configured with: the stages its text and talker chunks go to, and
+    the stage's ``seed`` (requests without their own draw theirs from it: :func:`request_seed`)."""
+
+    decode_target: str = "decode"
+    talker_target: str = "talker"
+    seed: int | None = None
+
+
 class DecoderFamily(Protocol):
     """A family's half of the stage: how it reads a request and what it hands on."""
 
@@ -76,14 +87,27 @@ class DecoderFamily(Protocol):
         ...
 
 
+class _HasInputIds(Protocol):
+    @property
+    def input_ids(self) -> torch.Tensor: ...
+
+
 def entry_input(stage: str, request_id: str, payload: Any, cls: type[_T]) -> _T:
-    """The payload's data as ``cls`` (at the pipeline's entry, its ``{"raw_inputs": ...}``); else ``ValueError``."""
+    """The payload's data as ``cls`` (at the pipeline's entry, its ``{"raw_inputs": ...}``) with at least one
+    of its ``input_ids``; else ``ValueError`` naming ``stage``."""
     data = payload.data if isinstance(payload, StagePayload) else None
     if isinstance(data, dict) and "raw_inputs" in data:
         data = data["raw_inputs"]
     if not isinstance(data, cls):
         raise ValueError(f"{stage}: request {request_id!r} needs a {cls.__name__}, got {type(data).__name__}")
+    if data.input_ids.numel() == 0:
+        raise ValueError(f"{stage}: request {request_id!r} has no input_ids")
     return data
+
+
+def request_seed(stage_seed: int | None, request_id: str) -> int | None:
+    """A request's own seed drawn from the stage's (None: None), the same for the same id."""
+    return None if stage_seed is None else zlib.crc32(f"{stage_seed}:{request_id}".encode())
 
 
 @overload

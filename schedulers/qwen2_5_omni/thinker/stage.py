@@ -18,27 +18,37 @@ Sampling follows ``generate``: ``temperature: 0`` is greedy; a temperature above
 after ``torch.manual_seed(seed)`` (:mod:`schedulers.engine.sampling`).  A request without a seed samples
 under one drawn from the stage's ``seed`` and its id, or the process's generator when the stage has none;
 its voice's seed (token2wav's noise) is the request's seed, else one drawn likewise (random without a
-stage seed).  With ``speech=False`` (a pipeline without the talker) a request for audio is a 400.
+stage seed).
 """
 
 from __future__ import annotations
 
 import random
-import zlib
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
-from omnitrio.contract import InvalidRequest
 from schedulers.devices import Placement
 from schedulers.engine.admission import FinishReason
 from schedulers.engine.decoder import Decoder, DecoderPrompt
-from schedulers.engine.decoder_stage import Ask, DecoderScheduler, Send, decoder_warm_up, entry_input, plain
+from schedulers.engine.decoder_stage import (
+    Ask,
+    DecoderScheduler,
+    Send,
+    Targets,
+    decoder_warm_up,
+    entry_input,
+    plain,
+    request_seed,
+)
 from schedulers.engine.text_decode import TextDecodeScheduler, load_text_decode
 from schedulers.qwen2_5_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen2_5_omni.handoffs import DecodeToken, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult, Voice
+
+_MEDIA = ("audio_embeds", "image_embeds", "image_grid_thw", "audio_feature_lengths")
+"""The fields of a ThinkerInput that ThinkerLM.prompt_inputs takes by the same names."""
 
 
 @attrs.frozen(eq=False)
@@ -48,45 +58,23 @@ class _Given:
 
 
 @attrs.frozen
-class Qwen25Thinker:
+class Qwen25Thinker(Targets):
     """Qwen2.5-Omni's handoffs of the decoder stage (module docstring); tensors leave on the CPU in the
     thinker's dtype."""
 
-    decode_target: str = "decode"
-    talker_target: str = "talker"
-    seed: int | None = None
-    speech: bool = True
-
     def read(self, request_id: str, payload: Any, lm: Any) -> Ask:
         given = entry_input("thinker", request_id, payload, ThinkerInput)
-        if given.input_ids.numel() == 0:
-            raise ValueError(f"thinker: request {request_id!r} has no input_ids")
         knobs = given.knobs
+        seed = knobs.seed if knobs.seed is not None else request_seed(self.seed, request_id)
         voice = None
         if knobs.want_audio:
-            if not self.speech:
-                raise InvalidRequest(
-                    "modalities: this pipeline answers in text only (it has no talker); ask for ['text']",
-                    param="modalities",
-                )
             if knobs.speaker is None:
                 raise ValueError(f"thinker: request {request_id!r} wants audio but names no speaker")
-            voice_seed = knobs.seed if knobs.seed is not None else self._seed(request_id)
-            voice = Voice(knobs.speaker, random.getrandbits(31) if voice_seed is None else voice_seed, knobs.stream)
-        prompt = lm.prompt_inputs(
-            given.input_ids,
-            audio_embeds=given.audio_embeds,
-            image_embeds=given.image_embeds,
-            image_grid_thw=given.image_grid_thw,
-            audio_feature_lengths=given.audio_feature_lengths,
-        )
-        seed = knobs.seed if knobs.seed is not None else self._seed(request_id)
+            voice = Voice(knobs.speaker, random.getrandbits(31) if seed is None else seed, knobs.stream)
+        prompt = lm.prompt_inputs(given.input_ids, **{name: getattr(given, name) for name in _MEDIA})
         return Ask(
             prompt, _Given(given, voice), knobs.max_new_tokens, knobs.temperature, seed, want_hidden=voice is not None
         )
-
-    def _seed(self, request_id: str) -> int | None:
-        return None if self.seed is None else zlib.crc32(f"{self.seed}:{request_id}".encode())
 
     def prefilled(self, ask: Ask, prompt: DecoderPrompt, hidden: torch.Tensor | None) -> list[Send]:
         voice = ask.given.voice
@@ -113,7 +101,6 @@ def create_thinker_stage(
     device: str = "cpu",
     dtype: str = "float32",
     warm_up: bool = True,
-    speech: bool = True,
     max_new_tokens: int = 1024,
     max_running_requests: int = 16,
     max_waiting_requests: int = 256,
@@ -135,7 +122,7 @@ def create_thinker_stage(
     engine: Decoder[ThinkerLM] = Decoder(lm, max_running=max_running_requests, max_waiting=max_waiting_requests)
     eos = eos_token_id if eos_token_id is not None else int(lm.text_config.eos_token_id)
     warm = decoder_warm_up(engine, lm.prompt_inputs(torch.tensor([eos] * 4))) if warm_up else None
-    family = Qwen25Thinker(decode_target, talker_target, seed, speech)
+    family = Qwen25Thinker(decode_target, talker_target, seed)
     return DecoderScheduler(engine, family, eos_token_id=eos, max_new_tokens=max_new_tokens, warm_up=warm)
 
 

@@ -18,7 +18,6 @@ A request samples under a seed drawn from the stage's ``seed`` and its id (None:
 from __future__ import annotations
 
 import functools
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 
 from schedulers.devices import Placement
 from schedulers.engine.decoder import Decoder, DecoderPrompt
-from schedulers.engine.decoder_stage import Ask, DecoderScheduler, Send, entry_input, plain
+from schedulers.engine.decoder_stage import Ask, DecoderScheduler, Send, Targets, entry_input, plain, request_seed
 from schedulers.engine.sampling import SamplingDefaults
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import (
@@ -43,17 +42,11 @@ ThinkerScheduler = DecoderScheduler
 
 
 @attrs.frozen
-class Qwen3Thinker:
+class Qwen3Thinker(Targets):
     """Qwen3-Omni's handoffs of the decoder stage (module docstring); tensors leave as CPU float32."""
-
-    decode_target: str = "decode"
-    talker_target: str = "talker"
-    seed: int | None = None
 
     def read(self, request_id: str, payload: Any, lm: Any) -> Ask:
         given = entry_input("thinker", request_id, payload, ThinkerInput)
-        if given.input_ids.numel() == 0:
-            raise ValueError(f"thinker: request {request_id!r} has no input_ids")
         deepstack = given.deepstack_image_embeds
         prompt = lm.prompt_inputs(
             given.input_ids,
@@ -64,7 +57,7 @@ class Qwen3Thinker:
             audio_feature_lengths=given.audio_feature_lengths,
         )
         knobs = given.knobs
-        seed = None if self.seed is None else zlib.crc32(f"{self.seed}:{request_id}".encode())
+        seed = request_seed(self.seed, request_id)
         return Ask(prompt, given, knobs.max_new_tokens, knobs.temperature, seed, want_hidden=knobs.want_audio)
 
     def prefilled(self, ask: Ask, prompt: DecoderPrompt, hidden: torch.Tensor | None) -> list[Send]:
