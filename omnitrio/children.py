@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Protocol
 
@@ -53,7 +53,7 @@ from omnitrio.child import ENTRY, ChildSpec
 from omnitrio.config import PipelineConfig
 from omnitrio.errors import RequestError, RequestFailed, StartupError
 from omnitrio.events import PROCESS_READY, PROCESS_SPAWNED, EventRecorder
-from omnitrio.forkserver import ForkedProcess, ForkServer, open_fork_server, preload_modules
+from omnitrio.forkserver import ForkedProcess, ForkServer, open_fork_server, preload_modules, start_early
 from omnitrio.health import Figures, gauges, replicated_entry, stage_entry
 from omnitrio.placement.actors import ActorProcess, start_actor
 from omnitrio.placement.cluster import open_ray_cluster
@@ -438,6 +438,15 @@ def _fork_server_wanted(config: PipelineConfig, homes: dict[str, str]) -> list[s
     if os.environ.get(START_METHOD_ENV, "forkserver") == "spawn":
         return None
     return preload_modules(config.stage(name).factory_path for name, home in homes.items() if home != MAIN)
+
+
+def start_fork_server_early(factory_paths: Iterable[str]) -> None:
+    """Start the fork server for stage processes whose factories are ``factory_paths`` now, before
+    the caller loads (and so imports) the config; :func:`open_children` adopts it when it fits
+    (:func:`omnitrio.forkserver.start_early`).  Nothing without paths or under ``OMNITRIO_START_METHOD=spawn``."""
+    paths = list(factory_paths)
+    if paths and os.environ.get(START_METHOD_ENV, "forkserver") != "spawn":
+        start_early(preload_modules(paths), child_environment())
 
 
 async def _reap(process: trio.Process | ActorProcess | ForkedProcess, exited: trio.Event) -> None:
