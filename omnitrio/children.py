@@ -290,7 +290,8 @@ class Children:
             self._nursery.start_soon(_reap, child.process, child.exited)
             return
         asked_ns = time.monotonic_ns()
-        forked = await self._forks.start(spec) if self._forks is not None else None
+        needs = preload_modules(self._config.stage(name).factory_path for name in child.stages)
+        forked = await self._forks.start(spec, needs) if self._forks is not None else None
         if forked is not None:
             self._spawned(child, "forkserver", asked_ns)
             child.process = forked

@@ -98,16 +98,21 @@ class ForkServer:
         self._recorder = recorder
         self._sending = trio.Lock()
         self._ready = trio.Event()
+        self._imported: set[str] = set()
+        self._progress = trio.Event()
         self.refused: str | None = None
         """Why the server will fork nothing (None while it can)."""
         self._forks: dict[int, tuple[trio.Event, list[ForkedProcess]]] = {}
         self._live: dict[int, ForkedProcess] = {}
         self._next_seq = 0
 
-    async def start(self, spec: Any) -> ForkedProcess | None:
+    async def start(self, spec: Any, needs: Iterable[str] = ()) -> ForkedProcess | None:
         """Fork a stage process serving ``spec`` (a :class:`~omnitrio.child.ChildSpec`), or None (module
-        docstring).  Waits for the server's preload first."""
-        await self._ready.wait()
+        docstring).  Waits until the server has imported the modules the process ``needs`` (all it
+        preloads when none are named), so a process starts while the server imports the others'."""
+        wanted = set(needs)
+        while not self._ready.is_set() and not (wanted and wanted <= self._imported):
+            await self._progress.wait()
         if self.refused is not None:
             return None
         self._next_seq += 1
@@ -133,6 +138,10 @@ class ForkServer:
             while True:
                 message, fds = await self._receive()
                 match message:
+                    case ("imported", str() as module):
+                        self._imported.add(module)
+                        self._progress.set()
+                        self._progress = trio.Event()
                     case ("ready", dict() as failed, int() as up_ns, int() as preloaded_ns):
                         for module, why in failed.items():
                             log.debug("fork server: could not preload %s: %s", module, why)
@@ -140,6 +149,7 @@ class ForkServer:
                             self._recorder.emit_at(up_ns, None, None, FORK_SERVER_UP)
                             self._recorder.emit_at(preloaded_ns, None, None, FORK_SERVER_PRELOADED, failed=len(failed))
                         self._ready.set()
+                        self._progress.set()
                     case ("refused", str() as why):
                         log.info("stage processes start as fresh interpreters: the fork server refused, %s", why)
                         self._gone(why)
@@ -159,6 +169,7 @@ class ForkServer:
         if self.refused is None:
             self.refused = why
         self._ready.set()
+        self._progress.set()
         for done, _ in self._forks.values():
             done.set()
         self._forks.clear()

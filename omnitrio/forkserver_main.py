@@ -2,15 +2,17 @@
 
 Started by :mod:`omnitrio.forkserver` as ``python -c`` :data:`ENTRY` with one end of a Unix socket
 pair as file descriptor ``fd``.  The first message it reads, ``("preload", path, modules)``,
-names ``sys.path`` and the modules to preload; it imports them, then answers ``("ready",
-failed, up_ns, preloaded_ns)`` — ``failed`` maps each module that could not be imported to why
+names ``sys.path`` and the modules to preload; it imports them in that order, answering
+``("imported", module)`` after each (and forking for the fork requests that came meanwhile, so a
+stage process whose modules are in starts while the server imports the others' modules), then
+``("ready", failed, up_ns, preloaded_ns)`` — ``failed`` maps each module that could not be imported to why
 (the stage process that needs it reports the real error), the times (``time.monotonic_ns()``)
 say when the server ran its first line and when its preload was done — or
 ``("refused", why)`` when, after importing, it is no longer safe to fork: the process touched
 CUDA (a CUDA driver library is mapped) or runs a thread besides its own (an OpenMP pool, say).
 A refusing server exits; the caller then starts fresh interpreters instead.
 
-Then, for each ``("fork", seq, blob)``, it forks a child that unpickles ``blob`` (a
+For each ``("fork", seq, blob)`` it forks a child that unpickles ``blob`` (a
 :class:`~omnitrio.child.ChildSpec`) and runs :func:`omnitrio.child.main`, and answers
 ``("forked", seq, pid)`` with a pidfd of the child attached (so the caller holds the process,
 whatever happens to the pid afterwards).  It reaps each child and reports ``("exited", pid,
@@ -82,37 +84,42 @@ def _serve(conn: socket.socket, up_ns: int) -> None:
     _, path, modules = _receive(conn)
     sys.path[:0] = [p for p in path if p not in sys.path]
     failed: dict[str, str] = {}
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except BaseException as exc:  # the stage process that needs it reports it
-            failed[module] = f"{type(exc).__name__}: {exc}"
-        why = unsafe_to_fork()
-        if why is not None:
-            conn.sendall(pack(("refused", f"after importing {module!r}, {why}")))
-            return
-    conn.sendall(pack(("ready", failed, up_ns, time.monotonic_ns())))
-    _fork_on_request(conn)
-
-
-def _fork_on_request(conn: socket.socket) -> None:
-    children: dict[int, int] = {}  # pidfd → pid
     with selectors.DefaultSelector() as selector:
         selector.register(conn, selectors.EVENT_READ)
+        children: dict[int, int] = {}  # pidfd → pid
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except BaseException as exc:  # the stage process that needs it reports it
+                failed[module] = f"{type(exc).__name__}: {exc}"
+            why = unsafe_to_fork()
+            if why is not None:
+                conn.sendall(pack(("refused", f"after importing {module!r}, {why}")))
+                return
+            conn.sendall(pack(("imported", module)))
+            _answer(conn, selector, children, timeout=0)  # forks asked for while importing
+        conn.sendall(pack(("ready", failed, up_ns, time.monotonic_ns())))
         while True:
-            for key, _ in selector.select():
-                if key.fileobj is conn:
-                    _, seq, blob = _receive(conn)
-                    pidfd = _fork(conn, selector, children, blob)
-                    socket.send_fds(conn, [pack(("forked", seq, children[pidfd]))], [pidfd])
-                    selector.register(pidfd, selectors.EVENT_READ)
-                else:
-                    pidfd = int(key.fd)
-                    selector.unregister(pidfd)
-                    pid = children.pop(pidfd)
-                    _, status = os.waitpid(pid, 0)
-                    os.close(pidfd)
-                    conn.sendall(pack(("exited", pid, os.waitstatus_to_exitcode(status))))
+            _answer(conn, selector, children, timeout=None)
+
+
+def _answer(
+    conn: socket.socket, selector: selectors.BaseSelector, children: dict[int, int], timeout: float | None
+) -> None:
+    """Fork for each fork request and report each child's exit that is there (``timeout=0``: without waiting)."""
+    for key, _ in selector.select(timeout):
+        if key.fileobj is conn:
+            _, seq, blob = _receive(conn)
+            pidfd = _fork(conn, selector, children, blob)
+            socket.send_fds(conn, [pack(("forked", seq, children[pidfd]))], [pidfd])
+            selector.register(pidfd, selectors.EVENT_READ)
+        else:
+            pidfd = int(key.fd)
+            selector.unregister(pidfd)
+            pid = children.pop(pidfd)
+            _, status = os.waitpid(pid, 0)
+            os.close(pidfd)
+            conn.sendall(pack(("exited", pid, os.waitstatus_to_exitcode(status))))
 
 
 def _fork(conn: socket.socket, selector: selectors.BaseSelector, children: dict[int, int], blob: bytes) -> int:

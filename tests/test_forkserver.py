@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from omnitrio import PipelineConfig, StageConfig, forkserver, open_pipeline
 from omnitrio.children import START_METHOD_ENV, start_fork_server_early
 from omnitrio.cli import load_config
 from omnitrio.config_loading import process_factory_paths
 from tests.fork_stages import F
+from tests.fork_stages_gated import GATE_ENV
 
 
 def two_processes(module: str) -> PipelineConfig:
@@ -118,3 +120,36 @@ async def test_an_early_fork_server_that_does_not_fit_the_pipeline_is_stopped_an
     got = await where(two_processes(F))
     assert gone(early)
     assert got["a"]["ppid"] == got["a"]["imported_in"] != early
+
+
+async def test_a_stage_process_starts_while_the_server_still_imports_another_process_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate, built = tmp_path / "gate", tmp_path / "built"
+    os.mkfifo(gate)
+    os.mkfifo(built)
+    monkeypatch.setenv(GATE_ENV, str(gate))  # the server's import of p_b's module waits on the gate
+    config = PipelineConfig(
+        stages=[
+            StageConfig(
+                name="a",
+                process="p_a",
+                factory_path=f"{F}.create_announcing",
+                factory={"fifo": str(built), "tag": "a"},
+                next="b",
+            ),
+            StageConfig(
+                name="b", process="p_b", factory_path=f"{F}_gated.create_where", factory={"tag": "b"}, terminal=True
+            ),
+        ]
+    )
+
+    async def open_the_gate_once_a_is_built() -> None:
+        await trio.to_thread.run_sync(built.read_text, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(gate.write_text, "", abandon_on_cancel=True)
+
+    with trio.fail_after(60):  # without the early fork, a is built only after the gate opens: a hang
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_the_gate_once_a_is_built)
+            got = await where(config)
+    assert got["a"]["ppid"] == got["b"]["ppid"] == got["b"]["imported_in"]
