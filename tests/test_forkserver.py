@@ -17,6 +17,7 @@ from omnitrio import PipelineConfig, StageConfig, forkserver, open_pipeline
 from omnitrio.children import START_METHOD_ENV, start_fork_server_early
 from omnitrio.cli import load_config
 from omnitrio.config_loading import process_factory_paths
+from omnitrio.errors import StartupError
 from tests.fork_stages import F
 from tests.fork_stages_gated import GATE_ENV
 
@@ -153,3 +154,12 @@ async def test_a_stage_process_starts_while_the_server_still_imports_another_pro
             nursery.start_soon(open_the_gate_once_a_is_built)
             got = await where(config)
     assert got["a"]["ppid"] == got["b"]["ppid"] == got["b"]["imported_in"]
+
+
+async def test_a_stage_process_whose_module_the_server_could_not_import_fails_start_up_naming_it() -> None:
+    config = two_processes(F)
+    config.stages[1].factory_path = f"{F}_broken.create_where"
+    with pytest.raises(StartupError) as failed:
+        await where(config)
+    message = str(failed.value)
+    assert "'p_b'" in message and "fork_stages_broken cannot be imported" in message, message
