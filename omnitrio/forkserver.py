@@ -2,9 +2,10 @@
 
 ``async with open_fork_server(preload, env) as server`` starts a fresh interpreter
 (:mod:`omnitrio.forkserver_main` — never a fork of the caller, which may have touched CUDA) that
-imports the ``preload`` modules (the factory modules of the pipeline's stage processes, and so
-torch, transformers and the model code) while the caller goes on starting.  :meth:`ForkServer.start`
-waits until that import is done, then has the server fork a stage process that runs
+imports the ``preload`` modules in order (the factory modules of the pipeline's stage processes, and
+so torch, transformers and the model code) while the caller goes on starting.  :meth:`ForkServer.start`
+waits until the server has imported the modules that process needs (the others' may still be
+importing), then has the server fork a stage process that runs
 :func:`omnitrio.child.main` for the spec, and returns it as a :class:`ForkedProcess`: a process the
 caller watches, waits for and kills like a ``trio.Process`` (through a pidfd, so a pid reused after
 the process has gone is never signalled).  Forking costs milliseconds where a fresh interpreter
