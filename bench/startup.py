@@ -17,7 +17,9 @@ on (omnitrio.events).  Per stage process the events split its start into:
 * ``model load``: the slowest of its stages' factory calls; ``warm-up``: the slowest warm-up after it.
 
 With the fork server, its own row says when its interpreter ran (from the run's first line) and how
-long its preload took (as ``factory imports``).  Every ``total`` counts from the run's first line.
+long its preload took (as ``factory imports``).  Every ``total`` counts from the run's first line.  ``CPU``
+is the user and system time of the run's every process from start to stop (what a loaded machine's
+other processes do not add to).
 
 Three methods: ``spawn`` (fresh interpreters, ``OMNITRIO_START_METHOD=spawn``), ``fork-late`` (the
 fork server starts when the pipeline opens, after the config load) and ``fork-early`` (it starts
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -164,12 +167,15 @@ def measure(pipeline: str, method: str, model: str, scratch: Path) -> dict[str, 
     command = [sys.executable, __file__, "--one", pipeline, "--model", model, "--out", str(out)]
     if method == "fork-early":
         command.append("--early")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(command, check=True, env=env, cwd=ROOT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     figures = json.loads(out.read_text())
     return {
         "healthy_s": (figures["healthy_ns"] - figures["began_ns"]) / 1e9,
         "opened_to_healthy_s": (figures["healthy_ns"] - figures["opened_ns"]) / 1e9,
         "config_load_s": figures["config_load_s"],
+        "cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
         "processes": phases(run_dir / "events", figures["began_ns"]),
     }
 
@@ -186,6 +192,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "healthy_s_all": [round(r["healthy_s"], 3) for r in runs],
         "opened_to_healthy_s": statistics.median(r["opened_to_healthy_s"] for r in runs),
         "config_load_s": statistics.median(r["config_load_s"] for r in runs),
+        "cpu_s": statistics.median(r["cpu_s"] for r in runs),
         "processes": {
             process: {phase: statistics.median(values) for phase, values in figures.items()}
             for process, figures in by_process.items()
@@ -201,7 +208,8 @@ def table(results: dict[str, Any]) -> str:
             lines.append(
                 f"{pipeline} / {method}: healthy {figures['healthy_s']:.2f} s (median of {figures['runs']}; "
                 f"target {target:g} s): the caller's config load {figures['config_load_s']:.2f} s, "
-                f"open_pipeline to healthy {figures['opened_to_healthy_s']:.2f} s"
+                f"open_pipeline to healthy {figures['opened_to_healthy_s']:.2f} s; "
+                f"CPU of every process, start to stop, {figures['cpu_s']:.2f} s"
             )
             lines.append("  " + f"{'process':12}" + "".join(f"{phase:>16}" for phase in PHASES))
             for process, phase_s in figures["processes"].items():
