@@ -23,7 +23,7 @@ other processes do not add to).
 
 Three methods: ``spawn`` (fresh interpreters, ``OMNITRIO_START_METHOD=spawn``), ``fork-late`` (the
 fork server starts when the pipeline opens, after the config load) and ``fork-early`` (it starts
-before the config load, as the CLI starts it: :func:`omnitrio.children.start_fork_server_early`).
+before the config load, as the CLI starts it: :func:`omnitrio.start_method.start_fork_server_early`).
 ``--methods`` (all by default) runs each pipeline each way in turn, ``--repeats`` times, so before
 and after are measured in one sitting.  Prints medians
 and writes ``bench/results/startup.json`` with the load average before and after.  ``--quick``: one

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Protocol
 
@@ -53,10 +53,11 @@ from omnitrio.child import ENTRY, ChildSpec
 from omnitrio.config import PipelineConfig
 from omnitrio.errors import RequestError, RequestFailed, StartupError
 from omnitrio.events import PROCESS_READY, PROCESS_SPAWNED, EventRecorder
-from omnitrio.forkserver import ForkedProcess, ForkServer, open_fork_server, preload_modules, start_early
+from omnitrio.forkserver import ForkedProcess, ForkServer, open_fork_server, preload_modules
 from omnitrio.health import Figures, gauges, replicated_entry, stage_entry
 from omnitrio.placement.actors import ActorProcess, start_actor
 from omnitrio.placement.cluster import open_ray_cluster
+from omnitrio.start_method import child_environment, forking
 from omnitrio.switchboard import UNIX, Switchboard
 from omnitrio.topology import MAIN
 from omnitrio.transport import wire
@@ -66,8 +67,6 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE = 5.0
 HEALTH_TIMEOUT = 2.0
-START_METHOD_ENV = "OMNITRIO_START_METHOD"
-"""``forkserver`` (the default) or ``spawn``: how stage processes start (module docstring)."""
 
 
 class ProcessEvents(Protocol):
@@ -424,30 +423,11 @@ class Children:
                     await child.exited.wait()
 
 
-def child_environment() -> dict[str, str]:
-    """The environment of a stage process (and of the fork server its forks inherit it from)."""
-    env = dict(os.environ)
-    env["OMNITRIO_PARENT_PID"] = str(os.getpid())  # which pipeline owns this process
-    env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; the cores are shared by every process
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP workers sleep: spinning starves the others
-    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() initialises no CUDA
-    return env
-
-
 def _fork_server_wanted(config: PipelineConfig, homes: dict[str, str]) -> list[str] | None:
     """What the fork server preloads for this pipeline, or None when its processes are spawned."""
-    if os.environ.get(START_METHOD_ENV, "forkserver") == "spawn":
+    if not forking():
         return None
     return preload_modules(config.stage(name).factory_path for name, home in homes.items() if home != MAIN)
-
-
-def start_fork_server_early(factory_paths: Iterable[str]) -> None:
-    """Start the fork server for stage processes whose factories are ``factory_paths`` now, before
-    the caller loads (and so imports) the config; :func:`open_children` adopts it when it fits
-    (:func:`omnitrio.forkserver.start_early`).  Nothing without paths or under ``OMNITRIO_START_METHOD=spawn``."""
-    paths = list(factory_paths)
-    if paths and os.environ.get(START_METHOD_ENV, "forkserver") != "spawn":
-        start_early(preload_modules(paths), child_environment())
 
 
 async def _reap(process: trio.Process | ActorProcess | ForkedProcess, exited: trio.Event) -> None:

@@ -273,7 +273,7 @@ def load_config(
     """The pipeline at ``path`` pointed at ``model``, placed on ``device`` in ``dtype``, overridden,
     validated.  Without ``path``: the config ``model`` picks (:func:`~omnitrio.families.config_for_model`),
     else the default pipeline.  ``to_start``: the caller will start it, so the fork server of its stage
-    processes starts before the config is loaded (:func:`omnitrio.children.start_fork_server_early`)."""
+    processes starts before the config is loaded (:func:`omnitrio.start_method.start_fork_server_early`)."""
     if path is None and model is not None:
         path = config_for_model(model)
     if path is None:
@@ -284,7 +284,7 @@ def load_config(
             )
         path = DEFAULT_CONFIG
     if to_start:
-        from omnitrio.children import start_fork_server_early
+        from omnitrio.start_method import start_fork_server_early
 
         start_fork_server_early(process_factory_paths(path, overrides))
     return load(path, overrides, model, device=device, dtype=dtype)

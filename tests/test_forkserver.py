@@ -14,10 +14,10 @@ import pytest
 import trio
 
 from omnitrio import PipelineConfig, StageConfig, forkserver, open_pipeline
-from omnitrio.children import START_METHOD_ENV, start_fork_server_early
 from omnitrio.cli import load_config
 from omnitrio.config_loading import process_factory_paths
 from omnitrio.errors import StartupError
+from omnitrio.start_method import START_METHOD_ENV, start_fork_server_early
 from tests.fork_stages import F
 from tests.fork_stages_gated import GATE_ENV
 
