@@ -4,8 +4,8 @@
 (:mod:`omnitrio.forkserver_main` — never a fork of the caller, which may have touched CUDA) that
 imports the ``preload`` modules in order (the factory modules of the pipeline's stage processes, and
 so torch, transformers and the model code) while the caller goes on starting.  :meth:`ForkServer.start`
-waits until the server has imported the modules that process needs (the others' may still be
-importing), then has the server fork a stage process that runs
+has the server fork, as soon as it has imported the modules that process needs (the others' may
+still be importing), a stage process that runs
 :func:`omnitrio.child.main` for the spec, and returns it as a :class:`ForkedProcess`: a process the
 caller watches, waits for and kills like a ``trio.Process`` (through a pidfd, so a pid reused after
 the process has gone is never signalled).  Forking costs milliseconds where a fresh interpreter
@@ -94,13 +94,11 @@ class ForkedProcess:
 class ForkServer:
     """The caller's side of one fork server; made by :func:`open_fork_server`."""
 
-    def __init__(self, sock: trio.socket.SocketType, recorder: EventRecorder | None) -> None:
+    def __init__(self, sock: trio.socket.SocketType, preload: list[str], recorder: EventRecorder | None) -> None:
         self._sock = sock
+        self._preload = preload
         self._recorder = recorder
         self._sending = trio.Lock()
-        self._ready = trio.Event()
-        self._imported: set[str] = set()
-        self._progress = trio.Event()
         self.refused: str | None = None
         """Why the server will fork nothing (None while it can)."""
         self._forks: dict[int, tuple[trio.Event, list[ForkedProcess]]] = {}
@@ -109,18 +107,15 @@ class ForkServer:
 
     async def start(self, spec: Any, needs: Iterable[str] = ()) -> ForkedProcess | None:
         """Fork a stage process serving ``spec`` (a :class:`~omnitrio.child.ChildSpec`), or None (module
-        docstring).  Waits until the server has imported the modules the process ``needs`` (all it
-        preloads when none are named), so a process starts while the server imports the others'."""
-        wanted = set(needs)
-        while not self._ready.is_set() and not (wanted and wanted <= self._imported):
-            await self._progress.wait()
+        docstring).  The server forks it once it has imported the modules the process ``needs`` (all
+        it preloads when none are named), so a process starts while the server imports the others'."""
         if self.refused is not None:
             return None
         self._next_seq += 1
         seq = self._next_seq
         done, forked = self._forks[seq] = (trio.Event(), [])
         try:
-            await self._send(("fork", seq, pickle.dumps(spec)))
+            await self._send(("fork", seq, pickle.dumps(spec), list(needs) or self._preload))
         except OSError:
             self._gone("its socket closed")
         await done.wait()
@@ -139,18 +134,12 @@ class ForkServer:
             while True:
                 message, fds = await self._receive()
                 match message:
-                    case ("imported", str() as module):
-                        self._imported.add(module)
-                        self._progress.set()
-                        self._progress = trio.Event()
                     case ("ready", dict() as failed, int() as up_ns, int() as preloaded_ns):
                         for module, why in failed.items():
                             log.debug("fork server: could not preload %s: %s", module, why)
                         if self._recorder is not None:
                             self._recorder.emit_at(up_ns, None, None, FORK_SERVER_UP)
                             self._recorder.emit_at(preloaded_ns, None, None, FORK_SERVER_PRELOADED, failed=len(failed))
-                        self._ready.set()
-                        self._progress.set()
                     case ("refused", str() as why):
                         log.info("stage processes start as fresh interpreters: the fork server refused, %s", why)
                         self._gone(why)
@@ -169,8 +158,6 @@ class ForkServer:
     def _gone(self, why: str) -> None:
         if self.refused is None:
             self.refused = why
-        self._ready.set()
-        self._progress.set()
         for done, _ in self._forks.values():
             done.set()
         self._forks.clear()
@@ -289,7 +276,7 @@ async def open_fork_server(
     ``recorder`` gets its start-up events."""
     launched = _adopt_or_launch(preload, env)
     sock = trio.socket.from_stdlib_socket(launched.sock)
-    server = ForkServer(sock, recorder)
+    server = ForkServer(sock, launched.preload, recorder)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(server._read)
