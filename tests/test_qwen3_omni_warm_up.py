@@ -1,6 +1,7 @@
 """configs/qwen3-omni.toml pays at start-up what a first request of each kind would pay in its front and its
 listener: when it says ready, preprocess has run the processor on a text, an audio and an image chat, each
-encoder its tower, and stream_asr its recognizer's decodes, voice activity detector and turn model (the start-up
+encoder its tower, stream_asr its recognizer's decodes, voice activity detector and turn model, the thinker and the
+talker a request of each input kind alone and a batch, code2wav first windows alone and batched (the start-up
 events say so, before the pipeline's ready), with one process per group as the config places them."""
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ WARMED = {
     "image_encoder": ["image"],
     "asr": DECODES,
     "stream_asr": [*DECODES, "resample", "voice activity", "turn model"],
+    "thinker": ["text", "audio", "image", "batch"],
+    "talker": ["text", "audio", "image", "batch"],
+    "code2wav": ["first window", "windows", "batch"],
 }
 
 

@@ -117,20 +117,19 @@ class LLMResponder(RequestIntake):
         self._answers: dict[str, _Answer] = {}
         self._opening = chat.encode_chat([{"role": "user", "content": "\x00"}])  # default system prompt + header
         self._said_no_tools = False
+        self.warm_up.step("chat", lambda: self._warm_up(spoken=False))
+        self.warm_up.step("spoken chat", lambda: self._warm_up(spoken=True))
 
-    warmed = ("chat", "spoken chat")
-    """What :meth:`warm_up_serving_thread` warms (see :mod:`schedulers.warm_up`)."""
-
-    def warm_up_serving_thread(self) -> None:
-        """A short chat answered in text, then one answered for speech (its system prompt's keys and
-        values are kept for every later spoken answer), before the stage reports ready."""
-        super().warm_up_serving_thread()
+    def _warm_up(self, *, spoken: bool) -> None:
+        """A short chat answered in text (alone), or one answered for speech beside a text one (two rows: its
+        system prompt's keys and values are kept for every later spoken answer)."""
         self.engine.model.set_threads(self.threads)
-        self.engine.add(LlamaRequest("warm-up", self.chat.encode_chat([{"role": "user", "content": "Hi"}]), 2))
         hi = [{"role": "user", "content": "Hi"}]
-        spoken = OmniRequest({"task": "chat", "messages": hi, "modalities": ["text", "audio"], "max_tokens": 2})
-        request, _ = self.parse("warm-up-spoken", StagePayload("warm-up-spoken", spoken))
-        self.engine.add(request)
+        self.engine.add(LlamaRequest("warm-up", self.chat.encode_chat(hi), 2))
+        if spoken:
+            asked = OmniRequest({"task": "chat", "messages": hi, "modalities": ["text", "audio"], "max_tokens": 2})
+            request, _ = self.parse("warm-up-spoken", StagePayload("warm-up-spoken", asked))
+            self.engine.add(request)
         while self.engine.has_work:
             self.engine.step()
 
