@@ -49,7 +49,7 @@ from typing import Any, Final
 
 import attrs
 
-from omnitrio.contract import InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.ar.kv_sessions import common_prefix
 from schedulers.engine.admission import completion_budget
 from schedulers.engine.intake import RequestIntake
@@ -121,17 +121,19 @@ class LLMResponder(RequestIntake):
         self.warm_up.step("spoken chat", lambda: self._warm_up(spoken=True))
 
     def _warm_up(self, *, spoken: bool) -> None:
-        """A short chat answered in text (alone), or one answered for speech beside a text one (two rows: its
+        """Served as a real request is (:meth:`rehearse`): a short chat answered in text alone (on the solo
+        threads), or one answered for speech beside a text one (two rows, on the shared threads; the voice
         system prompt's keys and values are kept for every later spoken answer)."""
-        self.engine.model.set_threads(self.threads)
-        hi = [{"role": "user", "content": "Hi"}]
-        self.engine.add(LlamaRequest("warm-up", self.chat.encode_chat(hi), 2))
-        if spoken:
-            asked = OmniRequest({"task": "chat", "messages": hi, "modalities": ["text", "audio"], "max_tokens": 2})
-            request, _ = self.parse("warm-up-spoken", StagePayload("warm-up-spoken", asked))
-            self.engine.add(request)
-        while self.engine.has_work:
-            self.engine.step()
+        self.engine.model.set_threads(self._threads_now)
+        asked = [("warm-up", ["text"]), *([("warm-up-spoken", ["text", "audio"])] if spoken else [])]
+        messages = []
+        for rid, modalities in asked:
+            hi = [{"role": "user", "content": "Hi"}]
+            chat = OmniRequest({"task": "chat", "messages": hi, "modalities": modalities, "max_tokens": 2})
+            messages.append(IncomingMessage(rid, "new_request", StagePayload(rid, chat)))
+        failed = [out.data for out in self.rehearse(messages) if out.type == "error"]
+        if failed:
+            raise failed[0]
 
     def _has_work(self) -> bool:
         return self.engine.has_work
