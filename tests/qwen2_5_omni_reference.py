@@ -56,6 +56,14 @@ def reference_model(tiny: Path) -> Any:
     return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
 
 
+@pytest.fixture(scope="session", name="talker")
+def talker_model(tiny: Path) -> Any:
+    """The tiny checkpoint's talker (:class:`~schedulers.qwen2_5_omni.talker.model.TalkerModel`)."""
+    from schedulers.qwen2_5_omni.talker.model import TalkerModel
+
+    return TalkerModel.from_checkpoint(tiny)
+
+
 def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
     """One user turn of transformers-style chat ``parts``."""
     return [{"role": "user", "content": list(parts)}]
@@ -225,3 +233,12 @@ def left_padded(caches: list[Any]) -> tuple[Any, torch.Tensor]:
         batch.update(torch.cat(keys), torch.cat(values), layer)
     mask = (torch.arange(width)[None] >= torch.tensor([width - n for n in lengths])[:, None]).long()
     return batch, mask
+
+
+TALKER_PROMPTS = {
+    "text": user(text("Hello, how are you?")),
+    "audio": user({"type": "audio", "audio": clip(440)}, text("What is said?")),
+    "image": user({"type": "image", "image": picture(0)}, text("Describe it.")),
+    "ends by eos": user(text("leaf morning hill")),  # the tiny thinker says <|im_end|> at its 29th token
+}
+"""Prompts whose answers the talker tests voice."""

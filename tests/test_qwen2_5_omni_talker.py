@@ -18,34 +18,22 @@ from transformers.cache_utils import DynamicCache
 from schedulers.qwen2_5_omni.talker.codec_sampling import CodecSampler, CodecSampling, choose_codes
 from schedulers.qwen2_5_omni.talker.model import TalkerModel
 from schedulers.qwen2_5_omni.talker.prompt import TalkerText
-from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures model, tiny)
+from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures)
+    TALKER_PROMPTS,
     Answer,
-    clip,
     left_padded,
-    picture,
     reference_answer,
     reference_inputs,
     reference_model,
     reference_processor,
-    text,
+    talker_model,
     tiny_checkpoint,
-    user,
 )
 
 GREEDY = CodecSampling(do_sample=False)
 
 
-PROMPTS = {
-    "text": user(text("Hello, how are you?")),
-    "audio": user({"type": "audio", "audio": clip(440)}, text("What is said?")),
-    "image": user({"type": "image", "image": picture(0)}, text("Describe it.")),
-    "ends by eos": user(text("leaf morning hill")),  # the tiny thinker says <|im_end|> at its 29th token
-}
-
-
-@pytest.fixture(scope="module")
-def talker(tiny: Path) -> TalkerModel:
-    return TalkerModel.from_checkpoint(tiny)
+PROMPTS = TALKER_PROMPTS
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,9 @@
 * :mod:`.admission`: the checks before a request is queued (prompt, context, answer budget, queue room)
   with OpenAI's error codes;
 * :mod:`.kv_batch`: the keys/values of many requests in one batch that grows in place and steps any
-  subset of its rows, seen by transformers' models as a ``Cache``.
+  subset of its rows, seen by transformers' models as a ``Cache``;
+* :mod:`.stream_fed`: a stage fed by another stage's stream (a talker speaking while the thinker
+  writes): the request lifecycle, batching and abort, with a family's model and text as hooks.
 
 Importing the package loads nothing: import the module you use.
 """

@@ -1,40 +1,24 @@
-"""One request's life at the talker stage: what it has heard from the thinker and where its speech is.
-
-A request moves through :class:`Phase` in order (it may skip to ``SPOKEN``):
-
-* ``WAITING_PROMPT``: nothing but (maybe) its payload has come; the thinker's
-  :class:`~schedulers.qwen3_omni.handoffs.TalkerPrompt` is next;
-* ``PREFILL``: it has its prompt, and prefills once its first answer token is known to be forwarded;
-* ``DECODING``: it steps; each step needs its next text (:meth:`TextFeed.trailing`) and sits out
-  until the thinker streamed it;
-* ``SPOKEN``: its codes are done (``codec_eos``, ``max_new_tokens``, or no audio wanted); it ends once
-  the thinker's stream and payload are both in.
+"""One request's state at the Qwen3-Omni talker stage: the kit's :class:`~schedulers.engine.stream_fed.StreamFedRequest`
+with the thinker's text (:class:`~schedulers.qwen3_omni.talker.prompt.TextFeed`) and the code predictor's
+last frame.
 
 :func:`check_prompt` checks that a ``TalkerPrompt``'s tensors agree and its talker options are known.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import attrs
 import torch
 
-from omnitrio.contract import InvalidRequest, StagePayload
-from schedulers._idsets import Life
+from omnitrio.contract import InvalidRequest
+from schedulers.engine.stream_fed import Phase, StreamFedRequest
 from schedulers.qwen3_omni.handoffs import TalkerPrompt
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling
 from schedulers.qwen3_omni.talker.prompt import TextFeed
 
 KNOBS = frozenset(attrs.fields_dict(TalkerSampling))
-
-
-class Phase(enum.Enum):
-    WAITING_PROMPT = "waiting-prompt"
-    PREFILL = "prefill"
-    DECODING = "decoding"
-    SPOKEN = "spoken"
 
 
 def check_prompt(data: Any) -> TalkerPrompt:
@@ -57,48 +41,32 @@ def check_prompt(data: Any) -> TalkerPrompt:
 
 
 @attrs.define(eq=False)
-class TalkerRequest:
-    """Everything the talker holds for one request (its KV cache lives in the stage's BatchedKV)."""
+class TalkerRequest(StreamFedRequest):
+    """Everything the talker holds for one request (its KV cache lives in the stage's KVBatch)."""
 
-    life: Life
-    phase: Phase = Phase.WAITING_PROMPT
     prompt: TalkerPrompt | None = None
     feed: TextFeed | None = None
     sampling: TalkerSampling = attrs.field(factory=TalkerSampling)
     speaker_id: int = 0
-    payload: StagePayload | None = None
-    stream_ended: bool = False
-    step: int = 0
-    """Decode steps taken since the prefill (``generate``'s ``generation_step``)."""
     positions: torch.Tensor = attrs.field(factory=lambda: torch.zeros(4, dtype=torch.long))
     """Position ids ``[4]`` (text row, then mrope rows) of the next decode input: each row's last + 1."""
     history: list[int] = attrs.field(factory=list)
     """First codes chosen so far (the repetition penalty's window; one per generated talker token)."""
     next_input: torch.Tensor | None = None
     """The last frame's codec embedding sum, waiting for its text."""
-    unsent: list[torch.Tensor] = attrs.field(factory=list)
-    num_frames: int = 0
 
-    @property
-    def request_id(self) -> str:
-        return self.life.request_id
-
-    def end_of_text(self) -> None:
-        """The thinker's stream is over (``stream_done`` or its payload)."""
-        self.stream_ended = True
+    def end_text(self) -> None:
         if self.feed is not None:
             self.feed.end()
 
+    def speakable(self) -> bool:
+        return self.feed is None or self.feed.can_speak()
+
     def prefill_ready(self) -> bool:
-        return self.phase is Phase.PREFILL and self.feed is not None and self.feed.prefill_ready()
+        return self.feed is not None and self.feed.prefill_ready()
 
     def decode_ready(self) -> bool:
-        return (
-            self.phase is Phase.DECODING
-            and self.next_input is not None
-            and self.feed is not None
-            and self.feed.has_trailing(self.step)
-        )
+        return self.next_input is not None and self.feed is not None and self.feed.has_trailing(self.step)
 
     def decode_input(self) -> torch.Tensor | None:
         """The next decode step's input ``[H]`` (frame sum + text), or None while its text is unknown."""
@@ -107,6 +75,6 @@ class TalkerRequest:
         text = self.feed.trailing(self.step)
         return None if text is None else self.next_input + text
 
-    def finished(self) -> bool:
-        """Its codes are done and the thinker's stream and payload are both in: the result may go."""
-        return self.phase is Phase.SPOKEN and self.stream_ended and self.payload is not None
+    def release(self) -> None:
+        self.feed = None
+        self.next_input = None
