@@ -18,13 +18,13 @@ outputs go nowhere.  The prompts are placeholder ids, so the checkpoint's tokeni
 from __future__ import annotations
 
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload
+from schedulers.engine.decoder_stage import DecoderScheduler
 from schedulers.qwen3_omni.handoffs import ThinkerInput
-from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler
 from schedulers.qwen3_omni.warm_up_prompts import WarmUpPrompts
 from schedulers.warm_up import WarmUp
 
 
-def thinker_warm_up(scheduler: ThinkerScheduler) -> WarmUp:
+def thinker_warm_up(scheduler: DecoderScheduler) -> WarmUp:
     """The steps of the module docstring, for ``scheduler`` (its engine's model gives the ids and sizes)."""
     prompts = WarmUpPrompts(scheduler.engine.lm.config)
     warm_up = WarmUp()
@@ -36,7 +36,7 @@ def thinker_warm_up(scheduler: ThinkerScheduler) -> WarmUp:
     return warm_up
 
 
-def _serve(scheduler: ThinkerScheduler, inputs: list[ThinkerInput]) -> None:
+def _serve(scheduler: DecoderScheduler, inputs: list[ThinkerInput]) -> None:
     steps = scheduler.steps
     messages = []
     for i, given in enumerate(inputs):
