@@ -188,6 +188,8 @@ class Children:
         Raises :class:`StartupError` naming the child (with its traceback) when one fails.
         """
         async with trio.open_nursery() as starting:
+            if MAIN in self._homes.values():  # main's stages send to the children: its first send is warm too
+                starting.start_soon(self._board.prepare_shared_memory)
             for child in self._children.values():
                 starting.start_soon(self._wait_ready, child, self._config.startup_timeout)
         for child in self._children.values():
