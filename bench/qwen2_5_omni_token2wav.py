@@ -11,8 +11,12 @@ outbox) on random codes, one torch thread:
 * **first_audio_ms**: the first chunk's window of codes reaches an idle stage; the time until its first
   audio (the window's 36 DiT evaluations and BigVGAN).  A user waits for the talker's codes on top of it.
 * **audio_per_wall_s**: ``c`` requests (1 and 8) of ``--codes`` codes each, all codes there (a talker far
-  ahead), streamed: seconds of audio per wall second; ``transformers``: ``Qwen2_5OmniToken2WavModel``
-  decoding the same requests one after another (what ``generate`` does per request).
+  ahead), ``streamed`` (the default chunks) and ``whole`` (requests that do not stream, one window each,
+  batched across requests): seconds of audio per wall second; ``transformers``: ``Qwen2_5OmniToken2WavModel``
+  decoding the same requests one after another (what ``generate`` does per request), on as many torch
+  threads as the stage (one).  **audio_per_cpu_s**: the same per CPU second of the thread that decoded (the
+  stage's scheduler thread; the caller's for transformers), which other processes on a loaded machine do
+  not add to.
 
 Run: ``.venv/bin/python bench/qwen2_5_omni_token2wav.py [--quick]``.  Figures go to
 ``bench/results/qwen2_5_omni_token2wav.json`` with the load average before the run: figures taken on a
@@ -103,12 +107,12 @@ def snr_table(model_dir: Path, lengths: list[int]) -> dict[str, dict[int, float]
 
 
 @contextmanager
-def serving(model_dir: Path) -> Iterator[Token2WavScheduler]:
+def serving(model_dir: Path) -> Iterator[tuple[Token2WavScheduler, threading.Thread]]:
     scheduler = create_token2wav_stage(model_dir=str(model_dir))
     thread = threading.Thread(target=scheduler.start, daemon=True)
     thread.start()
     try:
-        yield scheduler
+        yield scheduler, thread
     finally:
         scheduler.stop()
         thread.join()
@@ -148,7 +152,7 @@ def first_audio_ms(model_dir: Path, rounds: int) -> float:
     """Median time from the first window's codes (first chunk and its future block) to the first audio."""
     codes = random_codes(24, 1)
     times = []
-    with serving(model_dir) as scheduler:
+    with serving(model_dir) as (scheduler, _):
         for round_ in range(rounds + 1):
             rid = f"r{round_}"
             start = time.perf_counter()
@@ -163,30 +167,42 @@ def first_audio_ms(model_dir: Path, rounds: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def audio_per_wall_s(model_dir: Path, concurrency: int, length: int) -> float:
-    """Seconds of streamed audio per wall second, ``concurrency`` requests of ``length`` codes at once."""
+def thread_cpu_s(thread: threading.Thread) -> float:
+    """CPU seconds ``thread`` has run so far."""
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def audio_rates(model_dir: Path, concurrency: int, length: int, *, stream: bool) -> tuple[float, float]:
+    """Seconds of audio per wall second and per CPU second of the stage's thread, ``concurrency`` requests
+    of ``length`` codes at once, streamed or not."""
     codes = [random_codes(length, i) for i in range(concurrency)]
-    with serving(model_dir) as scheduler:
-        messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{i}", c, Voice("Chelsie", i))]
-        start = time.perf_counter()
+    with serving(model_dir) as (scheduler, thread):
+        voices = [Voice("Chelsie", i, stream=stream) for i in range(concurrency)]
+        messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{i}", c, voices[i])]
+        start, cpu = time.perf_counter(), thread_cpu_s(thread)
         hand_over(scheduler.inbox, messages)
         wait_results(scheduler, concurrency)
-        elapsed = time.perf_counter() - start
-    return concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE / elapsed
+        elapsed, busy = time.perf_counter() - start, thread_cpu_s(thread) - cpu
+    audio = concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE
+    return audio / elapsed, audio / busy
 
 
-def transformers_audio_per_wall_s(model_dir: Path, concurrency: int, length: int) -> float:
-    """The same requests through ``Qwen2_5OmniToken2WavModel`` one after another, as ``generate`` decodes."""
+def transformers_audio_rates(model_dir: Path, concurrency: int, length: int) -> tuple[float, float]:
+    """The same requests through ``Qwen2_5OmniToken2WavModel`` one after another, as ``generate`` decodes:
+    audio per wall second and per CPU second of this thread."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     token2wav = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir).token2wav.eval()
     speaker = speakers(model_dir)["Chelsie"]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     with torch.inference_mode():
         for i in range(concurrency):
             torch.manual_seed(i)
             token2wav(random_codes(length, i)[None], conditioning=speaker.cond, reference_mel=speaker.ref_mel)
-    return concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE / (time.perf_counter() - start)
+    elapsed, busy = time.perf_counter() - start, time.thread_time() - cpu
+    audio = concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE
+    return audio / elapsed, audio / busy
 
 
 def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -198,16 +214,29 @@ def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, A
         print(f"  {name:<40} " + "  ".join(f"{length} codes {snr:6.1f} dB" for length, snr in by_length.items()))
     first = first_audio_ms(model_dir, args.rounds)
     print(f"  first audio after {first:.0f} ms of decode (the first window: 24 codes)")
-    throughput = {}
+    per_wall: dict[int, dict[str, float]] = {}
+    per_cpu: dict[int, dict[str, float]] = {}
     for concurrency in args.concurrency:
-        ours = audio_per_wall_s(model_dir, concurrency, args.codes)
-        theirs = transformers_audio_per_wall_s(model_dir, concurrency, args.codes)
-        throughput[concurrency] = {"stage": ours, "transformers": theirs, "ratio": ours / theirs}
-        print(
-            f"  {concurrency} requests of {args.codes} codes: {ours:.2f} s of audio per wall s streamed, "
-            f"transformers {theirs:.2f} ({ours / theirs:.1f}x)"
-        )
-    return {"snr_db": table, "first_audio_ms": first, "audio_per_wall_s": throughput}
+        # alternating, so that a change of load touches all three alike
+        streamed = audio_rates(model_dir, concurrency, args.codes, stream=True)
+        theirs = transformers_audio_rates(model_dir, concurrency, args.codes)
+        whole = audio_rates(model_dir, concurrency, args.codes, stream=False)
+        for clock, rates in ((0, per_wall), (1, per_cpu)):
+            rates[concurrency] = {
+                "streamed": streamed[clock],
+                "whole": whole[clock],
+                "transformers": theirs[clock],
+                "ratio_streamed": streamed[clock] / theirs[clock],
+                "ratio_whole": whole[clock] / theirs[clock],
+            }
+        for name, rates in (("wall", per_wall), ("CPU", per_cpu)):
+            r = rates[concurrency]
+            print(
+                f"  {concurrency} requests of {args.codes} codes, s of audio per {name} s: streamed "
+                f"{r['streamed']:.2f} ({r['ratio_streamed']:.2f}x), whole {r['whole']:.2f} "
+                f"({r['ratio_whole']:.2f}x), transformers {r['transformers']:.2f}"
+            )
+    return {"snr_db": table, "first_audio_ms": first, "audio_per_wall_s": per_wall, "audio_per_cpu_s": per_cpu}
 
 
 def main() -> None:

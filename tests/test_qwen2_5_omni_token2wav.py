@@ -324,3 +324,21 @@ def test_warm_up_decodes_once_and_keeps_nothing(tiny: Path, answer: tuple[torch.
     with running(stage):
         codes, wav = answer
         assert np.array_equal(speak(stage, "r", codes, Voice("Chelsie", 0, stream=False)), wav.numpy())
+
+
+def test_bigvgan_forwards_stay_within_their_frames_and_equal_each_mel_alone(tiny: Path) -> None:
+    model = Token2Wav.from_checkpoint(tiny)
+    generator = torch.Generator().manual_seed(0)
+    mels = [torch.randn(frames, model.mel_dim, generator=generator) for frames in (30, 30, 50, 30, 30, 50, 30)]
+    forwards: list[tuple[int, int]] = []
+    bigvgan = model.bigvgan.forward
+
+    def counted(batch: torch.Tensor) -> torch.Tensor:
+        forwards.append((int(batch.shape[0]), int(batch.shape[2])))
+        return bigvgan(batch)
+
+    model.bigvgan.forward = counted
+    waves = model.vocode(mels, max_frames=70)
+    assert sorted(forwards) == [(1, 30), (1, 50), (1, 50), (2, 30), (2, 30)]  # a mel alone always fits
+    for mel, wave in zip(mels, waves, strict=True):
+        assert snr_db(model.vocode([mel])[0], wave) >= MIN_ROUNDING_SNR_DB

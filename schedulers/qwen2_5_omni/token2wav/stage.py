@@ -15,7 +15,8 @@ stage may rely on:
   the talker split its codes or which other requests shared a forward (up to float rounding).
 * Decoding runs whenever the inbox is empty, one DiT evaluation per step: the windows in their ODE, of
   every request, share forwards (shorter windows padded, :func:`plan_forwards`), so a new request's
-  window joins at the next step.  Finished chunks go through BigVGAN together.
+  window joins at the next step.  Finished chunks go through BigVGAN together (``max_vocoder_frames`` at a
+  time).
 * A bad chunk, a ``num_codes`` that disagrees with the stream, an unknown speaker or a model error fails
   only the requests it concerns (``error``).  Abort, failure and completion drop the request's codes,
   noise and windows at once; chunks that arrive after an abort are dropped and never recreate them
@@ -56,6 +57,10 @@ DEFAULT_CALL_COST_FRAMES = 32
 # its rows apart; an accelerator wants the whole batch.
 CPU_MAX_FORWARD_FRAMES = 2304
 ACCELERATOR_MAX_FORWARD_FRAMES = 65536
+# Mel frames per BigVGAN forward: its activations are hundreds of samples per frame, so on CPU a batch of long
+# pieces costs more than the pieces one by one.
+CPU_MAX_VOCODER_FRAMES = 256
+ACCELERATOR_MAX_VOCODER_FRAMES = 65536
 
 
 class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
@@ -73,12 +78,19 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         *,
         call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
         max_forward_frames: int | None = None,
+        max_vocoder_frames: int | None = None,
     ) -> None:
         super().__init__(sample_rate=SAMPLE_RATE)
+        on_cpu = model.device.type == "cpu"
         if max_forward_frames is None:
-            on_cpu = model.device.type == "cpu"
             max_forward_frames = CPU_MAX_FORWARD_FRAMES if on_cpu else ACCELERATOR_MAX_FORWARD_FRAMES
-        for name, value in (("call_cost_frames", call_cost_frames), ("max_forward_frames", max_forward_frames)):
+        if max_vocoder_frames is None:
+            max_vocoder_frames = CPU_MAX_VOCODER_FRAMES if on_cpu else ACCELERATOR_MAX_VOCODER_FRAMES
+        for name, value in (
+            ("call_cost_frames", call_cost_frames),
+            ("max_forward_frames", max_forward_frames),
+            ("max_vocoder_frames", max_vocoder_frames),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{STAGE}: {name} must be an integer >= 0, got {value!r}")
         self.model = model
@@ -86,6 +98,7 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         self.schedule = schedule
         self.call_cost_frames = call_cost_frames
         self.max_forward_frames = max_forward_frames
+        self.max_vocoder_frames = max_vocoder_frames
         self._conditions: dict[str, SpeakerCondition] = {}
 
     def warm_up_serving_thread(self) -> None:
@@ -232,7 +245,7 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         waves: list[torch.Tensor] = []
         if taken:
             try:
-                waves = self.model.vocode([mel for _, _, mel in taken])
+                waves = self.model.vocode([mel for _, _, mel in taken], self.max_vocoder_frames)
             except Exception as exc:
                 for request_id in {rid for rid, _, _ in taken}:
                     self._fail_request(request_id, exc)
@@ -306,6 +319,7 @@ def create_token2wav_stage(
     vocoder_lag: int = DEFAULT_VOCODER_LAG,
     call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
     max_forward_frames: int | None = None,
+    max_vocoder_frames: int | None = None,
     device: str = "cpu",
     dtype: str = "float32",
 ) -> Token2WavScheduler:
@@ -315,7 +329,8 @@ def create_token2wav_stage(
     code); ``vocoder_context`` and ``vocoder_lag`` in mel frames (:mod:`.windows`).  ``device`` places the
     DiT and BigVGAN; ``dtype`` only BigVGAN (the DiT's ODE runs in float32, as transformers runs it).
     ``call_cost_frames`` and ``max_forward_frames`` shape the DiT forwards (:func:`plan_forwards`; the
-    latter defaults to 2304 on CPU and 65536 on an accelerator).
+    latter defaults to 2304 on CPU and 65536 on an accelerator); ``max_vocoder_frames`` bounds BigVGAN's
+    forwards likewise (256 on CPU, 65536 on an accelerator).
     """
     torch.set_num_threads(1)
     directory = require_model_dir(model_dir)
@@ -337,6 +352,7 @@ def create_token2wav_stage(
         schedule,
         call_cost_frames=call_cost_frames,
         max_forward_frames=max_forward_frames,
+        max_vocoder_frames=max_vocoder_frames,
     )
 
 
