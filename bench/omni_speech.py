@@ -73,6 +73,8 @@ def time_generate(
         "time_to_audio_s": statistics.mean(seconds),
         "audio_s_per_wall_s": sum(audio) / sum(seconds),
         "audio_s_per_request": statistics.mean(audio),
+        "seconds": seconds,
+        "audio_s": audio,
     }
 
 
@@ -87,25 +89,28 @@ async def one_request(pipeline: Any, rid: str, inputs: dict[str, Any], start: fl
     return (first if first is not None else float("nan")), samples / RATE
 
 
-async def at_once(pipeline: Any, level: int, name: str, inputs: Inputs) -> dict[str, float]:
+async def at_once(pipeline: Any, level: int, name: str, inputs: Inputs) -> dict[str, Any]:
     """``level`` requests ``inputs(0..level-1)`` submitted together: mean time to first audio, audio
-    seconds per wall second, wall seconds, mean audio seconds per request (to compare with ``generate``'s:
-    the same answers are as long)."""
-    answers: list[tuple[float, float]] = []
+    seconds per wall second, wall seconds, and each request's audio seconds (``audio_s``, in ``i`` order:
+    the same answer as ``generate``'s for the same prompt is as long)."""
+    answers: dict[int, tuple[float, float]] = {}
     begin = time.perf_counter()
 
     async def run(i: int) -> None:
-        answers.append(await one_request(pipeline, f"{name or 'c'}{level}-{i}", inputs(i), begin))
+        answers[i] = await one_request(pipeline, f"{name or 'c'}{level}-{i}", inputs(i), begin)
 
     async with trio.open_nursery() as nursery:
         for i in range(level):
             nursery.start_soon(run, i)
     wall = time.perf_counter() - begin
+    audio = [answers[i][1] for i in range(level)]
     return {
-        "time_to_first_audio_s": statistics.mean(a[0] for a in answers),
-        "audio_s_per_wall_s": sum(a[1] for a in answers) / wall,
+        "requests": level,
+        "time_to_first_audio_s": statistics.mean(a[0] for a in answers.values()),
+        "audio_s_per_wall_s": sum(audio) / wall,
         "wall_s": wall,
-        "audio_s_per_request": statistics.mean(a[1] for a in answers),
+        "audio_s_per_request": statistics.mean(audio),
+        "audio_s": audio,
     }
 
 
@@ -151,7 +156,9 @@ def run_sizes(
 
 
 def table(results: dict[str, Any]) -> str:
-    """One row per size for ``generate``, one per served concurrency (and variant) with its ratios."""
+    """One row per size for ``generate``, one per served concurrency (and variant) with its ratios to
+    ``generate`` on the same prompts (its first ``c`` calls: the same prompts in the same order); ``*``
+    marks a row whose answers are not as long as ``generate``'s."""
     head = f"{'size':8} {'who':22} {'TTFA s':>9} {'audio s/wall s':>15} {'audio s/req':>12}"
     lines = [f"{head} {'TTFA/gen':>9} {'rate/gen':>9}"]
     for size, figures in results["sizes"].items():
@@ -161,17 +168,20 @@ def table(results: dict[str, Any]) -> str:
             f" {gen['audio_s_per_request']:12.3f}"
         )
         for level, fig in figures["pipeline"]["concurrency"].items():
-            ttfa = fig["time_to_first_audio_s"] / gen["time_to_audio_s"]
-            rate = fig["audio_s_per_wall_s"] / gen["audio_s_per_wall_s"]
+            n = fig["requests"]
+            seconds, audio = gen["seconds"][:n], gen["audio_s"][:n]
+            ttfa = fig["time_to_first_audio_s"] / statistics.mean(seconds)
+            rate = fig["audio_s_per_wall_s"] / (sum(audio) / sum(seconds))
+            mark = "" if all(abs(a - b) < 1e-9 for a, b in zip(fig["audio_s"], audio, strict=True)) else " *"
             who = f"pipeline x{level}"
             lines.append(
                 f"{size:8} {who:22} {fig['time_to_first_audio_s']:9.3f} {fig['audio_s_per_wall_s']:15.3f}"
-                f" {fig['audio_s_per_request']:12.3f} {ttfa:9.2f} {rate:9.2f}"
+                f" {fig['audio_s_per_request']:12.3f} {ttfa:9.2f} {rate:9.2f}{mark}"
             )
         lines.append(
             f"{size:8} start-up to healthy (one process per stage): {figures['pipeline']['startup_to_healthy_s']:.1f} s"
         )
-    lines.append(f"targets: {TARGETS}")
+    lines.append(f"targets: {TARGETS}; * = answers not as long as generate's for the same prompts")
     return "\n".join(lines)
 
 
