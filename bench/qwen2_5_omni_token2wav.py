@@ -28,14 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +47,10 @@ from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, Voice  # n
 from schedulers.qwen2_5_omni.tiny import write_checkpoint  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.model import Token2Wav  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.noise import NoiseStream  # noqa: E402
-from schedulers.qwen2_5_omni.token2wav.stage import Token2WavScheduler, create_token2wav_stage  # noqa: E402
+from schedulers.qwen2_5_omni.token2wav.stage import create_token2wav_stage  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.stream import SpeechStream, decode  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.windows import Schedule  # noqa: E402
+from toys.stage_feed import put_atomically, running, serving_thread, wait_results  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen2_5_omni_token2wav.json"
 SAMPLE_RATE = 24_000
@@ -106,18 +104,6 @@ def snr_table(model_dir: Path, lengths: list[int]) -> dict[str, dict[int, float]
     return table
 
 
-@contextmanager
-def serving(model_dir: Path) -> Iterator[tuple[Token2WavScheduler, threading.Thread]]:
-    scheduler = create_token2wav_stage(model_dir=str(model_dir))
-    thread = threading.Thread(target=scheduler.start, daemon=True)
-    thread.start()
-    try:
-        yield scheduler, thread
-    finally:
-        scheduler.stop()
-        thread.join()
-
-
 def talker_messages(rid: str, codes: torch.Tensor, voice: Voice, *, end: bool = True) -> list[IncomingMessage]:
     messages = [
         IncomingMessage(
@@ -131,37 +117,20 @@ def talker_messages(rid: str, codes: torch.Tensor, voice: Voice, *, end: bool = 
     return messages
 
 
-def hand_over(inbox: queue.Queue[IncomingMessage], messages: list[IncomingMessage]) -> None:
-    """All at once, as the runtime hands over a burst."""
-    with inbox.mutex:
-        inbox.queue.extend(messages)
-        inbox.unfinished_tasks += len(messages)
-        inbox.not_empty.notify(len(messages))
-
-
-def wait_results(scheduler: Token2WavScheduler, count: int) -> None:
-    ended = 0
-    while ended < count:
-        msg = scheduler.outbox.get(timeout=900)
-        if msg.type == "error":
-            raise RuntimeError(f"token2wav failed {msg.request_id!r}: {msg.data}")
-        ended += msg.type == "result"
-
-
 def first_audio_ms(model_dir: Path, rounds: int) -> float:
     """Median time from the first window's codes (first chunk and its future block) to the first audio."""
     codes = random_codes(24, 1)
     times = []
-    with serving(model_dir) as (scheduler, _):
+    with running(create_token2wav_stage(model_dir=str(model_dir))) as scheduler:
         for round_ in range(rounds + 1):
             rid = f"r{round_}"
             start = time.perf_counter()
-            hand_over(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_), end=False))
+            put_atomically(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_), end=False))
             msg = scheduler.outbox.get(timeout=900)
             elapsed = time.perf_counter() - start
             assert msg.type == "stream", msg
-            hand_over(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_))[-2:])
-            wait_results(scheduler, 1)
+            put_atomically(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_))[-2:])
+            wait_results(scheduler, 1, timeout=900)
             if round_:  # the first round warms up
                 times.append(elapsed)
     return 1000 * statistics.median(times)
@@ -177,12 +146,13 @@ def audio_rates(model_dir: Path, concurrency: int, length: int, *, stream: bool)
     """Seconds of audio per wall second and per CPU second of the stage's thread, ``concurrency`` requests
     of ``length`` codes at once, streamed or not."""
     codes = [random_codes(length, i) for i in range(concurrency)]
-    with serving(model_dir) as (scheduler, thread):
+    scheduler = create_token2wav_stage(model_dir=str(model_dir))
+    with serving_thread(scheduler) as thread:
         voices = [Voice("Chelsie", i, stream=stream) for i in range(concurrency)]
         messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{i}", c, voices[i])]
         start, cpu = time.perf_counter(), thread_cpu_s(thread)
-        hand_over(scheduler.inbox, messages)
-        wait_results(scheduler, concurrency)
+        put_atomically(scheduler.inbox, messages)
+        wait_results(scheduler, concurrency, timeout=900)
         elapsed, busy = time.perf_counter() - start, thread_cpu_s(thread) - cpu
     audio = concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE
     return audio / elapsed, audio / busy

@@ -2,7 +2,7 @@
 
 For each checkpoint size (random ``tiny`` and ``medium`` ones, :mod:`schedulers.qwen3_omni.tiny`), ``batch``
 requests with random text prompts of ``--prompt`` tokens are added to one
-:class:`~schedulers.qwen3_omni.thinker.engine.ThinkerEngine` at once and decoded greedily, ``--tokens`` each
+:class:`~schedulers.engine.decoder.Decoder` at once and decoded greedily, ``--tokens`` each
 (eos ignored); tokens per second is every generated token over the wall time of all steps (prefills
 included).  ``generate`` (thinker only, batch 1, one request after the other) is the reference line.
 One torch thread.  Rounds alternate and medians are kept; on a shared machine the figures are loaded.
@@ -28,9 +28,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from schedulers.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerRequest  # noqa: E402
+from schedulers.engine.decoder import Decoder, DecoderRequest  # noqa: E402
+from schedulers.engine.sampling import Sampler, SamplingDefaults  # noqa: E402
 from schedulers.qwen3_omni.thinker.model import ThinkerLM  # noqa: E402
-from schedulers.qwen3_omni.thinker.sampling import Sampler, SamplingDefaults  # noqa: E402
 from schedulers.qwen3_omni.tiny import write_checkpoint  # noqa: E402
 from toys.qwen3_omni_reference import load_reference_model  # noqa: E402
 from toys.qwen3_omni_thinker import thinker_scheduler  # noqa: E402
@@ -44,11 +44,11 @@ def _prompts(lm: ThinkerLM, count: int, length: int, seed: int) -> list[torch.Te
 
 
 def engine_tokens_per_second(lm: ThinkerLM, prompts: list[torch.Tensor], tokens: int) -> float:
-    engine = ThinkerEngine(lm, max_running=len(prompts))
+    engine = Decoder(lm, max_running=len(prompts))
     greedy = Sampler.build(SamplingDefaults(), 0.0)
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
-        engine.add(ThinkerRequest(f"r{i}", lm.prompt_inputs(ids), tokens, greedy, None))
+        engine.add(DecoderRequest(f"r{i}", lm.prompt_inputs(ids), tokens, greedy, None))
     while engine.has_work:
         engine.step()
     return len(prompts) * tokens / (time.perf_counter() - start)

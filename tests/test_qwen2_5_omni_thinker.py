@@ -70,8 +70,10 @@ class Ours:
         ids, states = [int(prefill.logits.argmax())], [(prefill.hidden, prefill.embeds)]
         length, eos = prompt.input_ids.shape[0], self.thinker.thinker_config.eos_token_id
         while len(ids) < tokens and ids[-1] != eos:
-            step = self.thinker.decode(torch.tensor([ids[-1]]), [length], [prompt.rope_delta], prefill.cache)
-            states.append((step.hidden, step.embeds))
+            embed = self.thinker.embed(torch.tensor([ids[-1]]))
+            step = self.thinker.decode(embed, [length], [prompt.rope_delta], None, prefill.cache)
+            assert step.hidden is not None
+            states.append((step.hidden, embed))
             ids.append(int(step.logits[0].argmax()))
             length += 1
         return ids, states
@@ -122,13 +124,13 @@ def test_a_batch_of_rows_equals_the_rows_alone(ours: Ours) -> None:
     lengths = [prompt.input_ids.shape[0] for prompt in prompts]
     for _ in range(7):
         mask = torch.cat([mask, torch.ones(len(cases), 1, dtype=torch.long)], dim=1)
-        step = ours.thinker.decode(
-            torch.tensor([row[-1] for row in ids]), lengths, [p.rope_delta for p in prompts], cache, mask
-        )
+        embeds = ours.thinker.embed(torch.tensor([row[-1] for row in ids]))
+        step = ours.thinker.decode(embeds, lengths, [p.rope_delta for p in prompts], mask, cache)
+        assert step.hidden is not None
         for row, case in enumerate(cases):
-            hidden, embeds = solo[case][1][len(ids[row])]
+            hidden, embed = solo[case][1][len(ids[row])]
             torch.testing.assert_close(step.hidden[row], hidden[0], rtol=0, atol=1e-5)
-            assert torch.equal(step.embeds[row], embeds[0])
+            assert torch.equal(embeds[row], embed[0])
             ids[row].append(int(step.logits[row].argmax()))
         lengths = [n + 1 for n in lengths]
     assert ids == [solo[case][0][:8] for case in cases]

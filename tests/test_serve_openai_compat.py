@@ -161,6 +161,12 @@ async def test_sampling_parameters_reach_the_pipeline_with_token_ids_as_ints(ser
     assert inputs["tools"][0]["function"]["name"] == "f" and inputs["tool_choice"] == "auto"
 
 
+async def test_whether_the_answer_streams_reaches_the_pipeline(served: Served) -> None:
+    await call(served, lambda c: c.chat.completions.create(model="fake-omni", messages=user("hi")))
+    await call(served, lambda c: list(c.chat.completions.create(model="fake-omni", messages=user("hi"), stream=True)))
+    assert [entry.inputs["stream"] for entry in served.fake.history] == [False, True]
+
+
 # -- transcription ------------------------------------------------------------------------------------
 
 

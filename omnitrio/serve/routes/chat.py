@@ -52,6 +52,7 @@ async def chat_completions(ctx: ServeContext, request: Request) -> WatchedRespon
         "temperature": body.temperature,
         "top_p": body.top_p,
         "seed": body.seed,
+        "stream": body.stream,
         "stop": body.stop,
         "frequency_penalty": body.frequency_penalty,
         "presence_penalty": body.presence_penalty,

@@ -55,14 +55,14 @@ class TalkerModel:
     ) -> TalkerModel:
         """Build in ``dtype`` without initialising weights, fill from ``talker.`` and the thinker rows, move
         to ``device``."""
-        from transformers.initialization import no_init_weights
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
             Qwen2_5OmniTalkerForConditionalGeneration,
         )
 
+        from schedulers.devices import build
+
         config = load_config(model_dir)
-        with no_init_weights():
-            talker = Qwen2_5OmniTalkerForConditionalGeneration._from_config(config.talker_config, dtype=dtype)
+        talker = build(Qwen2_5OmniTalkerForConditionalGeneration, config.talker_config, dtype)  # beside other builds
         load_weights(model_dir, TALKER_PREFIX, talker)
         voices = speakers(model_dir)
         ids = [config.talker_config.tts_text_end_token_id, config.talker_config.tts_text_pad_token_id]

@@ -10,12 +10,14 @@ text prompt has sequential positions on all three axes (rope delta 0).
 
 A token decoded at cache length ``n`` has text position ``n`` and rope position ``n + rope_delta`` on every
 axis, which is what ``generate`` feeds.  Besides the logits, every forward returns what ``generate`` hands
-the talker: the last hidden state (after the final norm) and the input embeddings of each position.
+the talker: the last hidden state (after the final norm) of each position fed, and the prefill also its
+input embeddings (a decode step's are the ones fed, :meth:`ThinkerLM.embed` of its tokens).
 
 :meth:`ThinkerLM.decode` steps any rows of a batch through transformers' ``Cache`` interface (any cache
 whose layers append one column per row, with an attention mask that hides each row's padding), so the
-kit's KV batch can drive it.  The model sits on one device; inputs are moved to it, outputs stay there
-(logits float32).  Not thread-safe; every call runs under ``torch.inference_mode``.
+kit's KV batch can drive it: it is a :class:`schedulers.engine.decoder.DecoderLM`.  The model sits on one
+device; inputs are moved to it, outputs stay there (logits float32).  Not thread-safe; every call runs
+under ``torch.inference_mode``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache
 
+from schedulers.devices import build, uninitialised
+from schedulers.engine.decoder import Decoded
 from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights
 
 TEXT_PREFIX = "thinker.model."
@@ -66,19 +70,9 @@ class Prefill:
     state and the input embedding (what ``generate`` hands the talker for the prompt)."""
 
     logits: torch.Tensor  # Float32[V]
-    cache: DynamicCache  # batch 1, P positions
+    cache: Cache  # the one it wrote: batch 1, P positions
     hidden: torch.Tensor  # Float[P, H]
     embeds: torch.Tensor  # Float[P, H]
-
-
-@attrs.frozen(eq=False)
-class Step:
-    """One decode step of ``B`` rows: the next-token logits, and per row the last hidden state and the input
-    embedding of the token just fed (what ``generate`` hands the talker for that token)."""
-
-    logits: torch.Tensor  # Float32[B, V]
-    hidden: torch.Tensor  # Float[B, H]
-    embeds: torch.Tensor  # Float[B, H]
 
 
 class ThinkerLM:
@@ -103,13 +97,12 @@ class ThinkerLM:
     ) -> ThinkerLM:
         """Build in ``dtype`` without initialising weights, fill from :data:`TEXT_PREFIX` and
         :data:`HEAD_PREFIX` (only their shards are read), move to ``device``."""
-        from transformers.initialization import no_init_weights
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniThinkerTextModel
 
         config = load_config(model_dir)
         text_config = config.thinker_config.text_config
-        with no_init_weights():
-            text_model = Qwen2_5OmniThinkerTextModel._from_config(text_config, dtype=dtype)
+        text_model = build(Qwen2_5OmniThinkerTextModel, text_config, dtype)  # safe beside other stages' builds
+        with uninitialised():
             lm_head = nn.Linear(text_config.hidden_size, text_config.vocab_size, bias=False, dtype=dtype)
         load_weights(model_dir, TEXT_PREFIX, text_model)
         load_weights(model_dir, HEAD_PREFIX, lm_head)
@@ -128,6 +121,10 @@ class ThinkerLM:
     @property
     def hidden_size(self) -> int:
         return int(self.text_config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.text_config.vocab_size)
 
     @property
     def num_layers(self) -> int:
@@ -179,42 +176,45 @@ class ThinkerLM:
         text = torch.arange(ids.shape[1], device=self.device).view(1, 1, -1)
         return PromptInputs(ids[0], embeds[0], torch.cat([text, rope], dim=0), int(deltas.reshape(-1)[0]))
 
-    def prefill(self, prompt: PromptInputs) -> Prefill:
-        """One request's prompt in one forward (batch 1)."""
-        cache = DynamicCache(config=self.text_config)
+    def prefill(self, prompt: PromptInputs, *, hidden: bool = True, cache: Cache | None = None) -> Prefill:
+        """One request's prompt in one forward (batch 1).  The keys/values go into ``cache`` (one empty row:
+        a KV batch's prefill step) or a new ``DynamicCache``; the last hidden states come whatever
+        ``hidden`` says (the forward computes them anyway)."""
+        cache = DynamicCache(config=self.text_config) if cache is None else cache
         with torch.inference_mode():
             out = self.model(
                 inputs_embeds=prompt.embeds[None],
+                attention_mask=torch.ones(1, prompt.embeds.shape[0], dtype=torch.long, device=self.device),
                 position_ids=prompt.position_ids,
                 past_key_values=cache,
                 use_cache=True,
             )
-            hidden = out.last_hidden_state[0]
-            logits = self.lm_head(hidden[-1]).float()
-        return Prefill(logits, cache, hidden, prompt.embeds)
+            states = out.last_hidden_state[0]
+            logits = self.lm_head(states[-1]).float()
+        return Prefill(logits, cache, states, prompt.embeds)
 
     def decode(
         self,
-        token_ids: torch.Tensor,
+        embeds: torch.Tensor,
         lengths: Sequence[int],
         rope_deltas: Sequence[int],
+        attention_mask: torch.Tensor | None,
         cache: Cache,
-        attention_mask: torch.Tensor | None = None,
-    ) -> Step:
-        """Feed one token to each of ``B`` rows: ``token_ids`` ``[B]``, ``lengths[b]`` positions already in row
-        b's cache, ``cache`` the rows' keys/values (it grows by one column per row).
+    ) -> Decoded:
+        """Feed one token to each of ``B`` rows: its input embedding ``embeds`` ``[B, H]``
+        (:meth:`embed`), ``lengths[b]`` positions already in row b's cache, ``cache`` the rows' keys/values
+        (it grows by one column per row).  Returns the logits ``[B, V]`` and each row's last hidden state
+        ``[B, H]`` (what ``generate`` hands the talker for the token fed).
 
         ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token, 0 on padding);
         None when no row has padding."""
-        ids = token_ids.reshape(-1, 1).long().to(self.device)
         text = torch.tensor(list(lengths), dtype=torch.long, device=self.device).view(1, -1, 1)
         rope = text + torch.tensor(list(rope_deltas), dtype=torch.long, device=self.device).view(1, -1, 1)
         position_ids = torch.cat([text, rope.expand(3, -1, -1)], dim=0)
         mask = None if attention_mask is None else attention_mask.to(self.device)
         with torch.inference_mode():
-            embeds = self.model.embed_tokens(ids)
             out = self.model(
-                inputs_embeds=embeds,
+                inputs_embeds=embeds.reshape(embeds.shape[0], 1, -1).to(self.device),
                 attention_mask=mask,
                 position_ids=position_ids,
                 past_key_values=cache,
@@ -222,7 +222,7 @@ class ThinkerLM:
             )
             hidden = out.last_hidden_state[:, -1]
             logits = self.lm_head(hidden).float()
-        return Step(logits, hidden, embeds[:, -1])
+        return Decoded(logits, hidden)
 
 
 def _check_rows(field: str, tensor: torch.Tensor | None, placeholders: int, hidden: int) -> None:

@@ -31,6 +31,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from schedulers.devices import build
+from schedulers.engine.decoder import Decoded
 
 LoadFn = Callable[[str, nn.Module], None]
 """Fills a module built on the meta device from the checkpoint: ``load(prefix, module)``."""
@@ -223,10 +224,11 @@ class ThinkerLM:
         rope_deltas: list[int],
         attention_mask: torch.Tensor,
         cache: Cache,
-    ) -> torch.Tensor:
+    ) -> Decoded:
         """One token for each row: ``embeds`` ``[B, H]``, ``lengths[b]`` tokens already in row b's cache.
 
-        ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token); returns ``[B, V]``."""
+        ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token); returns the
+        logits ``[B, V]`` (no states: the talker takes none per token)."""
         text = torch.tensor(lengths, dtype=torch.long, device=self.device).view(1, -1, 1)
         rope = text + torch.tensor(rope_deltas, dtype=torch.long, device=self.device).view(1, -1, 1)
         position_ids = torch.cat([text, rope.expand(3, -1, -1)], dim=0)
@@ -238,7 +240,7 @@ class ThinkerLM:
                 past_key_values=cache,
                 use_cache=True,
             )
-            return self.lm_head(out.last_hidden_state[:, -1])
+            return Decoded(self.lm_head(out.last_hidden_state[:, -1]))
 
 
 def _check_rows(field: str, tensor: torch.Tensor | None, placeholders: int, hidden: int) -> None:

@@ -1,6 +1,6 @@
-"""How the thinker picks its next token.
+"""How a decoder picks its next token, as transformers' ``generate`` does.
 
-``Qwen3OmniMoeForConditionalGeneration.generate`` runs ``thinker.generate`` with the thinker's own
+For example ``Qwen3OmniMoeForConditionalGeneration.generate`` runs ``thinker.generate`` with the thinker's own
 generation config, built from its model config (greedy), not with the checkpoint's
 ``generation_config.json``.  So greedy is what ``generate`` does: a request with ``temperature: 0`` is
 plain argmax, as ``generate(..., thinker_do_sample=False)`` is.  A request that names no temperature
@@ -29,7 +29,7 @@ from transformers.generation.logits_process import (
 
 @attrs.frozen
 class SamplingDefaults:
-    """The thinker's sampling when a request does not say (``do_sample=False``: greedy)."""
+    """The sampling when a request does not say (``do_sample=False``: greedy)."""
 
     do_sample: bool = False
     temperature: float = 1.0
@@ -72,7 +72,7 @@ class Sampler:
                 processors.append(TopKLogitsWarper(int(defaults.top_k)))
             if defaults.top_p is not None and defaults.top_p < 1.0:
                 processors.append(TopPLogitsWarper(float(defaults.top_p)))
-        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        generator = None if seed is None else torch.Generator().manual_seed(seed)  # generate's draws after manual_seed
         return cls(greedy, processors, generator)
 
     def choose(self, logits: torch.Tensor, seen: list[int]) -> int:
