@@ -6,7 +6,8 @@ For each checkpoint size (random weights, schedulers/qwen2_5_omni/tiny.py):
 ``c`` concurrent requests for each ``c`` of ``--concurrency``: time to first audio (submit → first pcm
 chunk) and audio seconds produced per wall second.  Both greedy (thinker ``temperature`` 0, talker
 ``talker.factory.do_sample=false`` / ``talker_do_sample=False``), the same speaker and seed, the same
-prompts (text, an audio clip, an image, in turn, under the model's system prompt), the same token caps,
+prompts (text, an audio clip, an image, in turn, under the model's system prompt), the same token caps, every
+answer exactly ``--frames`` codes on both sides (``talker_min_new_tokens``: a random talker ends early),
 one torch thread per process.  ``--stream``: the requests' ``stream`` flag — ``true``, token2wav's
 streaming decode (first audio after the first chunk); ``false``, one whole decode once the codes end; both
 (the default) labels the rows ``stream``/``whole``.  Also: the pipeline's start-up until every stage
@@ -82,7 +83,7 @@ def run_generate(model_dir: Path, count: int, tokens: int, frames: int, device: 
         inputs = {k: v.to(device, model.dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
         torch.manual_seed(SEED)
         with torch.inference_mode():
-            caps = {"thinker_max_new_tokens": tokens, "talker_max_new_tokens": frames}
+            caps = {"thinker_max_new_tokens": tokens, "talker_max_new_tokens": frames, "talker_min_new_tokens": frames}
             _, wav = model.generate(**inputs, **caps, **GREEDY, speaker=SPEAKER)
         return wav
 
@@ -91,6 +92,8 @@ def run_generate(model_dir: Path, count: int, tokens: int, frames: int, device: 
 
 def pipeline_config(model_dir: Path, frames: int, device: str, dtype: str) -> PipelineConfig:
     overrides = ["talker.factory.do_sample=false", f"talker.factory.max_new_tokens={frames}"]
+    # every answer speaks exactly `frames` codes on both sides: a random talker's own end comes early
+    overrides += [f"talker.factory.min_new_tokens={frames}"]
     return load(CONFIG, overrides, model=model_dir, device=device, dtype=dtype)
 
 
