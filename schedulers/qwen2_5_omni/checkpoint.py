@@ -12,10 +12,15 @@ a chat template and ``spk_dict.pt`` (the speakers).  Every error is a
   parts, the tokenizer, processor configuration, chat template and speakers;
 * :func:`load_weights` loads the tensors under one prefix (``"thinker."``, ``"talker."``,
   ``"token2wav."``, ...) into a module, reading only the shards that hold them.
+
+Importing it silences one known-harmless transformers warning (:func:`thinker_ids_in_talker`): its token
+check measures the talker configuration's text and media ids, which index the thinker's vocabulary, against
+the talker's codec vocabulary.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,12 +31,34 @@ import torch
 from schedulers import checkpoints
 from schedulers.checkpoints import CheckpointError, require_model_dir
 from schedulers.front.towers import thinker_widths
+from schedulers.library_noise import silence
 from schedulers.qwen2_5_omni.token2wav.noise import NOISE_BLOCK
 
 MODEL_TYPE = "qwen2_5_omni"
 FAMILY = "Qwen2.5-Omni"
 SPEAKERS_FILE = "spk_dict.pt"
 PARTS = ("thinker.", "talker.", "token2wav.")
+
+THINKER_IDS = (
+    "tts_text_start",
+    "tts_text_end",
+    "tts_text_pad",
+    "vision_start",
+    "vision_end",
+    "audio_start",
+    "audio_end",
+)
+TOKEN_CHECK = re.compile(
+    rf"Model config: ({'|'.join(THINKER_IDS)})_token_id must be `None` or an integer within the vocabulary"
+)
+
+
+def thinker_ids_in_talker(message: str) -> bool:
+    """Whether ``message`` is transformers' token check on one of the talker's thinker-vocabulary ids."""
+    return TOKEN_CHECK.match(message) is not None
+
+
+silence("transformers.configuration_utils", thinker_ids_in_talker)
 
 
 def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) -> None:
