@@ -11,8 +11,12 @@ outbox) on random codes, one torch thread:
 * **first_audio_ms**: the first chunk's window of codes reaches an idle stage; the time until its first
   audio (the window's 36 DiT evaluations and BigVGAN).  A user waits for the talker's codes on top of it.
 * **audio_per_wall_s**: ``c`` requests (1 and 8) of ``--codes`` codes each, all codes there (a talker far
-  ahead), streamed: seconds of audio per wall second; ``transformers``: ``Qwen2_5OmniToken2WavModel``
-  decoding the same requests one after another (what ``generate`` does per request).
+  ahead), ``streamed`` (the default chunks) and ``whole`` (requests that do not stream, one window each,
+  batched across requests): seconds of audio per wall second; ``transformers``: ``Qwen2_5OmniToken2WavModel``
+  decoding the same requests one after another (what ``generate`` does per request), on as many torch
+  threads as the stage (one).  **audio_per_cpu_s**: the same per CPU second of the thread that decoded (the
+  stage's scheduler thread; the caller's for transformers), which other processes on a loaded machine do
+  not add to.
 
 Run: ``.venv/bin/python bench/qwen2_5_omni_token2wav.py [--quick]``.  Figures go to
 ``bench/results/qwen2_5_omni_token2wav.json`` with the load average before the run: figures taken on a
@@ -24,14 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,10 @@ from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, Voice  # n
 from schedulers.qwen2_5_omni.tiny import write_checkpoint  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.model import Token2Wav  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.noise import NoiseStream  # noqa: E402
-from schedulers.qwen2_5_omni.token2wav.stage import Token2WavScheduler, create_token2wav_stage  # noqa: E402
+from schedulers.qwen2_5_omni.token2wav.stage import create_token2wav_stage  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.stream import SpeechStream, decode  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.windows import Schedule  # noqa: E402
+from toys.stage_feed import put_atomically, running, serving_thread, wait_results  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen2_5_omni_token2wav.json"
 SAMPLE_RATE = 24_000
@@ -102,18 +104,6 @@ def snr_table(model_dir: Path, lengths: list[int]) -> dict[str, dict[int, float]
     return table
 
 
-@contextmanager
-def serving(model_dir: Path) -> Iterator[Token2WavScheduler]:
-    scheduler = create_token2wav_stage(model_dir=str(model_dir))
-    thread = threading.Thread(target=scheduler.start, daemon=True)
-    thread.start()
-    try:
-        yield scheduler
-    finally:
-        scheduler.stop()
-        thread.join()
-
-
 def talker_messages(rid: str, codes: torch.Tensor, voice: Voice, *, end: bool = True) -> list[IncomingMessage]:
     messages = [
         IncomingMessage(
@@ -127,66 +117,62 @@ def talker_messages(rid: str, codes: torch.Tensor, voice: Voice, *, end: bool = 
     return messages
 
 
-def hand_over(inbox: queue.Queue[IncomingMessage], messages: list[IncomingMessage]) -> None:
-    """All at once, as the runtime hands over a burst."""
-    with inbox.mutex:
-        inbox.queue.extend(messages)
-        inbox.unfinished_tasks += len(messages)
-        inbox.not_empty.notify(len(messages))
-
-
-def wait_results(scheduler: Token2WavScheduler, count: int) -> None:
-    ended = 0
-    while ended < count:
-        msg = scheduler.outbox.get(timeout=900)
-        if msg.type == "error":
-            raise RuntimeError(f"token2wav failed {msg.request_id!r}: {msg.data}")
-        ended += msg.type == "result"
-
-
 def first_audio_ms(model_dir: Path, rounds: int) -> float:
     """Median time from the first window's codes (first chunk and its future block) to the first audio."""
     codes = random_codes(24, 1)
     times = []
-    with serving(model_dir) as scheduler:
+    with running(create_token2wav_stage(model_dir=str(model_dir))) as scheduler:
         for round_ in range(rounds + 1):
             rid = f"r{round_}"
             start = time.perf_counter()
-            hand_over(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_), end=False))
+            put_atomically(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_), end=False))
             msg = scheduler.outbox.get(timeout=900)
             elapsed = time.perf_counter() - start
             assert msg.type == "stream", msg
-            hand_over(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_))[-2:])
-            wait_results(scheduler, 1)
+            put_atomically(scheduler.inbox, talker_messages(rid, codes, Voice("Chelsie", round_))[-2:])
+            wait_results(scheduler, 1, timeout=900)
             if round_:  # the first round warms up
                 times.append(elapsed)
     return 1000 * statistics.median(times)
 
 
-def audio_per_wall_s(model_dir: Path, concurrency: int, length: int) -> float:
-    """Seconds of streamed audio per wall second, ``concurrency`` requests of ``length`` codes at once."""
+def thread_cpu_s(thread: threading.Thread) -> float:
+    """CPU seconds ``thread`` has run so far."""
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def audio_rates(model_dir: Path, concurrency: int, length: int, *, stream: bool) -> tuple[float, float]:
+    """Seconds of audio per wall second and per CPU second of the stage's thread, ``concurrency`` requests
+    of ``length`` codes at once, streamed or not."""
     codes = [random_codes(length, i) for i in range(concurrency)]
-    with serving(model_dir) as scheduler:
-        messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{i}", c, Voice("Chelsie", i))]
-        start = time.perf_counter()
-        hand_over(scheduler.inbox, messages)
-        wait_results(scheduler, concurrency)
-        elapsed = time.perf_counter() - start
-    return concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE / elapsed
+    scheduler = create_token2wav_stage(model_dir=str(model_dir))
+    with serving_thread(scheduler) as thread:
+        voices = [Voice("Chelsie", i, stream=stream) for i in range(concurrency)]
+        messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{i}", c, voices[i])]
+        start, cpu = time.perf_counter(), thread_cpu_s(thread)
+        put_atomically(scheduler.inbox, messages)
+        wait_results(scheduler, concurrency, timeout=900)
+        elapsed, busy = time.perf_counter() - start, thread_cpu_s(thread) - cpu
+    audio = concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE
+    return audio / elapsed, audio / busy
 
 
-def transformers_audio_per_wall_s(model_dir: Path, concurrency: int, length: int) -> float:
-    """The same requests through ``Qwen2_5OmniToken2WavModel`` one after another, as ``generate`` decodes."""
+def transformers_audio_rates(model_dir: Path, concurrency: int, length: int) -> tuple[float, float]:
+    """The same requests through ``Qwen2_5OmniToken2WavModel`` one after another, as ``generate`` decodes:
+    audio per wall second and per CPU second of this thread."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     token2wav = Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir).token2wav.eval()
     speaker = speakers(model_dir)["Chelsie"]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     with torch.inference_mode():
         for i in range(concurrency):
             torch.manual_seed(i)
             token2wav(random_codes(length, i)[None], conditioning=speaker.cond, reference_mel=speaker.ref_mel)
-    return concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE / (time.perf_counter() - start)
+    elapsed, busy = time.perf_counter() - start, time.thread_time() - cpu
+    audio = concurrency * length * SAMPLES_PER_CODE / SAMPLE_RATE
+    return audio / elapsed, audio / busy
 
 
 def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -198,16 +184,29 @@ def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, A
         print(f"  {name:<40} " + "  ".join(f"{length} codes {snr:6.1f} dB" for length, snr in by_length.items()))
     first = first_audio_ms(model_dir, args.rounds)
     print(f"  first audio after {first:.0f} ms of decode (the first window: 24 codes)")
-    throughput = {}
+    per_wall: dict[int, dict[str, float]] = {}
+    per_cpu: dict[int, dict[str, float]] = {}
     for concurrency in args.concurrency:
-        ours = audio_per_wall_s(model_dir, concurrency, args.codes)
-        theirs = transformers_audio_per_wall_s(model_dir, concurrency, args.codes)
-        throughput[concurrency] = {"stage": ours, "transformers": theirs, "ratio": ours / theirs}
-        print(
-            f"  {concurrency} requests of {args.codes} codes: {ours:.2f} s of audio per wall s streamed, "
-            f"transformers {theirs:.2f} ({ours / theirs:.1f}x)"
-        )
-    return {"snr_db": table, "first_audio_ms": first, "audio_per_wall_s": throughput}
+        # alternating, so that a change of load touches all three alike
+        streamed = audio_rates(model_dir, concurrency, args.codes, stream=True)
+        theirs = transformers_audio_rates(model_dir, concurrency, args.codes)
+        whole = audio_rates(model_dir, concurrency, args.codes, stream=False)
+        for clock, rates in ((0, per_wall), (1, per_cpu)):
+            rates[concurrency] = {
+                "streamed": streamed[clock],
+                "whole": whole[clock],
+                "transformers": theirs[clock],
+                "ratio_streamed": streamed[clock] / theirs[clock],
+                "ratio_whole": whole[clock] / theirs[clock],
+            }
+        for name, rates in (("wall", per_wall), ("CPU", per_cpu)):
+            r = rates[concurrency]
+            print(
+                f"  {concurrency} requests of {args.codes} codes, s of audio per {name} s: streamed "
+                f"{r['streamed']:.2f} ({r['ratio_streamed']:.2f}x), whole {r['whole']:.2f} "
+                f"({r['ratio_whole']:.2f}x), transformers {r['transformers']:.2f}"
+            )
+    return {"snr_db": table, "first_audio_ms": first, "audio_per_wall_s": per_wall, "audio_per_cpu_s": per_cpu}
 
 
 def main() -> None:

@@ -25,13 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +43,12 @@ from schedulers.qwen3_omni.code2wav.stage import Qwen3OmniCode2WavScheduler  # n
 from schedulers.qwen3_omni.code2wav.windows import Chunking  # noqa: E402
 from schedulers.qwen3_omni.handoffs import Codes, TalkerResult  # noqa: E402
 from toys.qwen3_omni_code2wav import build_code2wav, random_codes  # noqa: E402
+from toys.stage_feed import put_atomically, running, wait_results  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen3_omni_code2wav.json"
 FRAME_S = 0.08
 RAMP = [1.5]  # the windows' growth after the first chunk (--ramp-factor)
 MESSAGE_FRAMES = 1  # the talker streams one frame per chunk
-
-
-@contextmanager
-def serving(model: torch.nn.Module, chunking: Chunking) -> Iterator[Qwen3OmniCode2WavScheduler]:
-    scheduler = Qwen3OmniCode2WavScheduler(model, chunking)
-    thread = threading.Thread(target=scheduler.start, daemon=True)
-    thread.start()
-    try:
-        yield scheduler
-    finally:
-        scheduler.stop()
-        thread.join()
 
 
 def talker_messages(rid: str, codes: torch.Tensor, *, end: bool = True) -> list[IncomingMessage]:
@@ -77,36 +63,19 @@ def talker_messages(rid: str, codes: torch.Tensor, *, end: bool = True) -> list[
     return messages
 
 
-def hand_over(inbox: queue.Queue[IncomingMessage], messages: list[IncomingMessage]) -> None:
-    """All at once, as the runtime hands over a burst."""
-    with inbox.mutex:
-        inbox.queue.extend(messages)
-        inbox.unfinished_tasks += len(messages)
-        inbox.not_empty.notify(len(messages))
-
-
-def wait_results(scheduler: Qwen3OmniCode2WavScheduler, count: int) -> None:
-    ended = 0
-    while ended < count:
-        msg = scheduler.outbox.get(timeout=600)
-        if msg.type == "error":
-            raise RuntimeError(f"code2wav failed {msg.request_id!r}: {msg.data}")
-        ended += msg.type == "result"
-
-
 def first_audio_ms(model: torch.nn.Module, first: int, rounds: int) -> float:
     """Median time from ``first`` frames arriving on an idle stage to the first pcm chunk."""
     times = []
     codes = random_codes(model, first, seed=first)
-    with serving(model, Chunking(first, max(first, 25), ramp_factor=RAMP[0])) as scheduler:
+    with running(Qwen3OmniCode2WavScheduler(model, Chunking(first, max(first, 25), ramp_factor=RAMP[0]))) as scheduler:
         for round_ in range(rounds + 1):
             rid = f"r{round_}"
             start = time.perf_counter()
-            hand_over(scheduler.inbox, talker_messages(rid, codes, end=False))
+            put_atomically(scheduler.inbox, talker_messages(rid, codes, end=False))
             msg = scheduler.outbox.get(timeout=600)
             elapsed = time.perf_counter() - start
             assert msg.type == "stream", msg
-            hand_over(scheduler.inbox, talker_messages(rid, codes, end=True)[-2:])
+            put_atomically(scheduler.inbox, talker_messages(rid, codes, end=True)[-2:])
             wait_results(scheduler, 1)
             if round_:  # the first round warms up
                 times.append(elapsed)
@@ -117,11 +86,11 @@ def real_time_factor(model: torch.nn.Module, chunk: int, concurrency: int, frame
     """Wall seconds per second of audio, ``concurrency`` requests of ``frames`` frames at once."""
     codes = [random_codes(model, frames, seed=i) for i in range(concurrency)]
     best = float("inf")
-    with serving(model, Chunking(min(5, chunk), chunk, ramp_factor=RAMP[0])) as scheduler:
+    with running(Qwen3OmniCode2WavScheduler(model, Chunking(min(5, chunk), chunk, ramp_factor=RAMP[0]))) as scheduler:
         for round_ in range(rounds + 1):
             messages = [m for i, c in enumerate(codes) for m in talker_messages(f"r{round_}-{i}", c)]
             start = time.perf_counter()
-            hand_over(scheduler.inbox, messages)
+            put_atomically(scheduler.inbox, messages)
             wait_results(scheduler, concurrency)
             if round_:
                 best = min(best, time.perf_counter() - start)
@@ -132,18 +101,18 @@ def paced(model: torch.nn.Module, first: int, concurrency: int, frames: int, spe
     """Median first-audio latency and gap (ms) when the talker sends a frame every 80 ms / ``speed``."""
     codes = [random_codes(model, frames, seed=i) for i in range(concurrency)]
     period = FRAME_S / speed
-    with serving(model, Chunking(first, 25, ramp_factor=RAMP[0])) as scheduler:
+    with running(Qwen3OmniCode2WavScheduler(model, Chunking(first, 25, ramp_factor=RAMP[0]))) as scheduler:
 
         def talker() -> None:
             start = time.perf_counter()
             for frame in range(frames):
                 time.sleep(max(0.0, start + frame * period - time.perf_counter()))
-                hand_over(
+                put_atomically(
                     scheduler.inbox,
                     [talker_messages(f"r{i}", c[:, frame : frame + 1], end=False)[0] for i, c in enumerate(codes)],
                 )
             ends = [m for i, c in enumerate(codes) for m in talker_messages(f"r{i}", c)[-2:]]
-            hand_over(scheduler.inbox, ends)
+            put_atomically(scheduler.inbox, ends)
 
         feeder = threading.Thread(target=talker, daemon=True)
         begun = time.perf_counter()

@@ -7,8 +7,9 @@ submodule (``omnitrio.contract``, which every scheduler imports) loads nothing e
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from omnitrio.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from omnitrio.config import EndpointsConfig, FactoryArgs, PipelineConfig, StageConfig
@@ -73,14 +74,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'omnitrio' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

@@ -7,24 +7,34 @@ knows nothing of any model.  Every error is a :class:`CheckpointError` whose mes
 what is wrong with it.
 
 * :func:`weight_map` reads the index and checks that every shard it names exists (no weights read);
+* :func:`parse_config` reads a family's ``config.json`` into its configuration class;
+* :func:`check_layout` checks the shards, the parts and the processor files without reading weights;
+* :func:`check_processor_files` checks the tokenizer, processor configuration and chat template are there;
 * :func:`check_shards` checks that each shard holds the tensors the index puts in it (safetensors
   headers only);
 * :func:`read_tensors` reads the tensors under one prefix, opening only the shards that hold them;
 * :func:`assign` puts tensors into a module strictly (a missing or unexpected name is an error);
-* :func:`load_weights` is the two together: one part of a checkpoint into its module.
+* :func:`load_weights` is the two together: one part of a checkpoint into its module;
+* :class:`Family` is a family's configuration loader, full check and ``omnitrio check`` preflight.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
+
+from schedulers.devices import check_placement
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+CHAT_TEMPLATE_FILES = ("chat_template.json", "chat_template.jinja")
+PREPROCESSOR_FILE = "preprocessor_config.json"
 
 
 class CheckpointError(ValueError):
@@ -64,6 +74,43 @@ def check_model_type(path: Path, raw: dict[str, Any], model_type: str, family: s
     found = raw.get("model_type")
     if found != model_type:
         raise CheckpointError(f"{path}: model_type is {found!r}, not {model_type!r} ({family})")
+
+
+def check_equal(path: Path, *fields: tuple[str, Any]) -> None:
+    """A :class:`CheckpointError` naming ``path`` and every ``(field, value)`` unless all values are equal."""
+    if len({value for _, value in fields}) > 1:
+        listed = ", ".join(f"{name} = {value}" for name, value in fields)
+        raise CheckpointError(f"{path}: these must be equal: {listed}")
+
+
+def check_processor_files(model_dir: Path) -> None:
+    """``model_dir`` holds what a processor reads: a tokenizer, a readable ``preprocessor_config.json`` and
+    a chat template; else a :class:`CheckpointError` naming what is missing."""
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{model_dir}: no tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    read_json(model_dir / PREPROCESSOR_FILE)
+    if not any((model_dir / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        raise CheckpointError(f"{model_dir}: no chat template ({' or '.join(CHAT_TEMPLATE_FILES)})")
+
+
+def parse_config(path: Path, model_type: str, family: str, config_class: Any) -> Any:
+    """``config_class`` (a transformers configuration) from the JSON at ``path``, which must be a
+    ``model_type`` configuration; every fault is a :class:`CheckpointError` naming ``path`` and ``family``."""
+    raw = read_json(path)
+    check_model_type(path, raw, model_type, family)
+    try:
+        return config_class.from_dict(raw)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{path}: not a valid {family} configuration ({exc})") from None
+
+
+def check_layout(model_dir: Path, parts: Iterable[str]) -> None:
+    """What a stage reads besides the configuration, without reading weights: the index and its shards
+    (:func:`check_shards`), a tensor under each of ``parts`` and the processor's files."""
+    mapping = weight_map(model_dir)
+    check_shards(model_dir, mapping)
+    check_parts(model_dir, mapping, parts)
+    check_processor_files(model_dir)
 
 
 def index_path(model_dir: Path) -> Path:
@@ -177,18 +224,65 @@ def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) ->
     assign(module, tensors, f"{index_path(Path(model_dir))} under {prefix!r}")
 
 
+@attrs.frozen
+class Family:
+    """One model family's checkpoint: what :func:`parse_config` and :func:`check_layout` need to know of it,
+    and its own rules.  A family's checkpoint module builds one and exports its bound methods.
+
+    ``config_class`` imports and returns the transformers configuration class (imported on first use);
+    ``check_config(config, path)`` raises a :class:`CheckpointError` for a configuration whose parts disagree;
+    ``check_audio_files(model_dir, config)`` checks the files only audio output reads (run when the
+    configuration enables it)."""
+
+    model_type: str
+    name: str
+    parts: tuple[str, ...]  # the first: the part every checkpoint holds; the rest: audio output's
+    config_class: Callable[[], Any]
+    check_config: Callable[[Any, Path], None]
+    check_audio_files: Callable[[Path, Any], object] | None = None
+
+    def load_config(self, model_dir: str | Path) -> Any:
+        """The configuration from ``model_dir/config.json``, its parts checked for consistency (no weights)."""
+        path = directory(model_dir) / "config.json"
+        config = parse_config(path, self.model_type, self.name, self.config_class())
+        self.check_config(config, path)
+        return config
+
+    def check_checkpoint(self, model_dir: str | Path) -> None:
+        """Everything :meth:`load_config` checks, plus every file a stage reads (:func:`check_layout`)."""
+        path = directory(model_dir)
+        config = self.load_config(path)
+        check_layout(path, self.parts if config.enable_audio_output else self.parts[:1])
+        if config.enable_audio_output and self.check_audio_files is not None:
+            self.check_audio_files(path, config)
+
+    def preflight(self, *, model_dir: str | None = None, **factory_args: Any) -> None:
+        """What ``omnitrio check`` runs for a stage reading this checkpoint: its ``device`` and ``dtype``
+        (:func:`schedulers.devices.check_placement`), then :meth:`check_checkpoint`."""
+        check_placement(**factory_args)
+        self.check_checkpoint(require_model_dir(model_dir))
+
+
 __all__ = [
+    "CHAT_TEMPLATE_FILES",
     "INDEX_FILE",
+    "PREPROCESSOR_FILE",
     "SINGLE_FILE",
+    "TOKENIZER_FILES",
     "CheckpointError",
+    "Family",
     "assign",
+    "check_equal",
+    "check_layout",
     "check_model_type",
     "check_parts",
+    "check_processor_files",
     "check_shards",
     "directory",
     "index_path",
     "keys_by_shard",
     "load_weights",
+    "parse_config",
     "read_json",
     "read_tensors",
     "require_model_dir",

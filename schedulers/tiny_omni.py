@@ -10,6 +10,8 @@ tokenizer trained offline, the chat template in the releases' form, the processo
   parts: ``<|im_start|>{role}\\n``, each part in order between its medium's start and end tokens,
   ``<|im_end|>\\n``, ``<|im_start|>assistant\\n`` as the generation prompt; optionally a default system
   turn when the first message is not a system message.
+* :func:`processor_tokens` names the media tokens as the processor's tokenizer attributes;
+  :func:`seed_weights` draws a random model's matrices at a scale that keeps activations alive;
 * :func:`write_processor_files` writes ``preprocessor_config.json`` (Whisper feature extractor and the
   Qwen2-VL image processor together) and ``chat_template.json``; :func:`save_weights` the model in at least
   two safetensors shards with their index, as released checkpoints are.
@@ -18,11 +20,13 @@ tokenizer trained offline, the chat template in the releases' form, the processo
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
+import torch
 
 SAMPLE_RATE = 16_000
 ROLES = ("system", "user", "assistant")
@@ -38,6 +42,20 @@ class Media:
 
     def render(self) -> str:
         return self.start + self.pad + self.end
+
+
+def processor_tokens(audio: Media, image: Media, video: Media, *, image_first: bool = False) -> dict[str, str]:
+    """The token attributes a Qwen omni processor reads from its tokenizer, from the media's tokens.
+
+    Their order fixes the tokens' ids (:func:`build_tokenizer` adds them in it): the audio and image
+    placeholders (``image_first``: the image's first), the video's, then the same two media's start and end
+    tokens in the same order."""
+    media = [("image", "vision", image), ("audio", "audio", audio)]
+    media = media if image_first else media[::-1]
+    tokens = {f"{name}_token": medium.pad for name, _, medium in media} | {"video_token": video.pad}
+    for _, bounds, medium in media:
+        tokens |= {f"{bounds}_bos_token": medium.start, f"{bounds}_eos_token": medium.end}
+    return tokens
 
 
 def build_tokenizer(
@@ -179,6 +197,20 @@ def save_weights(model: Any, tokenizer: Any, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
+def seed_weights(model: torch.nn.Module, gains: Sequence[tuple[str, float]], generator: torch.Generator) -> None:
+    """Draw every matrix (ndim >= 2) of ``model`` from ``generator``'s normal with a standard deviation of
+    ``gain / sqrt(fan_in)``, in the order of the parameters' names; the gain is that of the first prefix in
+    ``gains`` the name starts with.  A fused MoE expert tensor (``...experts...``, ``[E, out, in]``) has the
+    fan-in of one expert."""
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            if param.ndim < 2:
+                continue
+            gain = next(gain for prefix, gain in gains if name.startswith(prefix))
+            fan_in = param.shape[-1] if ".experts." in name else math.prod(param.shape[1:])
+            param.copy_(torch.randn(param.shape, generator=generator) * (gain / math.sqrt(fan_in)))
+
+
 __all__ = [
     "ROLES",
     "SAMPLE_RATE",
@@ -186,7 +218,9 @@ __all__ = [
     "Media",
     "build_tokenizer",
     "chat_template",
+    "processor_tokens",
     "save_weights",
+    "seed_weights",
     "token_id",
     "write_processor_files",
 ]

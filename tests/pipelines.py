@@ -9,7 +9,7 @@ import httpx
 import trio
 import trio.testing
 
-from omnitrio import FactoryArgs, PipelineConfig, StageConfig
+from omnitrio import FactoryArgs, PipelineConfig, RequestAborted, StageConfig
 
 T = "toys.stages"
 S = "toys.stream_stages"
@@ -54,6 +54,15 @@ def chain_config(n: int = 4, *, process: bool = False, factory: str = "create_ec
             for i, name in enumerate(names)
         ],
     )
+
+
+async def submit_aborted(pipeline: Any, request_id: str, inputs: Any, caught: list[BaseException]) -> None:
+    """Submit ``inputs``; the :class:`~omnitrio.errors.RequestAborted` it raises goes into ``caught`` (run it
+    as a task, abort the request, then look at ``caught``)."""
+    try:
+        await pipeline.submit(request_id, inputs)
+    except RequestAborted as exc:
+        caught.append(exc)
 
 
 async def settled(pipeline: Any, timeout: float = 5.0) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import base64
 import io
-import json
-import types
 import wave
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ import pytest
 import torch
 
 from schedulers.qwen2_5_omni.tiny import write_checkpoint
+from toys.release_processor import media as media
+from toys.release_processor import processor_without_video
 
 TOKEN_NAMES = (
     "image_token",
@@ -56,6 +58,25 @@ def reference_model(tiny: Path) -> Any:
     return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
 
 
+@contextmanager
+def talker_codes(model: Any) -> Iterator[list[torch.Tensor]]:
+    """A list that, while the block runs, gets the new codes (``Long[n]``, the prompt cut off) of each call of
+    ``model.talker.generate``."""
+    codes: list[torch.Tensor] = []
+    generate = model.talker.generate
+
+    def recorded(*args: Any, **kwargs: Any) -> torch.Tensor:
+        out = generate(*args, **kwargs)
+        codes.append(out[0, kwargs["input_ids"].shape[1] :])
+        return out
+
+    model.talker.generate = recorded
+    try:
+        yield codes
+    finally:
+        del model.talker.generate
+
+
 @pytest.fixture(scope="session", name="talker")
 def talker_model(tiny: Path) -> Any:
     """The tiny checkpoint's talker (:class:`~schedulers.qwen2_5_omni.talker.model.TalkerModel`)."""
@@ -76,35 +97,9 @@ def text(words: str) -> dict[str, Any]:
 
 def reference_processor(model_dir: Path) -> Any:
     """``Qwen2_5OmniProcessor`` of ``model_dir`` without its video processor (module docstring)."""
-    from transformers import AutoTokenizer, Qwen2_5OmniProcessor, WhisperFeatureExtractor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers import Qwen2_5OmniProcessor
 
-    model_dir = Path(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    processor = Qwen2_5OmniProcessor.__new__(Qwen2_5OmniProcessor)
-    processor.tokenizer = tokenizer
-    processor.feature_extractor = WhisperFeatureExtractor.from_pretrained(model_dir)
-    processor.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
-    merge = processor.image_processor.merge_size
-    processor.video_processor = types.SimpleNamespace(merge_size=merge, temporal_patch_size=2, model_input_names=[])
-    processor.chat_template = json.loads((model_dir / "chat_template.json").read_text())["chat_template"]
-    for name in TOKEN_NAMES:
-        setattr(processor, name, getattr(tokenizer, name))
-    return processor
-
-
-def media(messages: list[dict[str, Any]]) -> tuple[list[np.ndarray], list[Any]]:
-    """The audio clips and images of transformers-style chat ``messages``, in order."""
-    audio: list[np.ndarray] = []
-    images: list[Any] = []
-    for message in messages:
-        content = message["content"]
-        for part in content if isinstance(content, list) else []:
-            if part["type"] == "audio":
-                audio.append(np.asarray(part["audio"], dtype=np.float32))
-            elif part["type"] == "image":
-                images.append(part["image"])
-    return audio, images
+    return processor_without_video(Qwen2_5OmniProcessor, model_dir, TOKEN_NAMES)
 
 
 def reference_inputs(processor: Any, messages: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -5,13 +5,13 @@ releases, and of bounded shutdown.  Everything here works inline and in stage pr
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload
 from schedulers.simple import SimpleScheduler
+from toys.hand_scheduler import HandScheduler
 
 R = "tests.route_stages"
 
@@ -55,32 +55,16 @@ def merge_both(inputs: dict[str, StagePayload]) -> StagePayload:
     return StagePayload(first.request_id, first.request, {"b": first.data, "c": inputs["c"].data})
 
 
-class TargetedStreamer:
+class TargetedStreamer(HandScheduler):
     """For each stage named in ``inputs["stream"]``, streams three chunks addressed to it
     (``OutgoingMessage.target``), then answers with its payload; one request at a time."""
 
-    def __init__(self) -> None:
-        self.inbox: queue.Queue[IncomingMessage | None] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
-
-    def warm_up_serving_thread(self) -> None:
-        pass
-
-    def start(self) -> None:
-        while (msg := self.inbox.get()) is not None:
-            if msg.type != "new_request":
-                continue
-            payload: StagePayload = msg.data
-            for target in payload.request.inputs.get("stream", []):
-                for i in range(3):
-                    self.outbox.put(OutgoingMessage(msg.request_id, "stream", data={"i": i}, target=target))
-            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=payload))
-
-    def stop(self) -> None:
-        self.inbox.put(None)
-
-    def abort(self, request_id: str) -> None:
-        pass
+    def on_request(self, msg: IncomingMessage) -> None:
+        payload: StagePayload = msg.data
+        for target in payload.request.inputs.get("stream", []):
+            for i in range(3):
+                self.outbox.put(OutgoingMessage(msg.request_id, "stream", data={"i": i}, target=target))
+        self.outbox.put(OutgoingMessage(msg.request_id, "result", data=payload))
 
 
 def create_targeted_streamer() -> TargetedStreamer:
@@ -98,28 +82,19 @@ def create_gate(fifo: str) -> SimpleScheduler:
     return SimpleScheduler(wait_then_pass)
 
 
-class StuckScheduler:
+class StuckScheduler(HandScheduler):
     """Answers each request with its payload; ``stop()`` does not wake ``start()``, which
     waits in a bare ``inbox.get()`` (a test ends it by putting None in ``inbox``)."""
 
     def __init__(self) -> None:
-        self.inbox: queue.Queue[IncomingMessage | None] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
+        super().__init__()
         self.stopped = threading.Event()
 
-    def warm_up_serving_thread(self) -> None:
-        pass
-
-    def start(self) -> None:
-        while (msg := self.inbox.get()) is not None:
-            if msg.type == "new_request":
-                self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
+    def on_request(self, msg: IncomingMessage) -> None:
+        self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
 
     def stop(self) -> None:
         self.stopped.set()
-
-    def abort(self, request_id: str) -> None:
-        pass
 
 
 STUCK: list[StuckScheduler] = []

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
-from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
+from omnitrio.contract import IncomingMessage, OmniRequest, StageOverloaded, StagePayload
 from schedulers.ar.engine import ARBatchEngine
 from schedulers.ar.model import ModelConfig, build_model
 from schedulers.ar.reference import greedy_reference
 from schedulers.ar.scheduler import ARScheduler, create_tiny_ar_scheduler
 from schedulers.ar.tokenizer import load_tokenizer
+from tests.scheduler_harness import outputs_until_done, schedulers_running
 
 torch.set_num_threads(1)
 
@@ -31,32 +32,10 @@ def new_request(rid: str, data: object, **params: object) -> IncomingMessage:
 
 
 @pytest.fixture
-def serve() -> Iterator:
+def serve() -> Iterator[Callable[[ARScheduler], ARScheduler]]:
     """Start a scheduler in a thread; stop and join it at the end of the test."""
-    started: list[tuple[ARScheduler, threading.Thread]] = []
-
-    def run(scheduler: ARScheduler) -> ARScheduler:
-        thread = threading.Thread(target=scheduler.start)
-        thread.start()
-        started.append((scheduler, thread))
-        return scheduler
-
-    yield run
-    for scheduler, thread in started:
-        scheduler.stop()
-        thread.join(timeout=10)
-        assert not thread.is_alive()
-
-
-def outputs_until_done(scheduler: ARScheduler, rids: set[str]) -> list[OutgoingMessage]:
-    """Everything the scheduler sends until each of ``rids`` has a result or an error."""
-    pending, seen = set(rids), []
-    while pending:
-        out = scheduler.outbox.get(timeout=10)
-        seen.append(out)
-        if out.type in ("result", "error"):
-            pending.discard(out.request_id)
-    return seen
+    with schedulers_running() as start:
+        yield start
 
 
 def test_results_carry_the_greedy_continuation_of_token_prompts(serve) -> None:

@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from omnitrio import PipelineConfig, StageConfig, open_pipeline
-from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
+from omnitrio.contract import IncomingMessage, OmniRequest, StageOverloaded, StagePayload
 from omnitrio.errors import StartupError
 from schedulers.ar.sglang_backend import SGLangScheduler, create_sglang_scheduler, per_token_hidden_states, shut_down
 from schedulers.ar.sglang_stages import chatml_prompt
+from tests.scheduler_harness import outputs_until_done
 from tests.sglang_env.pipeline import pipeline_toml
 
 
@@ -89,20 +90,10 @@ def new_request(rid: str, data: object, **params: object) -> IncomingMessage:
     return IncomingMessage(rid, "new_request", StagePayload(rid, OmniRequest(data, params=dict(params)), data))
 
 
-def until_done(scheduler: SGLangScheduler, rids: set[str]) -> list[OutgoingMessage]:
-    pending, seen = set(rids), []
-    while pending:
-        out = scheduler.outbox.get(timeout=10)
-        seen.append(out)
-        if out.type in ("result", "error"):
-            pending.discard(out.request_id)
-    return seen
-
-
 def test_cumulative_engine_text_is_streamed_as_deltas(fake) -> None:
     scheduler, _ = fake()
     scheduler.inbox.put(new_request("r", "hello", max_new_tokens=4, stream=True))
-    outputs = until_done(scheduler, {"r"})
+    outputs = outputs_until_done(scheduler, {"r"})
     assert [o.data["text"] for o in outputs if o.type == "stream"] == ["w0 ", "w1 ", "w2 ", "w3 "]
     assert all(o.metadata == {"modality": "text"} for o in outputs if o.type == "stream")
     result = outputs[-1].data.data
@@ -117,7 +108,7 @@ def test_prompt_and_sampling_params_reach_the_engine(fake) -> None:
     scheduler, engines = fake()
     scheduler.inbox.put(new_request("text", "hi there", max_new_tokens=2))
     scheduler.inbox.put(new_request("ids", {"prompt_token_ids": [5, 6]}, max_new_tokens=1, ignore_eos=True))
-    until_done(scheduler, {"text", "ids"})
+    outputs_until_done(scheduler, {"text", "ids"})
     calls = {call["rid"]: call for call in engines[0].calls}
     assert calls["text"]["prompt"] == "hi there"
     assert calls["ids"]["input_ids"] == [5, 6]
@@ -131,7 +122,7 @@ def test_abort_calls_the_engine_abort_and_frees_the_slot(fake) -> None:
     scheduler.inbox.put(new_request("next", "y", max_new_tokens=2))
     assert scheduler.outbox.get(timeout=10).request_id == "long"
     scheduler.abort("long")
-    outputs = until_done(scheduler, {"next"})
+    outputs = outputs_until_done(scheduler, {"next"})
     assert outputs[-1].type == "result"
     assert engines[0].aborted == ["long"]
     assert not [o for o in outputs if o.request_id == "long" and o.type != "stream"]
@@ -141,7 +132,7 @@ def test_full_waiting_queue_answers_with_stage_overloaded(fake) -> None:
     scheduler, _ = fake(delay=0.05, max_running_requests=1, max_waiting_requests=1)
     for rid in "abc":
         scheduler.inbox.put(new_request(rid, "p", max_new_tokens=3))
-    outputs = {o.request_id: o for o in until_done(scheduler, {"a", "b", "c"}) if o.type != "stream"}
+    outputs = {o.request_id: o for o in outputs_until_done(scheduler, {"a", "b", "c"}) if o.type != "stream"}
     assert isinstance(outputs["c"].data, StageOverloaded)
     assert (outputs["a"].type, outputs["b"].type) == ("result", "result")
 
@@ -149,7 +140,7 @@ def test_full_waiting_queue_answers_with_stage_overloaded(fake) -> None:
 def test_bad_payload_fails_with_a_clear_error(fake) -> None:
     scheduler, _ = fake()
     scheduler.inbox.put(new_request("bad", {"neither": 1}))
-    (out,) = until_done(scheduler, {"bad"})
+    (out,) = outputs_until_done(scheduler, {"bad"})
     assert out.type == "error" and "prompt must be text" in str(out.data)
 
 
@@ -176,7 +167,7 @@ def test_real_sglang_engine_streams_text() -> None:
     thread.start()
     try:
         scheduler.inbox.put(new_request("g", "The capital of France is", max_new_tokens=8, stream=True))
-        outputs = until_done(scheduler, {"g"})
+        outputs = outputs_until_done(scheduler, {"g"})
         streamed = "".join(o.data["text"] for o in outputs if o.type == "stream")
         assert outputs[-1].type == "result"
         assert streamed == outputs[-1].data.data["text"]
@@ -196,7 +187,7 @@ def test_return_hidden_states_is_asked_of_the_engine(fake) -> None:
     scheduler, engines = fake()
     scheduler.inbox.put(new_request("h", "hi", max_new_tokens=2, return_hidden_states=True))
     scheduler.inbox.put(new_request("plain", "hi", max_new_tokens=2))
-    until_done(scheduler, {"h", "plain"})
+    outputs_until_done(scheduler, {"h", "plain"})
     calls = {call["rid"]: call for call in engines[0].calls}
     assert calls["h"]["return_hidden_states"] is True
     assert "return_hidden_states" not in calls["plain"]

@@ -33,6 +33,11 @@ terminal = true
 """
 
 
+def one_stage_toml(name: str, factory_path: str) -> str:
+    """A pipeline config (TOML) named ``name`` of one terminal stage ``name`` built by ``factory_path``."""
+    return f'\nname = "{name}"\n[[stages]]\nname = "{name}"\nfactory_path = "{factory_path}"\nterminal = true\n'
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "pipeline.toml"
     path.write_text(text)

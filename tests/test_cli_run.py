@@ -11,7 +11,7 @@ import pytest
 
 from omnitrio.cli import main
 from tests.cli_stages import RATE
-from tests.test_cli import ROOT, write
+from tests.test_cli import ROOT, TOY, one_stage_toml, write
 
 WORDS = """
 name = "words"
@@ -35,25 +35,18 @@ terminal = true
 wait_for = ["upper", "count"]
 merge_fn = "examples.words.merge"
 """
-VOICE = """
-name = "voice"
-[[stages]]
-name = "voice"
-factory_path = "tests.cli_stages.create_voice"
-terminal = true
-"""
-BROKEN = """
-name = "broken"
-[[stages]]
-name = "words"
-factory_path = "toys.stages.create_words"
-next = "tag"
-[[stages]]
-name = "tag"
-{process}
-factory_path = "toys.stages.create_raises_on_build"
-terminal = true
-"""
+VOICE = one_stage_toml("voice", "tests.cli_stages.create_voice")
+
+
+def broken(process: str) -> str:
+    """:data:`tests.test_cli.TOY` named "broken", its ``tag`` stage's factory raising when built and placed by
+    the line ``process``."""
+    tag = 'factory_path = "toys.stages.create_tag"\nfactory = { tag = "seen" }'
+    assert tag in TOY
+    return TOY.replace('name = "toy"', 'name = "broken"').replace(
+        tag, f'{process}\nfactory_path = "toys.stages.create_raises_on_build"'
+    )
+
 
 pytestmark = pytest.mark.timeout(300)  # subprocesses of python -m omnitrio: past the global 120 s when busy
 
@@ -88,7 +81,7 @@ def test_run_audio_out_of_a_plain_string_without_audio_says_how_to_ask_for_it(
 
 @pytest.mark.parametrize("process", ["", 'process = "p1"'], ids=["inline", "in a process"])
 def test_a_factory_that_raises_at_startup_prints_one_line_then_its_traceback_once(tmp_path: Path, process: str) -> None:
-    config = write(tmp_path, BROKEN.format(process=process))
+    config = write(tmp_path, broken(process))
     done = subprocess.run(
         [sys.executable, "-m", "omnitrio", "run", "--config", str(config), "hi"],
         cwd=ROOT,

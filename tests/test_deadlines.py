@@ -3,7 +3,6 @@ and requests held past their deadline in ``health()`` and ``/metrics``."""
 
 from __future__ import annotations
 
-import queue
 import subprocess
 import sys
 from contextlib import asynccontextmanager
@@ -20,34 +19,18 @@ import trio_websocket
 
 from omnitrio import PipelineConfig, StageConfig, open_pipeline
 from omnitrio.cli import build_parser, request_timeout
-from omnitrio.contract import IncomingMessage, OutgoingMessage
 from omnitrio.serve import serve
 from omnitrio.serve.context import DEFAULT_REQUEST_TIMEOUT_S
 from tests.fake_pipeline import FakePipeline, start_server
 from tests.pipelines import settled
+from tests.test_cli import one_stage_toml
+from toys.hand_scheduler import HandScheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Silent:
+class Silent(HandScheduler):
     """A scheduler that takes every request and never answers (the shape of a hung stage)."""
-
-    def __init__(self) -> None:
-        self.inbox: queue.Queue[IncomingMessage | None] = queue.Queue()
-        self.outbox: queue.Queue[OutgoingMessage] = queue.Queue()
-
-    def warm_up_serving_thread(self) -> None:
-        return
-
-    def start(self) -> None:
-        while self.inbox.get() is not None:
-            continue
-
-    def stop(self) -> None:
-        self.inbox.put(None)
-
-    def abort(self, request_id: str) -> None:
-        return
 
 
 def create_silent() -> Silent:
@@ -171,13 +154,7 @@ def test_a_bad_request_timeout_flag_is_a_usage_error_naming_it(bad: str, capsys:
     assert "--request-timeout" in capsys.readouterr().err
 
 
-TOML = f"""
-name = "silent"
-[[stages]]
-name = "silent"
-factory_path = "{__name__}.create_silent"
-terminal = true
-"""
+TOML = one_stage_toml("silent", f"{__name__}.create_silent")
 
 
 def test_serve_request_timeout_flag_answers_a_hung_request_with_504(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
 from schedulers.ar.tokenizer import ByteTokenizer, load_tokenizer
 from schedulers.detokenize import StreamingDetokenizeScheduler, TextStream, token_ids_of
-from tests.scheduler_harness import TIMEOUT, done, put_atomically, running, take
+from tests.scheduler_harness import TIMEOUT, done, put_atomically, running, take, until_final
 
 EOS = 256
 TEXT = "héllo 世界 🎉"
@@ -48,15 +48,6 @@ def splits(ids: list[int], max_cuts: int | None = None) -> list[list[list[int]]]
             bounds = [0, *cuts, len(ids)]
             out.append([ids[a:b] for a, b in itertools.pairwise(bounds)])
     return out
-
-
-def until_final(s: StreamingDetokenizeScheduler, rid: str) -> list[OutgoingMessage]:
-    seen: list[OutgoingMessage] = []
-    while not seen or seen[-1].type not in ("result", "error"):
-        out = s.outbox.get(timeout=TIMEOUT)
-        assert out.request_id == rid, out
-        seen.append(out)
-    return seen
 
 
 def deltas(outputs: list[OutgoingMessage]) -> list[str]:

@@ -16,7 +16,7 @@ from omnitrio import (
     StageConfig,
     open_pipeline,
 )
-from tests.pipelines import T, chain_config, fan_config, settled, talk_config, until_held
+from tests.pipelines import T, chain_config, fan_config, settled, submit_aborted, talk_config, until_held
 
 S = "toys.stream_stages"
 
@@ -26,15 +26,8 @@ async def test_abort_with_wait_returns_once_every_stage_released(process: bool) 
     config = talk_config(process=process, count=0)
     async with open_pipeline(config, inline=not process) as pipeline:
         outcome: list[BaseException] = []
-
-        async def caller() -> None:
-            try:
-                await pipeline.submit("r", "x")
-            except RequestAborted as exc:
-                outcome.append(exc)
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(caller)
+            nursery.start_soon(submit_aborted, pipeline, "r", "x", outcome)
             await until_held(pipeline, "b")
             assert await pipeline.abort("r", wait=True) is True
             health = await pipeline.health()

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 import trio.testing
 
 from omnitrio.mailbox import Mailbox
+
+
+@asynccontextmanager
+async def consuming(box: Mailbox[str]) -> AsyncIterator[list[str]]:
+    """A task collecting every item ``box`` yields into the list given, already waiting on it; leaving the
+    block waits for the task to end."""
+    got: list[str] = []
+
+    async def consume() -> None:
+        async for item in box:
+            got.append(item)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consume)
+        await trio.testing.wait_all_tasks_blocked()
+        yield got
 
 
 async def test_items_come_out_in_order_then_the_end() -> None:
@@ -22,15 +41,7 @@ async def test_items_come_out_in_order_then_the_end() -> None:
 
 async def test_a_waiting_consumer_wakes_on_put_and_on_close() -> None:
     box: Mailbox[str] = Mailbox()
-    got: list[str] = []
-
-    async def consume() -> None:
-        async for item in box:
-            got.append(item)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(consume)
-        await trio.testing.wait_all_tasks_blocked()
+    async with consuming(box) as got:
         box.put("a")
         await trio.testing.wait_all_tasks_blocked()
         assert got == ["a"]
@@ -69,15 +80,7 @@ async def test_a_cancelled_receive_takes_nothing() -> None:
 
 async def test_a_consumer_woken_for_an_item_gets_only_the_end_once_the_box_is_discarded() -> None:
     box: Mailbox[str] = Mailbox()
-    got: list[str] = []
-
-    async def consume() -> None:
-        async for item in box:
-            got.append(item)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(consume)
-        await trio.testing.wait_all_tasks_blocked()
+    async with consuming(box) as got:
         box.put("a")  # wakes the consumer ...
         box.discard()  # ... which has not run yet: it must not get "a"
         box.put("b")

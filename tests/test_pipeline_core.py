@@ -11,14 +11,13 @@ from omnitrio import (
     FactoryArgs,
     Overloaded,
     PipelineConfig,
-    RequestAborted,
     RequestFailed,
     RequestTimeout,
     StageConfig,
     open_pipeline,
 )
 from omnitrio.errors import StartupError
-from tests.pipelines import T, chain_config, fan_config, settled
+from tests.pipelines import T, chain_config, fan_config, settled, submit_aborted
 
 
 async def test_submit_returns_the_terminal_stage_data() -> None:
@@ -145,15 +144,8 @@ async def test_abort_reports_whether_it_aborted_and_the_caller_sees_it() -> None
     async with open_pipeline(config, inline=True) as pipeline:
         assert await pipeline.abort("unknown") is False
         caught: list[BaseException] = []
-
-        async def caller() -> None:
-            try:
-                await pipeline.submit("r1", "x")
-            except RequestAborted as exc:
-                caught.append(exc)
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(caller)
+            nursery.start_soon(submit_aborted, pipeline, "r1", "x", caught)
             await trio.testing.wait_all_tasks_blocked()  # r1 waits at the slow stage
             assert await pipeline.abort("r1", wait=True) is True
         assert caught and caught[0].request_id == "r1"

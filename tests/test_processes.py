@@ -15,8 +15,7 @@ import trio
 from omnitrio import FactoryArgs, PipelineConfig, RequestFailed, StageConfig, open_pipeline
 from omnitrio.errors import StartupError
 from tests.pipelines import T, chain_config, fan_config, settled, until_alive, until_held
-from tests.test_seed_experiments import BATCH_OUTPUT, FANIN_OUTPUT, STREAM_OUTPUT
-from toys.seed import ch4_batch, ch4_fanin, ch4_stream
+from tests.test_seed_experiments import SEEDS, assert_prints_the_seed_output, ten_bursts_form_one_batch_each
 
 
 def our_shm() -> list[str]:
@@ -45,19 +44,11 @@ def no_leftovers() -> None:
     assert set(our_shm()) - before == set()
 
 
-async def test_seed_fan_out_fan_in_in_processes(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_fanin.main(inline=False)
-    assert capsys.readouterr().out == FANIN_OUTPUT
-
-
-async def test_seed_batching_window_in_a_process(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_batch.main(inline=False)
-    assert capsys.readouterr().out == BATCH_OUTPUT
-
-
-async def test_seed_streaming_in_processes(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_stream.main(inline=False)
-    assert capsys.readouterr().out == STREAM_OUTPUT
+@pytest.mark.parametrize("name", list(SEEDS))
+async def test_seed_experiment_in_processes_prints_the_seed_output(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await assert_prints_the_seed_output(name, False, capsys)
 
 
 async def test_each_process_group_is_its_own_process_and_shared_groups_share_one() -> None:
@@ -226,17 +217,7 @@ async def test_leaving_the_pipeline_removes_its_endpoint_directory(tmp_path: Pat
 
 
 async def test_a_burst_submitted_together_forms_one_batch_in_a_process_every_time() -> None:
-    async with open_pipeline(ch4_batch.make_config(False)) as pipeline:
-        for round_ in range(10):
-            sizes: list[int] = []
-
-            async def one(i: int, round_: int, sizes: list[int]) -> None:
-                sizes.append((await pipeline.submit(f"b{round_}-{i}", i))["batch_size"])
-
-            async with trio.open_nursery() as nursery:
-                for i in range(4):
-                    nursery.start_soon(one, i, round_, sizes)
-            assert sizes == [4, 4, 4, 4]
+    await ten_bursts_form_one_batch_each(inline=False)
 
 
 @pytest.mark.parametrize("transport", ["unix", "zmq"])

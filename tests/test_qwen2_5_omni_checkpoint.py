@@ -23,21 +23,13 @@ import torch
 from schedulers.checkpoints import CheckpointError
 from schedulers.qwen2_5_omni.checkpoint import check_checkpoint, load_config, load_weights, speakers
 from schedulers.qwen2_5_omni.tiny import SPEAKERS, write_checkpoint
+from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures model, tiny)
+    reference_model,
+    talker_codes,
+    tiny_checkpoint,
+)
 
 SAMPLES_PER_CODE = 480  # two mel frames per code, 240 samples per mel frame
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def model(tiny: Path) -> Any:
-    from transformers import Qwen2_5OmniForConditionalGeneration
-
-    torch.set_num_threads(1)
-    return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
 
 
 class Prompts:
@@ -220,20 +212,9 @@ def test_the_answer_depends_on_the_image(model: Any, prompts: Prompts) -> None:
 
 
 def test_the_speaker_changes_the_codes_and_the_audio(model: Any, prompts: Prompts) -> None:
-    codes: list[torch.Tensor] = []
-    generate = model.talker.generate
-
-    def recorded(*args: Any, **kwargs: Any) -> torch.Tensor:
-        out = generate(*args, **kwargs)
-        codes.append(out[0, kwargs["input_ids"].shape[1] :])
-        return out
-
-    model.talker.generate = recorded
-    try:
+    with talker_codes(model) as codes:
         chelsie = answer(model, prompts, text("Hello, how are you?"), speaker="Chelsie", tokens=16)
         ethan = answer(model, prompts, text("Hello, how are you?"), speaker="Ethan", tokens=16)
-    finally:
-        del model.talker.generate
     assert chelsie[0] == ethan[0]
     assert not torch.equal(codes[0], codes[1])
     assert not torch.equal(chelsie[1], ethan[1])

@@ -22,12 +22,16 @@ import torch
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
 from schedulers.qwen2_5_omni.checkpoint import speakers
 from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, Voice
-from schedulers.qwen2_5_omni.tiny import write_checkpoint
 from schedulers.qwen2_5_omni.token2wav.model import Token2Wav
 from schedulers.qwen2_5_omni.token2wav.noise import NoiseStream
 from schedulers.qwen2_5_omni.token2wav.stage import Token2WavScheduler, create_token2wav_stage
 from schedulers.qwen2_5_omni.token2wav.stream import SpeechStream, decode
 from schedulers.qwen2_5_omni.token2wav.windows import Chunk, Schedule
+from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures model, tiny)
+    reference_model,
+    talker_codes,
+    tiny_checkpoint,
+)
 from tests.scheduler_harness import TIMEOUT, done, put_atomically, running
 
 WAIT = TIMEOUT * 15  # a decode under load
@@ -37,16 +41,9 @@ MIN_ROUNDING_SNR_DB = 100.0  # the same windows, other batch shapes: float round
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("qwen2_5_omni") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def reference(tiny: Path) -> Any:
-    from transformers import Qwen2_5OmniForConditionalGeneration
-
-    torch.set_num_threads(1)
-    return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
+def reference(model: Any) -> Any:
+    """transformers' model of the tiny checkpoint (:func:`tests.qwen2_5_omni_reference.reference_model`)."""
+    return model
 
 
 def generate(
@@ -60,22 +57,11 @@ def generate(
     messages = [{"role": "user", "content": [{"type": "text", "text": words}]}]
     text = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, tokenize=False)
     inputs = tokenizer(text, return_tensors="pt")
-    codes: list[torch.Tensor] = []
-    talker_generate = model.talker.generate
-
-    def recorded(*args: Any, **kwargs: Any) -> torch.Tensor:
-        out = talker_generate(*args, **kwargs)
-        codes.append(out[0, kwargs["input_ids"].shape[1] :])
-        return out
-
-    model.talker.generate = recorded
-    try:
+    with talker_codes(model) as codes:
         torch.manual_seed(seed)
         _, wav = model.generate(
             **inputs, speaker=speaker, thinker_max_new_tokens=tokens, thinker_do_sample=False, talker_do_sample=False
         )
-    finally:
-        del model.talker.generate
     (spoken,) = codes
     ends = torch.isin(spoken, torch.tensor([model.talker.codec_pad_token, model.talker.codec_eos_token]))
     return spoken[: int(ends.nonzero()[0, 0]) if ends.any() else len(spoken)], wav
@@ -324,3 +310,21 @@ def test_warm_up_decodes_once_and_keeps_nothing(tiny: Path, answer: tuple[torch.
     with running(stage):
         codes, wav = answer
         assert np.array_equal(speak(stage, "r", codes, Voice("Chelsie", 0, stream=False)), wav.numpy())
+
+
+def test_bigvgan_forwards_stay_within_their_frames_and_equal_each_mel_alone(tiny: Path) -> None:
+    model = Token2Wav.from_checkpoint(tiny)
+    generator = torch.Generator().manual_seed(0)
+    mels = [torch.randn(frames, model.mel_dim, generator=generator) for frames in (30, 30, 50, 30, 30, 50, 30)]
+    forwards: list[tuple[int, int]] = []
+    bigvgan = model.bigvgan.forward
+
+    def counted(batch: torch.Tensor) -> torch.Tensor:
+        forwards.append((int(batch.shape[0]), int(batch.shape[2])))
+        return bigvgan(batch)
+
+    model.bigvgan.forward = counted
+    waves = model.vocode(mels, max_frames=70)
+    assert sorted(forwards) == [(1, 30), (1, 50), (1, 50), (2, 30), (2, 30)]  # a mel alone always fits
+    for mel, wave in zip(mels, waves, strict=True):
+        assert snr_db(model.vocode([mel])[0], wave) >= MIN_ROUNDING_SNR_DB

@@ -35,7 +35,8 @@ from omnitrio import open_pipeline
 from omnitrio.config import PipelineConfig
 from omnitrio.config_loading import load
 from schedulers.qwen3_omni.code2wav.stage import create_code2wav_stage
-from schedulers.qwen3_omni.tiny import patch_loaded_model, write_checkpoint
+from schedulers.qwen3_omni.tiny import patch_loaded_model
+from tests.qwen3_omni_tiny import tiny_qwen3_omni_checkpoint  # noqa: F401  (fixture tiny_qwen3_omni)
 from tests.test_qwen3_omni_pipeline import (  # the float32 test's prompts, lengths and reading
     CONFIG,
     GREEDY_TALKER,
@@ -58,9 +59,8 @@ MIN_SNR_DB = 35.0  # the module docstring says why
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
+def checkpoint(tiny_qwen3_omni: Path) -> Path:
+    return tiny_qwen3_omni
 
 
 @pytest.fixture(scope="module")

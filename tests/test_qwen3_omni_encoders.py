@@ -20,17 +20,16 @@ from schedulers.qwen3_omni.front.encoders import (
 )
 from schedulers.qwen3_omni.front.processor import OmniProcessor
 from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
-from schedulers.qwen3_omni.tiny import write_checkpoint
-from tests.scheduler_harness import by_id, new, put_atomically, running, take
+from tests.qwen3_omni_tiny import tiny_qwen3_omni_checkpoint  # noqa: F401  (fixture tiny_qwen3_omni)
+from tests.scheduler_harness import answer_burst, new
 from toys.qwen3_omni_reference import load_reference_model, sample_clip, sample_image
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}  # packing changes matmul shapes, so sums may round differently
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
+def tiny(tiny_qwen3_omni: Path) -> Path:
+    return tiny_qwen3_omni
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +115,7 @@ def test_audio_stage_batches_a_burst_and_answers_each_request(
         new(rid, AudioEncoderInput(data["input_features"], data["feature_attention_mask"], ("audio_encoder",)))
         for rid, data in inputs.items()
     ]
-    with running(stage):
-        put_atomically(stage.inbox, messages)
-        results = by_id(take(stage.outbox, len(messages)))
+    results = answer_burst(stage, messages)
     for rid, data in inputs.items():
         out = results[rid].data.data
         assert results[rid].type == "result" and isinstance(out, AudioEmbeddings)
@@ -134,9 +131,7 @@ def test_image_stage_answers_with_embeds_deepstack_and_grid(tiny: Path, thinker:
         new(rid, ImageEncoderInput(data["pixel_values"], data["image_grid_thw"], ("image_encoder",)))
         for rid, data in inputs.items()
     ]
-    with running(stage):
-        put_atomically(stage.inbox, messages)
-        results = by_id(take(stage.outbox, len(messages)))
+    results = answer_burst(stage, messages)
     for rid, data in inputs.items():
         out = results[rid].data.data
         assert isinstance(out, ImageEmbeddings) and out.encoders == ("image_encoder",)

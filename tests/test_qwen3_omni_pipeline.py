@@ -57,6 +57,14 @@ GREEDY_TALKER = [
 ]
 
 
+def reference_answer(model: Any, processor: Any, messages: list[dict[str, Any]], **speaker: str) -> ReferenceOutput:
+    """``generate``'s greedy answer to ``messages`` at these tests' lengths (:data:`THINKER_TOKENS`,
+    :data:`TALKER_TOKENS`); ``speaker`` as ``reference_generate`` takes it."""
+    return reference_generate(
+        model, processor, messages, max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS, **speaker
+    )
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
@@ -71,12 +79,7 @@ def messages() -> dict[str, list[dict[str, Any]]]:
 @pytest.fixture(scope="module")
 def references(checkpoint: Path, messages: dict[str, list[dict[str, Any]]]) -> dict[str, ReferenceOutput]:
     model, processor = load_reference_model(checkpoint), reference_processor(checkpoint)
-    return {
-        name: reference_generate(
-            model, processor, messages[name], max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS
-        )
-        for name in PROMPTS
-    }
+    return {name: reference_answer(model, processor, messages[name]) for name in PROMPTS}
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 import wave
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -28,21 +27,12 @@ from omnitrio import open_pipeline
 from omnitrio.config_loading import load
 from omnitrio.serve import serve
 from schedulers.qwen3_omni.tiny import SPEAKERS, write_checkpoint
-from toys.qwen3_omni_reference import (
-    ReferenceOutput,
-    load_reference_model,
-    reference_generate,
-    reference_processor,
-    sample_messages,
-)
+from tests.test_qwen3_omni_pipeline import CONFIG, DEVICE, TALKER_TOKENS, THINKER_TOKENS, reference_answer
+from toys.qwen3_omni_reference import ReferenceOutput, load_reference_model, reference_processor, sample_messages
 from toys.qwen3_omni_requests import on_pcm_grid, openai_messages, pcm16, snr_db
 
 pytestmark = pytest.mark.timeout(300)
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "qwen3-omni.toml"
-THINKER_TOKENS = 10
-TALKER_TOKENS = 24
-DEVICE = os.environ.get("OMNITRIO_QWEN3_OMNI_DEVICE", "cpu")  # as in tests/test_qwen3_omni_pipeline.py
 MIN_SNR_DB = 80.0 if DEVICE == "cpu" else 60.0  # pcm16 against generate's (test_qwen3_omni_pipeline says why)
 MODEL = "tiny-omni"  # the checkpoint directory's name: the model id
 
@@ -67,7 +57,7 @@ def reference(checkpoint: Path) -> tuple[Any, Any]:
 @pytest.fixture(scope="module")
 def expected(reference: tuple[Any, Any], tone: list[dict[str, Any]]) -> tuple[ReferenceOutput, str]:
     model, processor = reference
-    out = reference_generate(model, processor, tone, max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS)
+    out = reference_answer(model, processor, tone)
     return out, processor.tokenizer.decode(out.token_ids, skip_special_tokens=True)
 
 
@@ -75,9 +65,7 @@ def expected(reference: tuple[Any, Any], tone: list[dict[str, Any]]) -> tuple[Re
 def chelsie(reference: tuple[Any, Any], tone: list[dict[str, Any]]) -> ReferenceOutput:
     """``generate``'s answer to the tone in the checkpoint's second speaker's voice."""
     model, processor = reference
-    return reference_generate(
-        model, processor, tone, speaker="chelsie", max_new_tokens=THINKER_TOKENS, talker_max_new_tokens=TALKER_TOKENS
-    )
+    return reference_answer(model, processor, tone, speaker="chelsie")
 
 
 @pytest.fixture

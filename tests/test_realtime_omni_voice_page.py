@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("piper", reason="the microphone's speech comes from the speech extra's Piper voice")
 
 from schedulers.qwen3_omni.tiny import write_checkpoint
-from tests.test_voice_page import stats, wait_for  # the cascade page test's readers of window.voiceStats
+from tests.test_voice_page import ANSWERED, assert_answer_played, start, stats, wait_for  # the cascade page's
 from toys.browser import RATE, Server, chromium_page, ensure_chromium
 from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken
 
@@ -71,25 +71,16 @@ def playwright() -> Iterator[Any]:
         yield running
 
 
-def start(page: Any, transport: str) -> None:
-    page.click("summary")
-    page.select_option("#transport", transport)
-    page.click("#talk")
-
-
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_spoken_question_is_answered_with_speech(
     server: Server, microphones: dict[str, Path], playwright: Any, transport: str
 ) -> None:
     with chromium_page(playwright, microphones["question"], server.url) as page:
-        start(page, transport)
-        wait_for(page, "s.latencies.length > 0 && s.events.includes('response.done') && s.state === 'LISTENING'")
+        start(page, transport, key=None)
+        wait_for(page, ANSWERED)
         seen = stats(page)
     assert seen["transport"] == transport and seen["errors"] == []
-    if transport == "websocket":
-        assert max(seen["played"].values()) > 0  # the answer's audio reached the speakers
-    else:
-        assert seen["events"].index("output_audio_buffer.started") < seen["events"].index("output_audio_buffer.stopped")
+    assert_answer_played(seen, transport, 0)
     assert 0 < seen["latencies"][0]["ms"] < TURN
 
 
@@ -98,7 +89,7 @@ def test_speaking_over_the_answer_stops_it(
     server: Server, microphones: dict[str, Path], playwright: Any, transport: str
 ) -> None:
     with chromium_page(playwright, microphones["interruption"], server.url) as page:
-        start(page, transport)
+        start(page, transport, key=None)
         wait_for(page, "Object.keys(s.truncated).length > 0 || (s.cut && s.cut.length > 0)")
         seen = stats(page)
     assert seen["errors"] == []

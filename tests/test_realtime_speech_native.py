@@ -21,15 +21,14 @@ from typing import Any
 import numpy as np
 import pytest
 import soxr
-import torch
 import trio
 
 pytest.importorskip("piper", reason="the test's speech comes from the speech extra's Piper voice")
 
 from omnitrio.client import RealtimeClient, open_realtime
 from omnitrio.serve.realtime.g711 import TELEPHONY_RATE, decode
-from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.pipelines import settled_server
+from tests.qwen3_omni_tiny import tiny_qwen3_omni_checkpoint  # noqa: F401  (fixture tiny_qwen3_omni)
 from tests.realtime_events import DELTAS, GA_AUDIO_RESPONSE, output_audio
 from toys.browser import Server
 from toys.qwen3_omni_reference import (
@@ -61,9 +60,8 @@ EDGE = 400  # 8 kHz samples at each end where the resamplers' filters differ (st
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    return write_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "tiny", size="tiny")
+def checkpoint(tiny_qwen3_omni: Path) -> Path:
+    return tiny_qwen3_omni
 
 
 @pytest.fixture(scope="module")

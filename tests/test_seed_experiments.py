@@ -7,6 +7,8 @@ test_processes.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 
@@ -35,19 +37,29 @@ STREAM_OUTPUT = """\
 """
 
 
-async def test_seed_fan_out_fan_in_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_fanin.main(inline=True)
-    assert capsys.readouterr().out == FANIN_OUTPUT
+# Each experiment's driver and the output the seed printed for it.
+SEEDS: dict[str, tuple[Any, str]] = {
+    "fan_out_fan_in": (ch4_fanin, FANIN_OUTPUT),
+    "batching_window": (ch4_batch, BATCH_OUTPUT),
+    "streaming": (ch4_stream, STREAM_OUTPUT),
+}
 
 
-async def test_seed_batching_window_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_batch.main(inline=True)
-    assert capsys.readouterr().out == BATCH_OUTPUT
+async def assert_prints_the_seed_output(name: str, inline: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """The experiment ``name`` (a key of :data:`SEEDS`) prints exactly what the seed printed."""
+    experiment, output = SEEDS[name]
+    await experiment.main(inline=inline)
+    assert capsys.readouterr().out == output
 
 
-async def test_seed_burst_forms_one_batch_every_time_without_idle_wait() -> None:
-    """The reference splits this burst in about 1 run of 5; the atomic inbox hand-off never does."""
-    async with open_pipeline(ch4_batch.make_config(False), inline=True) as pipeline:
+@pytest.mark.parametrize("name", list(SEEDS))
+async def test_seed_experiment_prints_the_seed_output(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    await assert_prints_the_seed_output(name, True, capsys)
+
+
+async def ten_bursts_form_one_batch_each(inline: bool) -> None:
+    """Ten times four requests submitted together to the seed's batching stage: each forms one batch of 4."""
+    async with open_pipeline(ch4_batch.make_config(False), inline=inline) as pipeline:
         for round_ in range(10):
             sizes: list[int] = []
 
@@ -60,6 +72,6 @@ async def test_seed_burst_forms_one_batch_every_time_without_idle_wait() -> None
             assert sizes == [4, 4, 4, 4]
 
 
-async def test_seed_streaming_prints_the_seed_output(capsys: pytest.CaptureFixture[str]) -> None:
-    await ch4_stream.main(inline=True)
-    assert capsys.readouterr().out == STREAM_OUTPUT
+async def test_seed_burst_forms_one_batch_every_time_without_idle_wait() -> None:
+    """The reference splits this burst in about 1 run of 5; the atomic inbox hand-off never does."""
+    await ten_bursts_form_one_batch_each(inline=True)

@@ -12,6 +12,7 @@ import pytest
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StageOverloaded, StagePayload
 from schedulers.session import SessionContext, SessionRef, SessionScheduler
+from tests.scheduler_harness import schedulers_running
 
 
 class ListHooks:
@@ -66,20 +67,9 @@ def hooks() -> ListHooks:
 
 @pytest.fixture
 def make(hooks: ListHooks) -> Iterator[Any]:
-    started: list[tuple[SessionScheduler, threading.Thread]] = []
-
-    def make_scheduler(**kwargs: Any) -> SessionScheduler:
-        scheduler = SessionScheduler(hooks, **kwargs)
-        thread = threading.Thread(target=scheduler.start, daemon=True)
-        thread.start()
-        started.append((scheduler, thread))
-        return scheduler
-
-    yield make_scheduler
-    for scheduler, thread in started:
-        scheduler.stop()
-        thread.join(10)
-        assert not thread.is_alive()
+    """Build a SessionScheduler over ``hooks`` and start it in a thread; stop and join it at the end."""
+    with schedulers_running() as start:
+        yield lambda **kwargs: start(SessionScheduler(hooks, **kwargs))
 
 
 def collect(scheduler: SessionScheduler, *rids: str, timeout: float = 10) -> dict[str, list[OutgoingMessage]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +21,7 @@ from schedulers.speech.streaming_asr import EARLY_MS
 from schedulers.speech.tts import shared_synthesizer
 from schedulers.speech.turn_end import JUDGE_AT_MS, policy_for
 from schedulers.speech.vad import FRAME_SAMPLES, REFINE_MS
+from tests.scheduler_harness import running
 from toys.speech_text import heard_as
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -40,24 +40,16 @@ def speech_16k() -> np.ndarray:
     return resample(tts.synthesize(SENTENCE), tts.sample_rate, 16_000)
 
 
-def run(scheduler: Any) -> Iterator[Any]:
-    scheduler.warm_up_serving_thread()
-    thread = threading.Thread(target=scheduler.start, daemon=True)
-    thread.start()
-    yield scheduler
-    scheduler.stop()
-    thread.join(10)
-    assert not thread.is_alive()
-
-
 @pytest.fixture(scope="module")
 def asr_stage() -> Iterator[Any]:
-    yield from run(create_asr_stage())
+    with running(create_asr_stage(), warm_up=True) as stage:
+        yield stage
 
 
 @pytest.fixture(scope="module")
 def streaming_stage() -> Iterator[Any]:
-    yield from run(create_streaming_asr_stage(partial_every_ms=700))
+    with running(create_streaming_asr_stage(partial_every_ms=700), warm_up=True) as stage:
+        yield stage
 
 
 def until_final(scheduler: Any, rid: str, timeout: float = 30) -> list[OutgoingMessage]:

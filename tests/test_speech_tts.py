@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.speech.tts import check_speed, complete_sentences_end, split_sentences
+from tests.scheduler_harness import running
 from toys.debian import ensure
 
 TWO_SENTENCES = "The weather is lovely today. Let us go for a walk in the park."
@@ -55,14 +55,8 @@ def tts_stage() -> Iterator[Any]:
     pytest.importorskip("piper", reason="the speech extra (piper-tts) is not installed")
     from schedulers.speech.stages import create_tts_stage
 
-    scheduler = create_tts_stage()
-    scheduler.warm_up_serving_thread()
-    thread = threading.Thread(target=scheduler.start, daemon=True)
-    thread.start()
-    yield scheduler
-    scheduler.stop()
-    thread.join(10)
-    assert not thread.is_alive()
+    with running(create_tts_stage(), warm_up=True) as stage:
+        yield stage
 
 
 def speech(rid: str, text: str, *, stream: bool = True, speed: Any = 1.0) -> IncomingMessage:

@@ -10,6 +10,7 @@ import numpy as np
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, StreamItem
 from schedulers.streaming import StreamingSimpleScheduler
 from tests.scheduler_harness import TIMEOUT, chunk, done, new, put_atomically, running, take
+from toys.seed.ch4_stream_stages import ToyVocoderScheduler  # the seed's experiment 3 vocoder
 
 
 class Collector(StreamingSimpleScheduler):
@@ -294,30 +295,6 @@ def test_stop_returns_promptly() -> None:
     s.stop()
     thread.join(TIMEOUT)
     assert not thread.is_alive()
-
-
-# The seed's experiment 3 vocoder, imports changed only --------------------------------
-
-
-class ToyVocoderScheduler(StreamingSimpleScheduler):
-    """收到一个码就"解码"成一段音频（这里是码乘 100），流式发给客户端。"""
-
-    def __init__(self):
-        super().__init__(compute_fn=None)
-        self.decoded: dict[str, list[int]] = {}
-
-    def is_streaming_payload(self, payload: StagePayload) -> bool:
-        return True
-
-    def on_stream_chunk(self, request_id, item):
-        samples = (item.data * 100).tolist()
-        self.decoded.setdefault(request_id, []).extend(samples)
-        return [OutgoingMessage(request_id, "stream", data={"samples": samples}, metadata={"modality": "audio"})]
-
-    def on_stream_done(self, request_id):
-        payload = self.stream_payloads[request_id]
-        payload.data = {"total_samples": len(self.decoded.pop(request_id, []))}
-        return [OutgoingMessage(request_id, "result", data=payload)]
 
 
 def talker_codes(rid: str) -> list[IncomingMessage]:

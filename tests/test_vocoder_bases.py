@@ -10,7 +10,7 @@ import pytest
 
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
 from schedulers.vocoder import BatchVocoderBase, StreamingVocoderBase, resolve_initial_codec_chunk_frames
-from tests.scheduler_harness import TIMEOUT, done, put_atomically, running, take
+from tests.scheduler_harness import done, put_atomically, running, take, until_final
 
 # A fake codec: code c decodes to the sample c * 100; the last code is held back as look-ahead ------
 
@@ -86,15 +86,6 @@ def fence(s: Any, rid: str = "fence") -> None:
     s.inbox.put(whole(rid, [1]))
     out = take(s.outbox)[0]
     assert (out.request_id, out.type) == (rid, "result"), out
-
-
-def until_final(s: Any, rid: str) -> list[OutgoingMessage]:
-    seen: list[OutgoingMessage] = []
-    while not seen or seen[-1].type not in ("result", "error"):
-        out = s.outbox.get(timeout=TIMEOUT)
-        assert out.request_id == rid, out
-        seen.append(out)
-    return seen
 
 
 def samples(outputs: list[OutgoingMessage]) -> list[list[int]]:

@@ -44,12 +44,17 @@ TRANSPORTS = ["websocket", "webrtc"]
 JITTER_MS = 1500  # the most a browser's WebRTC jitter buffer may hold on a loaded machine
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    with page_server(KEY) as running:
+def served_page(key: str) -> Iterator[Server]:
+    """The page's server with API key ``key`` (a module fixture yields from it); skips, saying why, without one."""
+    with page_server(key) as running:
         if isinstance(running, str):
             pytest.skip(running)
         yield running
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    yield from served_page(KEY)
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +75,27 @@ def playwright() -> Iterator[Any]:
         yield running
 
 
-def start(page: Any, transport: str, key: str = KEY) -> None:
-    """What a person does: the key, the connection under Settings, then Start talking."""
-    page.fill("#key", key)
+def start(page: Any, transport: str, key: str | None = KEY) -> None:
+    """What a person does: the key (none for a server without one), the connection under Settings, then
+    Start talking."""
+    if key is not None:
+        page.fill("#key", key)
     page.click("summary")
     page.select_option("#transport", transport)
     page.click("#talk")
+
+
+# The first turn answered: its latency measured, its response done, the page listening again.
+ANSWERED = "s.latencies.length > 0 && s.events.includes('response.done') && s.state === 'LISTENING'"
+
+
+def assert_answer_played(seen: dict[str, Any], transport: str, samples: int) -> None:
+    """More than ``samples`` of the answer reached the speakers (WebSocket: the page's own count; WebRTC: the
+    browser's output buffer started and stopped)."""
+    if transport == "websocket":
+        assert max(seen["played"].values()) > samples
+    else:
+        assert seen["events"].index("output_audio_buffer.started") < seen["events"].index("output_audio_buffer.stopped")
 
 
 def stats(page: Any) -> dict[str, Any]:
@@ -111,17 +131,14 @@ def test_a_spoken_question_is_transcribed_and_its_answer_played(
 ) -> None:
     with chromium_page(playwright, microphones["question"], server.url) as page:
         start(page, transport)
-        wait_for(page, "s.latencies.length > 0 && s.events.includes('response.done') && s.state === 'LISTENING'")
+        wait_for(page, ANSWERED)
         seen = stats(page)
         screenshot(page, f"voice-page-{transport}")
         assert seen["transport"] == transport
         assert "capital of france" in words(" ".join(transcript(page, "user")))
         assert "capital of france" in words(" ".join(transcript(page, "assistant")))
         assert page.inner_text("#status") == "Listening. Speak, or type a message."
-    if transport == "websocket":
-        assert max(seen["played"].values()) > RATE  # more than a second of the answer reached the speakers
-    else:
-        assert seen["events"].index("output_audio_buffer.started") < seen["events"].index("output_audio_buffer.stopped")
+    assert_answer_played(seen, transport, RATE)  # more than a second of the answer
     assert 0 < seen["latencies"][0]["ms"] < TURN and seen["errors"] == []
 
 

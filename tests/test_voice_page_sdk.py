@@ -27,7 +27,8 @@ import playwright.sync_api as playwright_api
 import pytest
 import trio
 
-from toys.browser import Server, launch_chromium, page_server, speech_wav
+from tests.test_voice_page import served_page
+from toys.browser import Server, launch_chromium, speech_wav
 
 pytest.importorskip("piper", reason="the speech extra is not installed")
 # The first test also installs chromium (apt) and starts the server with its models.
@@ -56,10 +57,7 @@ def bundle() -> bytes:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    with page_server(KEY) as running:
-        if isinstance(running, str):
-            pytest.skip(running)
-        yield running
+    yield from served_page(KEY)
 
 
 @pytest.fixture(scope="module")

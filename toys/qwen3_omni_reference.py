@@ -18,8 +18,6 @@ constructor sets them).  Video inputs are not supported.
 
 from __future__ import annotations
 
-import json
-import types
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ import numpy as np
 import torch
 
 from schedulers.qwen3_omni.tiny_tokenizer import NAMED_TOKENS
+from toys.release_processor import media, processor_without_video
 
 
 @attrs.frozen
@@ -42,21 +41,9 @@ class ReferenceOutput:
 
 def reference_processor(model_dir: Path) -> Any:
     """``Qwen3OmniMoeProcessor`` of ``model_dir`` without its video processor (module docstring)."""
-    from transformers import AutoTokenizer, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers import Qwen3OmniMoeProcessor
 
-    model_dir = Path(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    processor = Qwen3OmniMoeProcessor.__new__(Qwen3OmniMoeProcessor)
-    processor.tokenizer = tokenizer
-    processor.feature_extractor = WhisperFeatureExtractor.from_pretrained(model_dir)
-    processor.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_dir)
-    merge = processor.image_processor.merge_size
-    processor.video_processor = types.SimpleNamespace(merge_size=merge, temporal_patch_size=2)
-    processor.chat_template = json.loads((model_dir / "chat_template.json").read_text())["chat_template"]
-    for name in NAMED_TOKENS:
-        setattr(processor, name, getattr(tokenizer, name))
-    return processor
+    return processor_without_video(Qwen3OmniMoeProcessor, model_dir, NAMED_TOKENS)
 
 
 def load_reference_model(model_dir: Path) -> Any:
@@ -72,15 +59,8 @@ def load_reference_model(model_dir: Path) -> Any:
 
 def processor_inputs(processor: Any, messages: list[dict[str, Any]]) -> Any:
     """The processor's ``BatchFeature`` (tensors) for ``messages``: template, then text + media in order."""
-    audio: list[np.ndarray] = []
-    images: list[np.ndarray] = []
-    for message in messages:
-        content = message["content"]
-        for part in content if isinstance(content, list) else []:
-            if part["type"] == "audio":
-                audio.append(np.asarray(part["audio"], dtype=np.float32))
-            elif part["type"] == "image":
-                images.append(np.asarray(part["image"]))
+    audio, pictures = media(messages)
+    images = [np.asarray(picture) for picture in pictures]
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return processor(text=text, audio=audio or None, images=images or None, return_tensors="pt")
 

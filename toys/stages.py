@@ -6,8 +6,9 @@ import threading
 import time
 from typing import Any
 
-from omnitrio.contract import StagePayload
+from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload
 from schedulers.simple import SimpleScheduler
+from toys.hand_scheduler import HandScheduler
 
 # Stage factories ---------------------------------------------------------------------
 
@@ -220,33 +221,13 @@ def create_unpicklable() -> SimpleScheduler:
     return SimpleScheduler(fn)
 
 
-class CrashingScheduler:
+class CrashingScheduler(HandScheduler):
     """Echoes requests; its start() raises when a request asks it to 'crash'."""
 
-    def __init__(self) -> None:
-        import queue
-
-        self.inbox: queue.Queue[Any] = queue.Queue()
-        self.outbox: queue.Queue[Any] = queue.Queue()
-
-    def warm_up_serving_thread(self) -> None:
-        return
-
-    def start(self) -> None:
-        from omnitrio.contract import OutgoingMessage
-
-        while (msg := self.inbox.get()) is not None:
-            if msg.type != "new_request":
-                continue
-            if msg.data.data["raw_inputs"] == "crash":
-                raise RuntimeError("scheduler loop broke on purpose")
-            self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
-
-    def stop(self) -> None:
-        self.inbox.put(None)
-
-    def abort(self, request_id: str) -> None:
-        return
+    def on_request(self, msg: IncomingMessage) -> None:
+        if msg.data.data["raw_inputs"] == "crash":
+            raise RuntimeError("scheduler loop broke on purpose")
+        self.outbox.put(OutgoingMessage(msg.request_id, "result", data=msg.data))
 
 
 def create_crashing() -> CrashingScheduler:

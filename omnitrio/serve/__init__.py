@@ -67,8 +67,9 @@ Where things are (imports go down this list, never up; ``tests/test_layers.py`` 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from omnitrio.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from omnitrio.serve.app import create_app
@@ -86,14 +87,4 @@ _HOMES = {
 __all__ = ["BindError", "bind_socket", "create_app", "serve"]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'omnitrio.serve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

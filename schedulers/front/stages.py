@@ -28,6 +28,7 @@ from schedulers.checkpoints import require_model_dir
 from schedulers.devices import Placement
 from schedulers.front.chat import client_error
 from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput
+from schedulers.front.warm_up import audio_warm_up, image_warm_up
 from schedulers.graph.front import AUDIO_ENCODER, IMAGE_ENCODER
 from schedulers.simple import SimpleScheduler
 from schedulers.warm_up import WarmUp
@@ -168,6 +169,32 @@ def encoder_stage_factory(
     return create
 
 
+def encoder_stage_factories(
+    audio_tower: Callable[[str, Placement], Any],
+    vision_tower: Callable[[str, Placement], Any],
+    image_batch_fn: Callable[[Any], Callable[[Batch], Batch]],
+    preflight: Callable[..., None],
+) -> tuple[Callable[..., SimpleScheduler], Callable[..., SimpleScheduler]]:
+    """A family's ``audio_encoder`` and ``image_encoder`` stage factories (:func:`encoder_stage_factory`):
+    the audio one over :func:`audio_batch_fn`, the image one over ``image_batch_fn``, each warmed by
+    :mod:`schedulers.front.warm_up` at the sizes of its transformers module (the tower's ``tower``)."""
+    audio = encoder_stage_factory(
+        AUDIO_ENCODER,
+        audio_tower,
+        audio_batch_fn,
+        preflight,
+        lambda tower: audio_warm_up(tower.encode, tower.tower.config.num_mel_bins),
+    )
+    image = encoder_stage_factory(
+        IMAGE_ENCODER,
+        vision_tower,
+        image_batch_fn,
+        preflight,
+        lambda tower: image_warm_up(tower.encode, tower.tower.config),
+    )
+    return audio, image
+
+
 def create_aggregate_stage() -> SimpleScheduler:
     """The fan-in point (module docstring): passes on what the family's ``merge_fn`` built."""
     return SimpleScheduler(lambda payload: payload)
@@ -179,6 +206,7 @@ __all__ = [
     "create_aggregate_stage",
     "create_encoder_stage",
     "create_preprocess_stage",
+    "encoder_stage_factories",
     "encoder_stage_factory",
     "handoffs",
     "pack_clips",

@@ -25,54 +25,13 @@ import torch
 
 from schedulers import checkpoints
 from schedulers.checkpoints import CheckpointError, require_model_dir
-from schedulers.devices import check_placement
+from schedulers.front.towers import thinker_widths
 from schedulers.qwen2_5_omni.token2wav.noise import NOISE_BLOCK
 
 MODEL_TYPE = "qwen2_5_omni"
 FAMILY = "Qwen2.5-Omni"
 SPEAKERS_FILE = "spk_dict.pt"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-CHAT_TEMPLATE_FILES = ("chat_template.json", "chat_template.jinja")
-PREPROCESSOR_FILE = "preprocessor_config.json"
 PARTS = ("thinker.", "talker.", "token2wav.")
-
-
-def preflight(*, model_dir: str | None = None, **factory_args: Any) -> None:
-    """What ``omnitrio check`` runs for a stage reading this checkpoint: its ``device`` and ``dtype``
-    (:func:`schedulers.devices.check_placement`), then :func:`check_checkpoint`."""
-    check_placement(**factory_args)
-    check_checkpoint(require_model_dir(model_dir))
-
-
-def load_config(model_dir: str | Path) -> Any:
-    """``Qwen2_5OmniConfig`` from ``model_dir/config.json``, its parts checked for consistency (no weights)."""
-    from transformers import Qwen2_5OmniConfig
-
-    path = checkpoints.directory(model_dir) / "config.json"
-    raw = checkpoints.read_json(path)
-    checkpoints.check_model_type(path, raw, MODEL_TYPE, FAMILY)
-    try:
-        config = Qwen2_5OmniConfig.from_dict(raw)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path}: not a valid {FAMILY} configuration ({exc})") from None
-    _check_consistency(config, path)
-    return config
-
-
-def check_checkpoint(model_dir: str | Path) -> None:
-    """Everything :func:`load_config` checks, plus the files the stages read (module docstring)."""
-    path = checkpoints.directory(model_dir)
-    config = load_config(path)
-    mapping = checkpoints.weight_map(path)
-    checkpoints.check_shards(path, mapping)
-    checkpoints.check_parts(path, mapping, PARTS if config.enable_audio_output else PARTS[:1])
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{path}: no tokenizer ({' or '.join(TOKENIZER_FILES)})")
-    checkpoints.read_json(path / PREPROCESSOR_FILE)
-    if not any((path / name).is_file() for name in CHAT_TEMPLATE_FILES):
-        raise CheckpointError(f"{path}: no chat template ({' or '.join(CHAT_TEMPLATE_FILES)})")
-    if config.enable_audio_output:
-        _read_speakers(path, config)
 
 
 def load_weights(model_dir: str | Path, prefix: str, module: torch.nn.Module) -> None:
@@ -163,14 +122,7 @@ def _read_speakers(model_dir: Path, config: Any) -> Speakers:
 def _check_consistency(config: Any, path: Path) -> None:
     """The cross-part rules whose breach transformers does not report (or reports deep in a forward)."""
     thinker, talker = config.thinker_config, config.talker_config
-    hidden = thinker.text_config.hidden_size
-    _same(
-        path,
-        ("thinker_config.text_config.hidden_size", hidden),
-        ("thinker_config.audio_config.output_dim", thinker.audio_config.output_dim),
-        ("thinker_config.vision_config.out_hidden_size", thinker.vision_config.out_hidden_size),
-        ("talker_config.embedding_size", talker.embedding_size),
-    )
+    checkpoints.check_equal(path, *thinker_widths(thinker), ("talker_config.embedding_size", talker.embedding_size))
     if not config.enable_audio_output:
         return
     vocab = thinker.text_config.vocab_size
@@ -180,7 +132,9 @@ def _check_consistency(config: Any, path: Path) -> None:
         _within(path, f"talker_config.{name}", getattr(talker, name), talker.vocab_size, "the talker's vocabulary")
     _within(path, "talker_config.tts_codec_mask_token_id", talker.tts_codec_mask_token_id, talker.vocab_size, "it")
     dit, bigvgan = config.token2wav_config.dit_config, config.token2wav_config.bigvgan_config
-    _same(path, ("token2wav_config.dit_config.mel_dim", dit.mel_dim), ("bigvgan_config.mel_dim", bigvgan.mel_dim))
+    checkpoints.check_equal(
+        path, ("token2wav_config.dit_config.mel_dim", dit.mel_dim), ("bigvgan_config.mel_dim", bigvgan.mel_dim)
+    )
     if dit.mel_dim % NOISE_BLOCK:
         raise CheckpointError(
             f"{path}: token2wav_config.dit_config.mel_dim {dit.mel_dim} is not a multiple of {NOISE_BLOCK}: "
@@ -198,13 +152,20 @@ def _within(path: Path, field: str, value: Any, size: int, what: str) -> None:
         raise CheckpointError(f"{path}: {field} = {value!r} is not inside {what} ({size} ids)")
 
 
-def _same(path: Path, *fields: tuple[str, Any]) -> None:
-    if len({value for _, value in fields}) > 1:
-        listed = ", ".join(f"{name} = {value}" for name, value in fields)
-        raise CheckpointError(f"{path}: these must be equal: {listed}")
+def _config_class() -> Any:
+    from transformers import Qwen2_5OmniConfig
+
+    return Qwen2_5OmniConfig
+
+
+CHECKPOINT = checkpoints.Family(MODEL_TYPE, FAMILY, PARTS, _config_class, _check_consistency, _read_speakers)
+load_config = CHECKPOINT.load_config
+check_checkpoint = CHECKPOINT.check_checkpoint
+preflight = CHECKPOINT.preflight
 
 
 __all__ = [
+    "CHECKPOINT",
     "FAMILY",
     "MODEL_TYPE",
     "CheckpointError",

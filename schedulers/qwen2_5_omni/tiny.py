@@ -31,14 +31,13 @@ per-call overhead on CPU).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from schedulers.qwen2_5_omni.tiny_tokenizer import CHAT_TEMPLATE, ReservedIds, build_tokenizer, reserved_ids, token_id
-from schedulers.tiny_omni import ImageProcessing, save_weights, write_processor_files
+from schedulers.tiny_omni import ImageProcessing, save_weights, seed_weights, write_processor_files
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("Chelsie", "Ethan")
@@ -260,20 +259,6 @@ _TOKENS = {
 }
 
 
-def _gain(name: str) -> float:
-    return next(gain for prefix, gain in _GAINS if name.startswith(prefix))
-
-
-def seed_weights(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """Draw every matrix (ndim >= 2) of ``model`` from a seeded normal, ``gain / sqrt(fan_in)``."""
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-            if param.ndim < 2:
-                continue
-            std = _gain(name) / math.sqrt(math.prod(param.shape[1:]))
-            param.copy_(torch.randn(param.shape, generator=generator) * std)
-
-
 def _voice_the_end(model: Any) -> None:
     """The talker says "end" on ``<tts_pad>`` and never picks an id past the DiT's codes (module docstring).
 
@@ -342,7 +327,7 @@ def build_model(size: Size = "tiny", seed: int = 0, tokenizer: Any = None) -> tu
         torch.manual_seed(seed)
         model = Qwen2_5OmniForConditionalGeneration(config)
     generator = torch.Generator().manual_seed(seed)
-    seed_weights(model, generator)
+    seed_weights(model, _GAINS, generator)
     _voice_the_end(model)
     _place_the_mel(model)
     for name, param in model.named_parameters():

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from schedulers.tiny_omni import ROLES, Media, chat_template
+from schedulers.tiny_omni import ROLES, Media, chat_template, processor_tokens
 from schedulers.tiny_omni import build_tokenizer as build_qwen_tokenizer
 from schedulers.tiny_omni import token_id as token_id
 
@@ -42,15 +42,11 @@ ADDED_TOKENS = (
     "<|VIDEO|>",
 )
 
-PROCESSOR_TOKENS = {
-    "audio_token": "<|AUDIO|>",
-    "image_token": "<|IMAGE|>",
-    "video_token": "<|VIDEO|>",
-    "audio_bos_token": "<|audio_bos|>",
-    "audio_eos_token": "<|audio_eos|>",
-    "vision_bos_token": "<|vision_bos|>",
-    "vision_eos_token": "<|vision_eos|>",
-}
+AUDIO = Media("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
+IMAGE = Media("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")
+VIDEO = Media("<|vision_bos|>", "<|VIDEO|>", "<|vision_eos|>")
+
+PROCESSOR_TOKENS = processor_tokens(AUDIO, IMAGE, VIDEO)
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -63,12 +59,7 @@ _TEXT = (
     "Please reply briefly. Tell me about the river, the hill, the town and the people who live there.",
 )
 
-CHAT_TEMPLATE = chat_template(
-    audio=Media("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"),
-    image=Media("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>"),
-    video=Media("<|vision_bos|>", "<|VIDEO|>", "<|vision_eos|>"),
-    default_system=DEFAULT_SYSTEM_PROMPT,
-)
+CHAT_TEMPLATE = chat_template(audio=AUDIO, image=IMAGE, video=VIDEO, default_system=DEFAULT_SYSTEM_PROMPT)
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import torch
 
 from schedulers.qwen3_omni.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer, token_id
-from schedulers.tiny_omni import ImageProcessing, save_weights, write_processor_files
+from schedulers.tiny_omni import ImageProcessing, save_weights, seed_weights, write_processor_files
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("chelsie", "ethan", "aiden")
@@ -260,22 +260,6 @@ _TOKEN_IDS = {
 }
 
 
-def _gain(name: str) -> float:
-    return next(gain for prefix, gain in _GAINS if name.startswith(prefix))
-
-
-def seed_weights(model: torch.nn.Module, seed: int) -> None:
-    """Draw every matrix (ndim >= 2) of ``model`` from a seeded normal, ``gain / sqrt(fan_in)``."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
-            if param.ndim < 2:
-                continue
-            fan_in = param.shape[-1] if ".experts." in name else math.prod(param.shape[1:])
-            std = _gain(name) / math.sqrt(fan_in)
-            param.copy_(torch.randn(param.shape, generator=generator) * std)
-
-
 def build_model(size: Size = "tiny", seed: int = 0, tokenizer: Any = None) -> Any:
     """A seeded ``Qwen3OmniMoeForConditionalGeneration`` of ``size``, in memory (float32, eval mode)."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
@@ -284,7 +268,7 @@ def build_model(size: Size = "tiny", seed: int = 0, tokenizer: Any = None) -> An
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3OmniMoeForConditionalGeneration(config)
-    seed_weights(model, seed)
+    seed_weights(model, _GAINS, torch.Generator().manual_seed(seed))
     _check_deterministic(model)
     patch_loaded_model(model)
     return model.eval()

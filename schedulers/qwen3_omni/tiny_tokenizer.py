@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedulers.tiny_omni import ROLES, Media, chat_template
+from schedulers.tiny_omni import ROLES, Media, chat_template, processor_tokens
 from schedulers.tiny_omni import build_tokenizer as build_qwen_tokenizer
 from schedulers.tiny_omni import token_id as token_id
 
@@ -32,16 +32,12 @@ SPECIAL_TOKENS = (
     "<tts_text_bos_single>",
 )
 
+AUDIO = Media("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>")
+IMAGE = Media("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+VIDEO = Media("<|vision_start|>", "<|video_pad|>", "<|vision_end|>")
+
 # The attributes Qwen3OmniMoeProcessor reads from its tokenizer.
-NAMED_TOKENS = {
-    "image_token": "<|image_pad|>",
-    "audio_token": "<|audio_pad|>",
-    "video_token": "<|video_pad|>",
-    "vision_bos_token": "<|vision_start|>",
-    "vision_eos_token": "<|vision_end|>",
-    "audio_bos_token": "<|audio_start|>",
-    "audio_eos_token": "<|audio_end|>",
-}
+NAMED_TOKENS = processor_tokens(AUDIO, IMAGE, VIDEO, image_first=True)
 
 ROLE_WORDS = ROLES
 
@@ -54,11 +50,7 @@ _CORPUS = (
     "Please answer in a short sentence. Tell me a story about a cat, a dog and a bird in the garden.",
 )
 
-CHAT_TEMPLATE = chat_template(
-    audio=Media("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"),
-    image=Media("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
-    video=Media("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
-)
+CHAT_TEMPLATE = chat_template(audio=AUDIO, image=IMAGE, video=VIDEO)
 
 
 def build_tokenizer(vocab_size: int = 384) -> Any:

@@ -32,9 +32,8 @@ from pathlib import Path
 import torch
 
 from schedulers.devices import Placement, to_host
-from schedulers.front.stages import Batch, audio_batch_fn, encoder_stage_factory, handoffs, pack_clips
-from schedulers.front.warm_up import audio_warm_up, image_warm_up
-from schedulers.graph.front import AUDIO_ENCODER, IMAGE_ENCODER
+from schedulers.front.stages import Batch, encoder_stage_factories, handoffs, pack_clips
+from schedulers.front.towers import load_tower, run_vision
 from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights, preflight
 from schedulers.qwen2_5_omni.handoffs import ImageEmbeddings, ImageEncoderInput
 
@@ -50,9 +49,7 @@ class AudioTower:
 
         config = load_config(model_dir).thinker_config.audio_config
         self.placement = placement
-        self.tower = placement.build(Qwen2_5OmniAudioEncoder, config)
-        load_weights(model_dir, AUDIO_PREFIX, self.tower)
-        placement.move(self.tower)
+        self.tower = load_tower(Qwen2_5OmniAudioEncoder, config, placement, load_weights, model_dir, AUDIO_PREFIX)
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
@@ -75,20 +72,12 @@ class VisionTower:
 
         config = load_config(model_dir).thinker_config.vision_config
         self.placement = placement
-        self.tower = placement.build(Qwen2_5OmniVisionEncoder, config)
-        load_weights(model_dir, VISION_PREFIX, self.tower)
-        placement.move(self.tower)
+        self.tower = load_tower(Qwen2_5OmniVisionEncoder, config, placement, load_weights, model_dir, VISION_PREFIX)
         self.merge = int(config.spatial_merge_size) ** 2
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """Per ``(pixel_values, image_grid_thw)``: ``embeds [tokens, H]``."""
-        pixels = torch.cat([p for p, _ in requests])
-        grids = torch.cat([g for _, g in requests])
-        if pixels.shape[0] != int(grids.prod(-1).sum()):
-            raise ValueError(f"image_encoder: {pixels.shape[0]} patches for grids {grids.tolist()}")
-        with torch.inference_mode():
-            out = self.tower(self.placement.put(pixels), grid_thw=self.placement.put(grids))
-        tokens = [int(g.prod(-1).sum()) // self.merge for _, g in requests]
+        out, tokens = run_vision(self.tower, self.placement, self.merge, requests)
         return list(torch.split(to_host(out.pooler_output), tokens))
 
 
@@ -105,13 +94,6 @@ def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
     return encode_batch
 
 
-create_audio_encoder_stage = encoder_stage_factory(
-    AUDIO_ENCODER,
-    AudioTower,
-    audio_batch_fn,
-    preflight,
-    lambda tower: audio_warm_up(tower.encode, tower.tower.config.num_mel_bins),
-)
-create_image_encoder_stage = encoder_stage_factory(
-    IMAGE_ENCODER, VisionTower, image_batch_fn, preflight, lambda tower: image_warm_up(tower.encode, tower.tower.config)
+create_audio_encoder_stage, create_image_encoder_stage = encoder_stage_factories(
+    AudioTower, VisionTower, image_batch_fn, preflight
 )

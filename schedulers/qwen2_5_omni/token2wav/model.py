@@ -12,7 +12,7 @@ two halves to a scheduler:
   the DiT's own submodules.  The speaker encoder's
   output depends only on the speaker, so :meth:`Token2Wav.condition` computes it once (on the batch of two
   ``sample`` gives it) instead of in every evaluation;
-* :meth:`Token2Wav.vocode`: BigVGAN on mel frames, several pieces of one length per forward.
+* :meth:`Token2Wav.vocode`: BigVGAN on mel frames, several pieces of one length per forward (up to a bound).
 
 The DiT runs in float32, as transformers runs it (``token2wav.float()``); ``device`` places both modules,
 ``dtype`` only BigVGAN.  Loaded from a checkpoint, only the ``token2wav.`` tensors are read.  One thread
@@ -158,15 +158,22 @@ class Token2Wav:
         return torch.where(beyond[:, None], float(frames), block_diff)
 
     @torch.inference_mode()
-    def vocode(self, mels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def vocode(self, mels: Sequence[torch.Tensor], max_frames: int | None = None) -> list[torch.Tensor]:
         """BigVGAN's waveform (float32, CPU, clamped to [-1, 1]) of each mel ``[frames, mel_dim]``; mels of one
-        length share a forward."""
+        length share a forward, up to ``max_frames`` frames in all (a mel alone always fits; None: no bound).
+        On a CPU a forward past its caches costs more than its mels one by one."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(mels)
-        groups: dict[int, list[int]] = {}
+        groups: list[list[int]] = []
+        open_groups: dict[int, list[int]] = {}
         for index, mel in enumerate(mels):
-            groups.setdefault(int(mel.shape[0]), []).append(index)
+            frames = int(mel.shape[0])
+            group = open_groups.get(frames)
+            if group is None or (max_frames is not None and (len(group) + 1) * frames > max_frames):
+                group = open_groups[frames] = []
+                groups.append(group)
+            group.append(index)
         dtype = next(self.bigvgan.parameters()).dtype
-        for indices in groups.values():
+        for indices in groups:
             batch = torch.stack([mels[i] for i in indices]).to(self.device, dtype).permute(0, 2, 1)
             waves = self.bigvgan(batch).float().reshape(len(indices), -1)
             for slot, index in enumerate(indices):

@@ -15,7 +15,8 @@ stage may rely on:
   the talker split its codes or which other requests shared a forward (up to float rounding).
 * Decoding runs whenever the inbox is empty, one DiT evaluation per step: the windows in their ODE, of
   every request, share forwards (shorter windows padded, :func:`plan_forwards`), so a new request's
-  window joins at the next step.  Finished chunks go through BigVGAN together.
+  window joins at the next step.  Finished chunks go through BigVGAN together (``max_vocoder_frames`` at a
+  time).
 * A bad chunk, a ``num_codes`` that disagrees with the stream, an unknown speaker or a model error fails
   only the requests it concerns (``error``).  Abort, failure and completion drop the request's codes,
   noise and windows at once; chunks that arrive after an abort are dropped and never recreate them
@@ -30,8 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
-from schedulers._idsets import Life
+from omnitrio.contract import OutgoingMessage, StagePayload, put_messages
 from schedulers.qwen2_5_omni.checkpoint import Speakers, preflight, require_model_dir, speakers
 from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, Voice
 from schedulers.qwen2_5_omni.token2wav.model import Row, SpeakerCondition, Token2Wav
@@ -47,7 +47,7 @@ from schedulers.qwen2_5_omni.token2wav.windows import (
     DEFAULT_VOCODER_LAG,
     Schedule,
 )
-from schedulers.vocoder import StreamingVocoderBase
+from schedulers.stepped_vocoder import SteppedVocoderBase
 
 STAGE = "token2wav"
 SAMPLE_RATE = 24_000
@@ -56,9 +56,13 @@ DEFAULT_CALL_COST_FRAMES = 32
 # its rows apart; an accelerator wants the whole batch.
 CPU_MAX_FORWARD_FRAMES = 2304
 ACCELERATOR_MAX_FORWARD_FRAMES = 65536
+# Mel frames per BigVGAN forward: its activations are hundreds of samples per frame, so on CPU a batch of long
+# pieces costs more than the pieces one by one.
+CPU_MAX_VOCODER_FRAMES = 256
+ACCELERATOR_MAX_VOCODER_FRAMES = 65536
 
 
-class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
+class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
     """Streaming, batched Qwen2.5-Omni token2wav (see the module docstring)."""
 
     sample_rate = SAMPLE_RATE
@@ -73,12 +77,19 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         *,
         call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
         max_forward_frames: int | None = None,
+        max_vocoder_frames: int | None = None,
     ) -> None:
         super().__init__(sample_rate=SAMPLE_RATE)
+        on_cpu = model.device.type == "cpu"
         if max_forward_frames is None:
-            on_cpu = model.device.type == "cpu"
             max_forward_frames = CPU_MAX_FORWARD_FRAMES if on_cpu else ACCELERATOR_MAX_FORWARD_FRAMES
-        for name, value in (("call_cost_frames", call_cost_frames), ("max_forward_frames", max_forward_frames)):
+        if max_vocoder_frames is None:
+            max_vocoder_frames = CPU_MAX_VOCODER_FRAMES if on_cpu else ACCELERATOR_MAX_VOCODER_FRAMES
+        for name, value in (
+            ("call_cost_frames", call_cost_frames),
+            ("max_forward_frames", max_forward_frames),
+            ("max_vocoder_frames", max_vocoder_frames),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{STAGE}: {name} must be an integer >= 0, got {value!r}")
         self.model = model
@@ -86,6 +97,7 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         self.schedule = schedule
         self.call_cost_frames = call_cost_frames
         self.max_forward_frames = max_forward_frames
+        self.max_vocoder_frames = max_vocoder_frames
         self._conditions: dict[str, SpeakerCondition] = {}
 
     def warm_up_serving_thread(self) -> None:
@@ -137,12 +149,6 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
             state = self._open(request_id, codes.voice)
         state.add(codes.codes.to(torch.long).cpu())
 
-    def should_decode(self, state: SpeechStream | None, *, is_final: bool) -> bool:
-        return False  # decoding happens in _step, across requests
-
-    def decode_delta(self, request_id: str, state: SpeechStream | None, *, is_final: bool) -> None:
-        return None
-
     def on_stream_done(self, request_id: str) -> list[OutgoingMessage] | None:
         done = self.stream_payloads[request_id].data
         if not isinstance(done, TalkerDone) or isinstance(done.num_codes, bool) or done.num_codes < 0:
@@ -153,7 +159,7 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
                 raise ValueError(f"{STAGE}: {request_id!r} says {done.num_codes} codes but its stream carried none")
             state = self._open(request_id, done.voice or Voice(self.voices.names[0], 0))
         state.finish(done.num_codes)
-        return None  # _step completes it after its last chunk
+        return None  # step completes it after its last chunk
 
     def final_result_data(self, request_id: str, payload: StagePayload, state: SpeechStream | None) -> dict[str, Any]:
         assert state is not None
@@ -180,13 +186,7 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
 
     # -- the decode step (scheduler thread) --------------------------------------------
 
-    def _take(self, msg: IncomingMessage) -> Life | None:
-        life = super()._take(msg)
-        while self.inbox.empty() and self._step():
-            pass
-        return life
-
-    def _step(self) -> bool:
+    def step(self) -> bool:
         """Open ready windows, run one DiT evaluation for the windows in their ODE, vocode finished chunks,
         complete finished requests; True while windows remain in their ODE."""
         streams = {rid: state for rid, state in self._stream_states.items() if state is not None}
@@ -217,7 +217,7 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
                 slopes = self.model.velocities(rows)
             except Exception as exc:
                 for request_id in {rid for rid, _ in taken}:
-                    self._fail_request(request_id, exc)
+                    self.fail_request(request_id, exc)
                 continue
             for (_, window), slope in zip(taken, slopes, strict=True):
                 window.ode.advance(slope)
@@ -232,10 +232,10 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         waves: list[torch.Tensor] = []
         if taken:
             try:
-                waves = self.model.vocode([mel for _, _, mel in taken])
+                waves = self.model.vocode([mel for _, _, mel in taken], self.max_vocoder_frames)
             except Exception as exc:
                 for request_id in {rid for rid, _, _ in taken}:
-                    self._fail_request(request_id, exc)
+                    self.fail_request(request_id, exc)
                 return
         audio: dict[str, list[torch.Tensor]] = {}
         for (request_id, skip, mel), wave in zip(taken, waves, strict=True):
@@ -246,16 +246,7 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
                 continue
             pieces = audio.get(request_id, [])
             messages = [self._audio_message(request_id, _samples(pieces))] if pieces else []
-            if state.complete:
-                payload = self.stream_payloads[request_id]
-                result = StagePayload(request_id, payload.request, self.final_result_data(request_id, payload, state))
-                self.complete_stream_request(
-                    request_id, [*messages, OutgoingMessage(request_id, "result", data=result)]
-                )
-                continue
-            life = self._ledger.live_life(request_id)
-            if messages and life is not None and not self._ledger.is_aborted(life):
-                streamed.extend(messages)
+            streamed.extend(self.emit_step(request_id, state, messages))
         if streamed:
             put_messages(self.outbox, streamed)
 
@@ -263,14 +254,7 @@ class Token2WavScheduler(StreamingVocoderBase[SpeechStream | None]):
         try:
             hook()
         except Exception as exc:
-            self._fail_request(request_id, exc)
-
-    def _fail_request(self, request_id: str, exc: Exception) -> None:
-        life = self._ledger.live_life(request_id)
-        if life is not None:
-            self._fail(life, exc)
-        else:
-            self._clear_state(request_id)
+            self.fail_request(request_id, exc)
 
 
 def plan_forwards(lengths: Sequence[int], call_cost_frames: int, max_forward_frames: int) -> list[list[int]]:
@@ -306,6 +290,7 @@ def create_token2wav_stage(
     vocoder_lag: int = DEFAULT_VOCODER_LAG,
     call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
     max_forward_frames: int | None = None,
+    max_vocoder_frames: int | None = None,
     device: str = "cpu",
     dtype: str = "float32",
 ) -> Token2WavScheduler:
@@ -315,7 +300,8 @@ def create_token2wav_stage(
     code); ``vocoder_context`` and ``vocoder_lag`` in mel frames (:mod:`.windows`).  ``device`` places the
     DiT and BigVGAN; ``dtype`` only BigVGAN (the DiT's ODE runs in float32, as transformers runs it).
     ``call_cost_frames`` and ``max_forward_frames`` shape the DiT forwards (:func:`plan_forwards`; the
-    latter defaults to 2304 on CPU and 65536 on an accelerator).
+    latter defaults to 2304 on CPU and 65536 on an accelerator); ``max_vocoder_frames`` bounds BigVGAN's
+    forwards likewise (256 on CPU, 65536 on an accelerator).
     """
     torch.set_num_threads(1)
     directory = require_model_dir(model_dir)
@@ -337,6 +323,7 @@ def create_token2wav_stage(
         schedule,
         call_cost_frames=call_cost_frames,
         max_forward_frames=max_forward_frames,
+        max_vocoder_frames=max_vocoder_frames,
     )
 
 

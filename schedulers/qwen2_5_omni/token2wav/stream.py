@@ -20,6 +20,7 @@ from schedulers.qwen2_5_omni.token2wav.model import Row, SpeakerCondition, Token
 from schedulers.qwen2_5_omni.token2wav.noise import NoiseStream
 from schedulers.qwen2_5_omni.token2wav.ode import OdeWindow
 from schedulers.qwen2_5_omni.token2wav.windows import Chunk, Schedule
+from schedulers.stepped_vocoder import talker_total
 
 
 @attrs.define(eq=False)
@@ -66,12 +67,7 @@ class SpeechStream:
 
     def finish(self, num_codes: int) -> None:
         """The talker's end: ``num_codes`` codes in all (must equal those received)."""
-        if num_codes != self.received:
-            raise ValueError(
-                f"token2wav: the talker's result says num_codes={num_codes}, but {self.received} codes arrived "
-                "on the stream"
-            )
-        self.total = num_codes
+        self.total = talker_total("token2wav", "codes", num_codes, self.received)
 
     # -- the DiT --------------------------------------------------------------------
 

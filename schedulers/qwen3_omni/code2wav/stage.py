@@ -28,14 +28,13 @@ from typing import Any
 import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
-from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, put_messages
-from schedulers._idsets import Life
+from omnitrio.contract import OutgoingMessage, StagePayload, put_messages
 from schedulers.devices import Placement
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.code2wav.model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
 from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Window
 from schedulers.qwen3_omni.handoffs import Codes, TalkerResult
-from schedulers.vocoder import StreamingVocoderBase
+from schedulers.stepped_vocoder import SteppedVocoderBase
 
 STAGE = "code2wav"
 DEFAULT_FIRST_CHUNK_FRAMES = 5
@@ -43,7 +42,7 @@ DEFAULT_CHUNK_FRAMES = 25
 DEFAULT_MAX_STEP_FRAMES = 320
 
 
-class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
+class Qwen3OmniCode2WavScheduler(SteppedVocoderBase[CodeStream]):
     """Streaming, batched ``Qwen3OmniMoeCode2Wav`` (see the module docstring)."""
 
     sample_rate = 24_000
@@ -84,16 +83,10 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
     def ingest(self, request_id: str, state: CodeStream, codes: torch.Tensor) -> None:
         state.add(codes)
 
-    def should_decode(self, state: CodeStream, *, is_final: bool) -> bool:
-        return False  # decoding happens in _decode_ready, across requests
-
-    def decode_delta(self, request_id: str, state: CodeStream, *, is_final: bool) -> None:
-        return None
-
     def on_stream_done(self, request_id: str) -> list[OutgoingMessage] | None:
         payload = self.stream_payloads[request_id]
         self._state(request_id).finish(_num_frames_of(payload, request_id))
-        return None  # _decode_ready completes it after its last window
+        return None  # step completes it after its last window
 
     def final_result_data(self, request_id: str, payload: StagePayload, state: CodeStream) -> dict[str, Any]:
         return {"num_samples": state.samples_emitted, "num_frames": state.received, "sample_rate": self.sample_rate}
@@ -105,13 +98,7 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
 
     # -- the decode step (scheduler thread) --------------------------------------------
 
-    def _take(self, msg: IncomingMessage) -> Life | None:
-        life = super()._take(msg)
-        while self.inbox.empty() and self._decode_ready():
-            pass
-        return life
-
-    def _decode_ready(self) -> bool:
+    def step(self) -> bool:
         """Decode what is ready; True when more windows may be ready right away."""
         budget = self.max_step_frames
         windows: dict[str, list[Window]] = {}
@@ -126,7 +113,7 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
             try:
                 inputs.extend(self.runner.transform(state, taken))
             except Exception as exc:
-                self._fail_request(request_id, exc)
+                self.fail_request(request_id, exc)
                 continue
             windows[request_id] = taken
             budget -= sum(window.end - window.conv_start for window in taken)
@@ -136,7 +123,7 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
             waves = self.runner.waveforms(inputs) if inputs else []
         except Exception as exc:
             for request_id in windows:
-                self._fail_request(request_id, exc)
+                self.fail_request(request_id, exc)
             return budget <= 0
         self._emit_audio(windows, waves)
         return budget <= 0
@@ -152,27 +139,10 @@ class Qwen3OmniCode2WavScheduler(StreamingVocoderBase[CodeStream]):
                 continue
             pcm = to_pcm16(samples)
             state.samples_emitted += len(pcm)
-            messages = [self._audio_message(request_id, pcm)] if len(pcm) else []
-            if state.complete:
-                payload = self.stream_payloads[request_id]
-                data = self.final_result_data(request_id, payload, state)
-                messages.append(
-                    OutgoingMessage(request_id, "result", data=StagePayload(request_id, payload.request, data))
-                )
-                self.complete_stream_request(request_id, messages)
-                continue
-            life = self._ledger.live_life(request_id)
-            if life is not None and not self._ledger.is_aborted(life):
-                streamed.extend(messages)
+            audio = [self._audio_message(request_id, pcm)] if len(pcm) else []
+            streamed.extend(self.emit_step(request_id, state, audio))
         if streamed:
             put_messages(self.outbox, streamed)
-
-    def _fail_request(self, request_id: str, exc: Exception) -> None:
-        life = self._ledger.live_life(request_id)
-        if life is not None:
-            self._fail(life, exc)
-        else:
-            self._clear_state(request_id)
 
 
 def _codes_of(data: Any, request_id: str, num_quantizers: int, codebook_size: int) -> torch.Tensor:

@@ -36,6 +36,8 @@ from typing import Any
 import attrs
 import torch
 
+from schedulers.stepped_vocoder import talker_total
+
 
 @attrs.frozen
 class Chunking:
@@ -147,12 +149,7 @@ class CodeStream:
 
     def finish(self, num_frames: int) -> None:
         """The talker's end of speech: ``num_frames`` frames in all (must equal those received)."""
-        if num_frames != self.received:
-            raise ValueError(
-                f"code2wav: the talker's result says num_frames={num_frames}, but {self.received} frames "
-                "arrived on the stream"
-            )
-        self.total = num_frames
+        self.total = talker_total("code2wav", "frames", num_frames, self.received)
 
     def codes(self, start: int, end: int) -> torch.Tensor:
         """Frames [start, end) as ``Long[Q, end - start]``."""

@@ -24,9 +24,8 @@ from collections.abc import Callable
 import torch
 
 from schedulers.devices import Placement, to_host
-from schedulers.front.stages import Batch, audio_batch_fn, encoder_stage_factory, handoffs, pack_clips
-from schedulers.front.warm_up import audio_warm_up, image_warm_up
-from schedulers.graph.front import AUDIO_ENCODER, IMAGE_ENCODER
+from schedulers.front.stages import Batch, encoder_stage_factories, handoffs, pack_clips
+from schedulers.front.towers import load_tower, run_vision
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight
 from schedulers.qwen3_omni.handoffs import ImageEmbeddings, ImageEncoderInput
 
@@ -39,9 +38,9 @@ class AudioTower:
 
         config = load_config(model_dir).thinker_config.audio_config
         self.placement = placement
-        self.tower = placement.build(Qwen3OmniMoeAudioEncoder, config)
-        load_weights(model_dir, "thinker.audio_tower.", self.tower)
-        placement.move(self.tower)
+        self.tower = load_tower(
+            Qwen3OmniMoeAudioEncoder, config, placement, load_weights, model_dir, "thinker.audio_tower."
+        )
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
@@ -63,22 +62,16 @@ class VisionTower:
 
         config = load_config(model_dir).thinker_config.vision_config
         self.placement = placement
-        self.tower = placement.build(Qwen3OmniMoeVisionEncoder, config)
-        load_weights(model_dir, "thinker.visual.", self.tower)
-        placement.move(self.tower)
+        self.tower = load_tower(
+            Qwen3OmniMoeVisionEncoder, config, placement, load_weights, model_dir, "thinker.visual."
+        )
         self.merge = config.spatial_merge_size**2
 
     def encode(
         self, requests: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
         """Per ``(pixel_values, image_grid_thw)``: ``(embeds [tokens, H], deepstack [[tokens, H], ...])``."""
-        pixels = torch.cat([p for p, _ in requests])
-        grids = torch.cat([g for _, g in requests])
-        if pixels.shape[0] != int(grids.prod(-1).sum()):
-            raise ValueError(f"image_encoder: {pixels.shape[0]} patches for grids {grids.tolist()}")
-        with torch.inference_mode():
-            out = self.tower(self.placement.put(pixels), grid_thw=self.placement.put(grids))
-        tokens = [int(g.prod(-1).sum()) // self.merge for _, g in requests]
+        out, tokens = run_vision(self.tower, self.placement, self.merge, requests)
         embeds = torch.split(to_host(out.pooler_output), tokens)
         deepstack = [torch.split(to_host(feature), tokens) for feature in out.deepstack_features]
         return [(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(requests))]
@@ -97,13 +90,6 @@ def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
     return encode_batch
 
 
-create_audio_encoder_stage = encoder_stage_factory(
-    AUDIO_ENCODER,
-    AudioTower,
-    audio_batch_fn,
-    preflight,
-    lambda tower: audio_warm_up(tower.encode, tower.tower.config.num_mel_bins),
-)
-create_image_encoder_stage = encoder_stage_factory(
-    IMAGE_ENCODER, VisionTower, image_batch_fn, preflight, lambda tower: image_warm_up(tower.encode, tower.tower.config)
+create_audio_encoder_stage, create_image_encoder_stage = encoder_stage_factories(
+    AudioTower, VisionTower, image_batch_fn, preflight
 )
