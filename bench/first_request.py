@@ -1,8 +1,9 @@
 """The first request of each kind after the server says ready, against the second: does start-up pay it?
 
 For the default pipeline (configs/speech.toml as shipped) and tiny Qwen3-Omni (configs/qwen3-omni.toml on
-a random tiny checkpoint), each kind of request is sent twice, one after the other, to a server that
-has just answered ``/health`` — a fresh server per kind, so no kind warms another (``--shared``: one
+a random tiny checkpoint, its talker greedy so that a request's answer does not depend on its turn), each
+kind of request is sent twice, one after the other, to a server that has just answered ``/health`` — a
+fresh server per kind, so no kind warms another (``--shared``: one
 server for all kinds, in order).  Measured from sending to the first answer a user hears or reads:
 
 * ``chat text``: a streamed chat answer, text only, to its first content delta;
@@ -15,7 +16,8 @@ server for all kinds, in order).  Measured from sending to the first answer a us
   ``response.output_audio.delta``.
 
 Prints per pipeline and kind the first, the second and their ratio; writes ``bench/results/first_request.json``
-with the load average before and after.  ``--quick``: Qwen3-Omni's kinds only with ``--shared``.  Not a
+with the load average before and after.  ``--quick`` (to see that it works): both pipelines, each with
+``--shared``, realtime first, written to ``bench/results/first_request_quick.json``.  Not a
 test: nothing is asserted.  Run: ``.venv/bin/python bench/first_request.py [--pipelines speech qwen3-omni]``.
 """
 
@@ -154,7 +156,9 @@ async def realtime_turn(url: str, question: np.ndarray) -> float:
 def serve_args(pipeline: str, model: Path | None) -> list[str]:
     if pipeline == "speech":
         return ["--config", str(ROOT / "configs" / "speech.toml")]
-    return ["--config", str(ROOT / "configs" / "qwen3-omni.toml"), "--model", str(model)]
+    # a greedy talker: the same request is the same work each time (a sampled one may speak fewer frames)
+    greedy = ["--set", "talker.factory.do_sample=false"]
+    return ["--config", str(ROOT / "configs" / "qwen3-omni.toml"), "--model", str(model), *greedy]
 
 
 async def measure(pipeline: str, kinds: tuple[str, ...], shared: bool, model: Path | None, scratch: Path) -> Any:
@@ -194,11 +198,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipelines", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--shared", action="store_true", help="one server for all kinds of a pipeline")
-    parser.add_argument("--quick", action="store_true", help="Qwen3-Omni only, one server")
+    parser.add_argument("--quick", action="store_true", help="one server per pipeline, realtime first")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
-        args.pipelines, args.shared = ["qwen3-omni"], True
+        args.shared = True
+        if args.out == RESULTS:
+            args.out = RESULTS.with_name("first_request_quick.json")
+        for pipeline, kinds in KINDS.items():
+            KINDS[pipeline] = ("realtime", *(kind for kind in kinds if kind != "realtime"))
     results = trio.run(run, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -2,10 +2,11 @@
 
 Two pipelines, each stage process its own: the 4-stage torch-importing chain (every stage module
 imports torch and transformers, bench/startup_stages.py) and tiny Qwen3-Omni (configs/qwen3-omni.toml
-on a random tiny checkpoint, in the processes the config names).  Each run is a fresh Python process
-that loads the config (the caller's own imports, reported apart), then times ``open_pipeline`` until
-``health()`` answers, with start-up events on (omnitrio.events).  Per stage process the events split
-its start into:
+on a random tiny checkpoint, in the processes the config names), each a TOML file.  Each run is a
+fresh Python process that starts the file as ``omnitrio serve`` does: it loads the config (the
+caller's own imports, reported apart), opens the pipeline and asks ``health()``; ``healthy`` counts
+from the run's first line to that answer (``open_pipeline to healthy`` apart), with start-up events
+on (omnitrio.events).  Per stage process the events split its start into:
 
 * ``interpreter``: from the caller starting it until its first line of Python ran (a fork: until
   the fork server forked it, which includes waiting for the server's preload);
@@ -15,11 +16,16 @@ its start into:
 * ``factory imports``: the modules its stages' factories live in (torch, transformers, model code);
 * ``model load``: the slowest of its stages' factory calls; ``warm-up``: the slowest warm-up after it.
 
-With the fork server, its own row says when its interpreter ran (from ``open_pipeline``) and how long
-its preload took (as ``factory imports``).
+With the fork server, its own row says when its interpreter ran (from the run's first line) and how
+long its preload took (as ``factory imports``).  Every ``total`` counts from the run's first line.  ``CPU``
+is the user and system time of the run's every process from start to stop (what a loaded machine's
+other processes do not add to).
 
-``--methods spawn forkserver`` (the default) runs each pipeline both ways in turn, ``--repeats``
-times, so before and after are measured in one sitting (``OMNITRIO_START_METHOD``).  Prints medians
+Three methods: ``spawn`` (fresh interpreters, ``OMNITRIO_START_METHOD=spawn``), ``fork-late`` (the
+fork server starts when the pipeline opens, after the config load) and ``fork-early`` (it starts
+before the config load, as the CLI starts it: :func:`omnitrio.start_method.start_fork_server_early`).
+``--methods`` (all by default) runs each pipeline each way in turn, ``--repeats`` times, so before
+and after are measured in one sitting.  Prints medians
 and writes ``bench/results/startup.json`` with the load average before and after.  ``--quick``: one
 run each.  Not a test: nothing is asserted.
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,38 +52,39 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "bench" / "results" / "startup.json"
 PIPELINES = ("chain4", "qwen3-omni")
-METHODS = ("spawn", "forkserver")
+METHODS = ("spawn", "fork-late", "fork-early")
+START_METHOD = {"spawn": "spawn", "fork-late": "forkserver", "fork-early": "forkserver"}
 PHASES = ("interpreter", "runtime import", "handshake", "factory imports", "model load", "warm-up", "total")
 TARGETS_S = {"chain4": 2.0, "qwen3-omni": 8.0}
 
 
-def chain4_config() -> Any:
-    from omnitrio import PipelineConfig, StageConfig
-
-    names = [f"s{i}" for i in range(4)]
-    stages = [
-        StageConfig(
-            name=name,
-            process=f"p_{name}",
-            factory_path="bench.startup_stages.create_torch_stage",
-            next=None if i == 3 else names[i + 1],
-            terminal=i == 3,
-        )
-        for i, name in enumerate(names)
-    ]
-    return PipelineConfig(name="chain4", stages=stages)
+CHAIN4_STAGE = """
+[[stages]]
+name = "s{i}"
+process = "p_s{i}"
+factory_path = "bench.startup_stages.create_torch_stage"
+"""
 
 
-def run_one(pipeline: str, model: str, out: Path) -> None:
-    """One start in this process (``--one``): load the config, open the pipeline, ask its health."""
+def chain4_config(scratch: Path) -> Path:
+    """The 4-stage chain as a TOML file, so that it starts as ``omnitrio serve`` starts a file."""
+    stages = [CHAIN4_STAGE.format(i=i) + (f'next = "s{i + 1}"\n' if i < 3 else "terminal = true\n") for i in range(4)]
+    path = scratch / "chain4.toml"
+    path.write_text('name = "chain4"\n' + "".join(stages))
+    return path
+
+
+def run_one(pipeline: str, model: str, out: Path, early: bool) -> None:
+    """One start in this process (``--one``), as ``omnitrio serve`` starts: load the config (``early``:
+    its fork server starting first, as the CLI does), open the pipeline, ask its health."""
+    began_ns = time.monotonic_ns()
     began = time.perf_counter()
-    if pipeline == "chain4":
-        config = chain4_config()
-        import bench.startup_stages  # noqa: F401 — the caller imports what it validates, as load() does
-    else:
-        from omnitrio.config_loading import load
+    from omnitrio.cli import load_config
 
-        config = load(ROOT / "configs" / "qwen3-omni.toml", model=Path(model))
+    if pipeline == "chain4":
+        config = load_config(chain4_config(out.parent), [], to_start=early)
+    else:
+        config = load_config(ROOT / "configs" / "qwen3-omni.toml", [], Path(model), to_start=early)
     loaded = time.perf_counter()
     import trio
 
@@ -88,14 +96,14 @@ def run_one(pipeline: str, model: str, out: Path) -> None:
             health = await running.health()
             healthy_ns = time.monotonic_ns()
         assert all(stage["alive"] for stage in health["stages"].values()), health
-        return {"opened_ns": opened_ns, "healthy_ns": healthy_ns}
+        return {"began_ns": began_ns, "opened_ns": opened_ns, "healthy_ns": healthy_ns}
 
     figures = trio.run(start)
     figures["config_load_s"] = loaded - began
     out.write_text(json.dumps(figures))
 
 
-def phases(events_dir: Path, opened_ns: int) -> dict[str, dict[str, float]]:
+def phases(events_dir: Path, began_ns: int) -> dict[str, dict[str, float]]:
     """Per stage process, the seconds of each phase (module docstring) from its start-up events."""
     import msgspec
 
@@ -124,9 +132,9 @@ def phases(events_dir: Path, opened_ns: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     if len(server) == 2:  # its interpreter counts from open_pipeline; its preload is its factory imports
         up, preloaded = server[ev.FORK_SERVER_UP], server[ev.FORK_SERVER_PRELOADED]
-        figures = {"interpreter": (up - opened_ns) / 1e9, "factory imports": (preloaded - up) / 1e9}
+        figures = {"interpreter": (up - began_ns) / 1e9, "factory imports": (preloaded - up) / 1e9}
         out["fork server"] = {phase: figures.get(phase, 0.0) for phase in PHASES} | {
-            "total": (preloaded - opened_ns) / 1e9
+            "total": (preloaded - began_ns) / 1e9
         }
     for process, t in sorted(at.items()):
         built = stages[process].values()
@@ -146,7 +154,7 @@ def phases(events_dir: Path, opened_ns: int) -> dict[str, dict[str, float]]:
             "factory imports": s(t[ev.PROCESS_FACTORIES_IMPORTED] - t[ev.PROCESS_LISTENING]),
             "model load": s(max(b[ev.STAGE_BUILT] - b[ev.STAGE_BUILD_BEGAN] for b in built)),
             "warm-up": s(max(b[ev.STAGE_WARM] - b[ev.STAGE_BUILT] for b in built)),
-            "total": s(t["parent " + ev.PROCESS_READY] - opened_ns),
+            "total": s(t["parent " + ev.PROCESS_READY] - began_ns),
         }
     return out
 
@@ -155,14 +163,20 @@ def measure(pipeline: str, method: str, model: str, scratch: Path) -> dict[str, 
     """One fresh-process start of ``pipeline`` with ``method``: its figures and per-process phases."""
     run_dir = Path(tempfile.mkdtemp(dir=scratch))
     out = run_dir / "figures.json"
-    env = {**os.environ, "OMNITRIO_EVENT_DIR": str(run_dir / "events"), "OMNITRIO_START_METHOD": method}
+    env = {**os.environ, "OMNITRIO_EVENT_DIR": str(run_dir / "events"), "OMNITRIO_START_METHOD": START_METHOD[method]}
     command = [sys.executable, __file__, "--one", pipeline, "--model", model, "--out", str(out)]
+    if method == "fork-early":
+        command.append("--early")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(command, check=True, env=env, cwd=ROOT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     figures = json.loads(out.read_text())
     return {
-        "healthy_s": (figures["healthy_ns"] - figures["opened_ns"]) / 1e9,
+        "healthy_s": (figures["healthy_ns"] - figures["began_ns"]) / 1e9,
+        "opened_to_healthy_s": (figures["healthy_ns"] - figures["opened_ns"]) / 1e9,
         "config_load_s": figures["config_load_s"],
-        "processes": phases(run_dir / "events", figures["opened_ns"]),
+        "cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+        "processes": phases(run_dir / "events", figures["began_ns"]),
     }
 
 
@@ -176,7 +190,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "runs": len(runs),
         "healthy_s": statistics.median(r["healthy_s"] for r in runs),
         "healthy_s_all": [round(r["healthy_s"], 3) for r in runs],
+        "opened_to_healthy_s": statistics.median(r["opened_to_healthy_s"] for r in runs),
         "config_load_s": statistics.median(r["config_load_s"] for r in runs),
+        "cpu_s": statistics.median(r["cpu_s"] for r in runs),
         "processes": {
             process: {phase: statistics.median(values) for phase, values in figures.items()}
             for process, figures in by_process.items()
@@ -191,7 +207,9 @@ def table(results: dict[str, Any]) -> str:
             target = TARGETS_S[pipeline]
             lines.append(
                 f"{pipeline} / {method}: healthy {figures['healthy_s']:.2f} s (median of {figures['runs']}; "
-                f"target {target:g} s), the caller's config load {figures['config_load_s']:.2f} s"
+                f"target {target:g} s): the caller's config load {figures['config_load_s']:.2f} s, "
+                f"open_pipeline to healthy {figures['opened_to_healthy_s']:.2f} s; "
+                f"CPU of every process, start to stop, {figures['cpu_s']:.2f} s"
             )
             lines.append("  " + f"{'process':12}" + "".join(f"{phase:>16}" for phase in PHASES))
             for process, phase_s in figures["processes"].items():
@@ -208,9 +226,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--one", choices=PIPELINES, help=argparse.SUPPRESS)
     parser.add_argument("--model", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--early", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        run_one(args.one, args.model, args.out)
+        run_one(args.one, args.model, args.out, args.early)
         return
     if args.quick:
         args.repeats = 1

@@ -157,6 +157,8 @@ async def _serve(spec: ChildSpec, began: tuple[int, int] | None) -> None:
                 if recorder is not None:
                     recorder.emit(None, None, PROCESS_FACTORIES_IMPORTED)
                 await start_stages(nursery, stages.values())
+                if any(getattr(stage.scheduler, "warmed", ()) for stage in stages.values()):
+                    await board.prepare_shared_memory()  # a model stage's process: its first send is warm too
             except BaseException as exc:  # report why, then exit non-zero
                 if isinstance(exc, trio.Cancelled) or shutdown.is_set():
                     raise

@@ -57,6 +57,7 @@ from omnitrio.forkserver import ForkedProcess, ForkServer, open_fork_server, pre
 from omnitrio.health import Figures, gauges, replicated_entry, stage_entry
 from omnitrio.placement.actors import ActorProcess, start_actor
 from omnitrio.placement.cluster import open_ray_cluster
+from omnitrio.start_method import child_environment, forking
 from omnitrio.switchboard import UNIX, Switchboard
 from omnitrio.topology import MAIN
 from omnitrio.transport import wire
@@ -66,8 +67,6 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE = 5.0
 HEALTH_TIMEOUT = 2.0
-START_METHOD_ENV = "OMNITRIO_START_METHOD"
-"""``forkserver`` (the default) or ``spawn``: how stage processes start (module docstring)."""
 
 
 class ProcessEvents(Protocol):
@@ -189,6 +188,8 @@ class Children:
         Raises :class:`StartupError` naming the child (with its traceback) when one fails.
         """
         async with trio.open_nursery() as starting:
+            if MAIN in self._homes.values():  # main's stages send to the children: its first send is warm too
+                starting.start_soon(self._board.prepare_shared_memory)
             for child in self._children.values():
                 starting.start_soon(self._wait_ready, child, self._config.startup_timeout)
         for child in self._children.values():
@@ -290,7 +291,8 @@ class Children:
             self._nursery.start_soon(_reap, child.process, child.exited)
             return
         asked_ns = time.monotonic_ns()
-        forked = await self._forks.start(spec) if self._forks is not None else None
+        needs = preload_modules(self._config.stage(name).factory_path for name in child.stages)
+        forked = await self._forks.start(spec, needs) if self._forks is not None else None
         if forked is not None:
             self._spawned(child, "forkserver", asked_ns)
             child.process = forked
@@ -423,19 +425,9 @@ class Children:
                     await child.exited.wait()
 
 
-def child_environment() -> dict[str, str]:
-    """The environment of a stage process (and of the fork server its forks inherit it from)."""
-    env = dict(os.environ)
-    env["OMNITRIO_PARENT_PID"] = str(os.getpid())  # which pipeline owns this process
-    env.setdefault("OMP_NUM_THREADS", "1")  # a factory may raise it; the cores are shared by every process
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP workers sleep: spinning starves the others
-    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() initialises no CUDA
-    return env
-
-
 def _fork_server_wanted(config: PipelineConfig, homes: dict[str, str]) -> list[str] | None:
     """What the fork server preloads for this pipeline, or None when its processes are spawned."""
-    if os.environ.get(START_METHOD_ENV, "forkserver") == "spawn":
+    if not forking():
         return None
     return preload_modules(config.stage(name).factory_path for name, home in homes.items() if home != MAIN)
 

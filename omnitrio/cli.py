@@ -48,7 +48,7 @@ from pathlib import Path
 import trio
 
 from omnitrio.config import PipelineConfig
-from omnitrio.config_loading import load
+from omnitrio.config_loading import load, process_factory_paths
 from omnitrio.errors import ConfigError, StartupError
 from omnitrio.families import FAMILIES, SIZES, config_for_model, write_tiny_model
 from omnitrio.importing import import_object
@@ -267,10 +267,13 @@ def load_config(
     model: Path | None = None,
     device: str | None = None,
     dtype: str | None = None,
+    *,
+    to_start: bool = False,
 ) -> PipelineConfig:
     """The pipeline at ``path`` pointed at ``model``, placed on ``device`` in ``dtype``, overridden,
     validated.  Without ``path``: the config ``model`` picks (:func:`~omnitrio.families.config_for_model`),
-    else the default pipeline."""
+    else the default pipeline.  ``to_start``: the caller will start it, so the fork server of its stage
+    processes starts before the config is loaded (:func:`omnitrio.start_method.start_fork_server_early`)."""
     if path is None and model is not None:
         path = config_for_model(model)
     if path is None:
@@ -280,6 +283,10 @@ def load_config(
                 "install omnitrio editable from a checkout, or pass --config FILE)"
             )
         path = DEFAULT_CONFIG
+    if to_start:
+        from omnitrio.start_method import start_fork_server_early
+
+        start_fork_server_early(process_factory_paths(path, overrides))
     return load(path, overrides, model, device=device, dtype=dtype)
 
 
@@ -358,7 +365,7 @@ def _serve(args: argparse.Namespace) -> int:
     from omnitrio.serve.limits import limits_for
 
     config = load_config(
-        args.config, [*args.overrides, *placement_overrides(args)], args.model, args.device, args.dtype
+        args.config, [*args.overrides, *placement_overrides(args)], args.model, args.device, args.dtype, to_start=True
     )
     try:
         args.api_keys = keys_from(args.api_keys, os.environ)
@@ -453,7 +460,7 @@ def _log_to_stderr() -> None:
 def _run(args: argparse.Namespace) -> int:
     from omnitrio.cli_run import run_one
 
-    return run_one(load_config(args.config, args.overrides, device=args.device, dtype=args.dtype), args)
+    return run_one(load_config(args.config, args.overrides, device=args.device, dtype=args.dtype, to_start=True), args)
 
 
 # -- trace -------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 ``async with open_fork_server(preload, env) as server`` starts a fresh interpreter
 (:mod:`omnitrio.forkserver_main` — never a fork of the caller, which may have touched CUDA) that
-imports the ``preload`` modules (the factory modules of the pipeline's stage processes, and so
-torch, transformers and the model code) while the caller goes on starting.  :meth:`ForkServer.start`
-waits until that import is done, then has the server fork a stage process that runs
+imports the ``preload`` modules in order (the factory modules of the pipeline's stage processes, and
+so torch, transformers and the model code) while the caller goes on starting.  :meth:`ForkServer.start`
+has the server fork, as soon as it has imported the modules that process needs (the others' may
+still be importing), a stage process that runs
 :func:`omnitrio.child.main` for the spec, and returns it as a :class:`ForkedProcess`: a process the
 caller watches, waits for and kills like a ``trio.Process`` (through a pidfd, so a pid reused after
 the process has gone is never signalled).  Forking costs milliseconds where a fresh interpreter
@@ -13,6 +14,13 @@ would import everything again, on the same cores as its siblings.
 :meth:`~ForkServer.start` returns None when there is no server to fork from: it refused after its
 import (it touched CUDA or runs threads of its own, see :mod:`omnitrio.forkserver_main`; logged
 once, with why) or it is gone.  The caller then starts a fresh interpreter instead.
+
+:func:`start_early` starts the server before the caller has loaded its config (a config's
+validation imports the stage factories too, so the server's import and the caller's then run side
+by side); the next :func:`open_fork_server` of the process adopts it when it preloads every module
+asked for, in the same environment (variables added since, as imports such as torch's add them,
+aside), and stops it otherwise.  An early server nobody adopts is
+killed when the interpreter exits.
 
 Leaving the block closes the server's socket: the server exits (its forks, the stage processes,
 live on until they are stopped).  A stage process the server forked reports its exit status
@@ -23,6 +31,7 @@ exits afterwards is :data:`UNKNOWN_EXIT`.
 from __future__ import annotations
 
 import array
+import atexit
 import logging
 import os
 import pickle
@@ -85,29 +94,28 @@ class ForkedProcess:
 class ForkServer:
     """The caller's side of one fork server; made by :func:`open_fork_server`."""
 
-    def __init__(self, process: trio.Process, sock: trio.socket.SocketType, recorder: EventRecorder | None) -> None:
-        self._process = process
+    def __init__(self, sock: trio.socket.SocketType, preload: list[str], recorder: EventRecorder | None) -> None:
         self._sock = sock
+        self._preload = preload
         self._recorder = recorder
         self._sending = trio.Lock()
-        self._ready = trio.Event()
         self.refused: str | None = None
         """Why the server will fork nothing (None while it can)."""
         self._forks: dict[int, tuple[trio.Event, list[ForkedProcess]]] = {}
         self._live: dict[int, ForkedProcess] = {}
         self._next_seq = 0
 
-    async def start(self, spec: Any) -> ForkedProcess | None:
+    async def start(self, spec: Any, needs: Iterable[str] = ()) -> ForkedProcess | None:
         """Fork a stage process serving ``spec`` (a :class:`~omnitrio.child.ChildSpec`), or None (module
-        docstring).  Waits for the server's preload first."""
-        await self._ready.wait()
+        docstring).  The server forks it once it has imported the modules the process ``needs`` (all
+        it preloads when none are named), so a process starts while the server imports the others'."""
         if self.refused is not None:
             return None
         self._next_seq += 1
         seq = self._next_seq
         done, forked = self._forks[seq] = (trio.Event(), [])
         try:
-            await self._send(("fork", seq, pickle.dumps(spec)))
+            await self._send(("fork", seq, pickle.dumps(spec), list(needs) or self._preload))
         except OSError:
             self._gone("its socket closed")
         await done.wait()
@@ -132,7 +140,6 @@ class ForkServer:
                         if self._recorder is not None:
                             self._recorder.emit_at(up_ns, None, None, FORK_SERVER_UP)
                             self._recorder.emit_at(preloaded_ns, None, None, FORK_SERVER_PRELOADED, failed=len(failed))
-                        self._ready.set()
                     case ("refused", str() as why):
                         log.info("stage processes start as fresh interpreters: the fork server refused, %s", why)
                         self._gone(why)
@@ -151,7 +158,6 @@ class ForkServer:
     def _gone(self, why: str) -> None:
         if self.refused is None:
             self.refused = why
-        self._ready.set()
         for done, _ in self._forks.values():
             done.set()
         self._forks.clear()
@@ -190,32 +196,96 @@ def preload_modules(paths: Iterable[str]) -> list[str]:
     return modules
 
 
+@attrs.define(eq=False)
+class _Launched:
+    """A server process started with its preload sent, not yet opened by :func:`open_fork_server`."""
+
+    process: subprocess.Popen[bytes]
+    sock: socket.socket
+    preload: list[str]
+    env: dict[str, str]
+
+    def stop(self) -> None:
+        self.sock.close()
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+_early: _Launched | None = None
+
+
+def _launch(preload: list[str], env: dict[str, str]) -> _Launched:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with theirs:
+        command = [sys.executable, "-c", ENTRY.format(fd=theirs.fileno())]
+        process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+    ours.sendall(pack(("preload", sys.path, preload)))
+    return _Launched(process, ours, preload, env)
+
+
+def start_early(preload: list[str], env: dict[str, str]) -> None:
+    """Start this process's fork server now, preloading ``preload`` with ``env``, for a later
+    :func:`open_fork_server` to adopt (module docstring).  Replaces an early server not yet adopted."""
+    global _early
+    if _early is not None:
+        _early.stop()
+    else:
+        atexit.register(_stop_early)
+    _early = _launch(preload, env)
+
+
+def _stop_early() -> None:
+    global _early
+    if _early is not None:
+        _early.stop()
+        _early = None
+
+
+def _adopt_or_launch(preload: list[str], env: dict[str, str]) -> _Launched:
+    """The early server when it fits ``preload`` and ``env``, else a new one (an unfit early one stops)."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        same_env = all(env.get(key) == value for key, value in early.env.items())  # imports may add keys
+        if set(preload) <= set(early.preload) and same_env and early.process.poll() is None:
+            return early
+        log.debug("fork server: the early one does not fit this pipeline; starting another")
+        early.stop()
+    return _launch(preload, env)
+
+
+async def _exited(process: subprocess.Popen[bytes]) -> None:
+    """Wait until ``process`` has exited (its pidfd readable), then reap it."""
+    pidfd = os.pidfd_open(process.pid)
+    try:
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        trio.lowlevel.notify_closing(pidfd)
+        os.close(pidfd)
+    process.wait()
+
+
 @asynccontextmanager
 async def open_fork_server(
     preload: list[str], env: dict[str, str], recorder: EventRecorder | None = None
 ) -> AsyncIterator[ForkServer]:
-    """Start a fork server preloading ``preload`` with ``env``; stop it on exit (module docstring).
+    """Start a fork server preloading ``preload`` with ``env`` (or adopt the early one,
+    :func:`start_early`); stop it on exit (module docstring).
 
     ``recorder`` gets its start-up events."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    with ours, theirs:
-        command = [sys.executable, "-c", ENTRY.format(fd=theirs.fileno())]
-        process = await trio.lowlevel.open_process(
-            command, pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL
-        )
-        theirs.close()
-        sock = trio.socket.from_stdlib_socket(ours)
-        server = ForkServer(process, sock, recorder)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(server._read)
-                await server._send(("preload", sys.path, preload))
-                yield server
-                nursery.cancel_scope.cancel()
-        finally:
-            sock.close()
-            with trio.move_on_after(5.0) as waiting:
-                waiting.shield = True
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
+    launched = _adopt_or_launch(preload, env)
+    sock = trio.socket.from_stdlib_socket(launched.sock)
+    server = ForkServer(sock, launched.preload, recorder)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server._read)
+            yield server
+            nursery.cancel_scope.cancel()
+    finally:
+        sock.close()
+        with trio.move_on_after(5.0) as waiting:
+            waiting.shield = True
+            await _exited(launched.process)
+        if launched.process.poll() is None:
+            launched.stop()

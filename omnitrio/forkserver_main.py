@@ -2,15 +2,17 @@
 
 Started by :mod:`omnitrio.forkserver` as ``python -c`` :data:`ENTRY` with one end of a Unix socket
 pair as file descriptor ``fd``.  The first message it reads, ``("preload", path, modules)``,
-names ``sys.path`` and the modules to preload; it imports them, then answers ``("ready",
-failed, up_ns, preloaded_ns)`` — ``failed`` maps each module that could not be imported to why
+names ``sys.path`` and the modules to preload; it imports them in that order, then answers
+``("ready", failed, up_ns, preloaded_ns)`` — ``failed`` maps each module that could not be imported to why
 (the stage process that needs it reports the real error), the times (``time.monotonic_ns()``)
 say when the server ran its first line and when its preload was done — or
 ``("refused", why)`` when, after importing, it is no longer safe to fork: the process touched
 CUDA (a CUDA driver library is mapped) or runs a thread besides its own (an OpenMP pool, say).
 A refusing server exits; the caller then starts fresh interpreters instead.
 
-Then, for each ``("fork", seq, blob)``, it forks a child that unpickles ``blob`` (a
+For each ``("fork", seq, blob, needs)`` it forks, as soon as it has imported the modules ``needs``
+names (so a stage process whose modules are in starts while the server imports the others'
+modules; a request may come at any time, also while it preloads), a child that unpickles ``blob`` (a
 :class:`~omnitrio.child.ChildSpec`) and runs :func:`omnitrio.child.main`, and answers
 ``("forked", seq, pid)`` with a pidfd of the child attached (so the caller holds the process,
 whatever happens to the pid afterwards).  It reaps each child and reports ``("exited", pid,
@@ -82,37 +84,67 @@ def _serve(conn: socket.socket, up_ns: int) -> None:
     _, path, modules = _receive(conn)
     sys.path[:0] = [p for p in path if p not in sys.path]
     failed: dict[str, str] = {}
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except BaseException as exc:  # the stage process that needs it reports it
-            failed[module] = f"{type(exc).__name__}: {exc}"
-        why = unsafe_to_fork()
-        if why is not None:
-            conn.sendall(pack(("refused", f"after importing {module!r}, {why}")))
-            return
-    conn.sendall(pack(("ready", failed, up_ns, time.monotonic_ns())))
-    _fork_on_request(conn)
-
-
-def _fork_on_request(conn: socket.socket) -> None:
-    children: dict[int, int] = {}  # pidfd → pid
+    imported: set[str] = set()
+    pending: list[tuple[int, bytes, list[str]]] = []  # fork requests waiting for their modules
     with selectors.DefaultSelector() as selector:
         selector.register(conn, selectors.EVENT_READ)
+        children: dict[int, int] = {}  # pidfd → pid
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except BaseException as exc:  # the stage process that needs it reports it
+                failed[module] = f"{type(exc).__name__}: {exc}"
+            imported.add(module)
+            why = unsafe_to_fork()
+            if why is not None:
+                conn.sendall(pack(("refused", f"after importing {module!r}, {why}")))
+                return
+            _answer(conn, selector, children, pending, timeout=0)  # what came while importing
+            due = [request for request in pending if set(request[2]) <= imported]
+            pending[:] = [request for request in pending if request not in due]
+            for seq, blob, _ in due:
+                _fork_for(conn, selector, children, seq, blob)
+        conn.sendall(pack(("ready", failed, up_ns, time.monotonic_ns())))
+        for seq, blob, _ in pending:
+            _fork_for(conn, selector, children, seq, blob)
         while True:
-            for key, _ in selector.select():
-                if key.fileobj is conn:
-                    _, seq, blob = _receive(conn)
-                    pidfd = _fork(conn, selector, children, blob)
-                    socket.send_fds(conn, [pack(("forked", seq, children[pidfd]))], [pidfd])
-                    selector.register(pidfd, selectors.EVENT_READ)
+            _answer(conn, selector, children, None, timeout=None)
+
+
+def _answer(
+    conn: socket.socket,
+    selector: selectors.BaseSelector,
+    children: dict[int, int],
+    pending: list[tuple[int, bytes, list[str]]] | None,
+    timeout: float | None,
+) -> None:
+    """Take each fork request (into ``pending`` while preloading, else forking at once) and report each
+    child's exit that is there (``timeout=0``: without waiting)."""
+    while ready := selector.select(timeout):
+        for key, _ in ready:
+            if key.fileobj is conn:
+                _, seq, blob, needs = _receive(conn)
+                if pending is None:
+                    _fork_for(conn, selector, children, seq, blob)
                 else:
-                    pidfd = int(key.fd)
-                    selector.unregister(pidfd)
-                    pid = children.pop(pidfd)
-                    _, status = os.waitpid(pid, 0)
-                    os.close(pidfd)
-                    conn.sendall(pack(("exited", pid, os.waitstatus_to_exitcode(status))))
+                    pending.append((seq, blob, needs))
+            else:
+                pidfd = int(key.fd)
+                selector.unregister(pidfd)
+                pid = children.pop(pidfd)
+                _, status = os.waitpid(pid, 0)
+                os.close(pidfd)
+                conn.sendall(pack(("exited", pid, os.waitstatus_to_exitcode(status))))
+        if timeout is None:
+            return
+
+
+def _fork_for(
+    conn: socket.socket, selector: selectors.BaseSelector, children: dict[int, int], seq: int, blob: bytes
+) -> None:
+    pidfd = _fork(conn, selector, children, blob)
+    socket.send_fds(conn, [pack(("forked", seq, children[pidfd]))], [pidfd])
+    selector.register(pidfd, selectors.EVENT_READ)
 
 
 def _fork(conn: socket.socket, selector: selectors.BaseSelector, children: dict[int, int], blob: bytes) -> int:

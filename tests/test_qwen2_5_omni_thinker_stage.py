@@ -95,9 +95,10 @@ def finish_reason(ids: list[int], processor: Any) -> str:
 
 
 def config_of(tiny: Path, *, processes: bool = False) -> PipelineConfig:
-    """The shipped config on ``tiny``, the talker greedy; ``processes``: every stage in its own process."""
+    """The shipped config on ``tiny``, the talker greedy; ``processes``: every stage in its own process;
+    every model stage on ``ref.DEVICE``."""
     overrides = [f"{stage.name}.process={stage.name}" for stage in load(CONFIG).stages] if processes else []
-    return load(CONFIG, ["talker.factory.do_sample=false", *overrides], model=tiny)
+    return load(CONFIG, ["talker.factory.do_sample=false", *overrides], model=tiny, device=ref.DEVICE)
 
 
 async def serving(config: PipelineConfig, *, inline: bool = True) -> AsyncIterator[str]:

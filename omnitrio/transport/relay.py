@@ -192,6 +192,10 @@ class ShmPool:
         """Free every lease packed with ``peer=peer``: call it when that receiver is gone."""
         return self._arena.release_all_for(peer)
 
+    def prepare(self) -> None:
+        """Create and pre-fault the pool now, not when the first tensor needs it."""
+        self._arena.prepare()
+
     def close(self) -> None:
         """Unlink every segment this pool created; ``pack`` raises afterwards. Idempotent.
 
@@ -443,9 +447,11 @@ class ShmReader:
         return t.requires_grad_(True) if grad else t
 
     def _cached(self, name: str) -> Segment:
+        # A sender's pool is mapped once and kept; mapped lazily, its pages are faulted in as messages
+        # first touch them, not all at once by the first message from that sender.
         segment = self._segments.get(name)
         if segment is None:
-            segment = self._segments[name] = Segment.attach(name, prefault=True)
+            segment = self._segments[name] = Segment.attach(name, prefault=False)
         return segment
 
 

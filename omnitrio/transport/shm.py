@@ -191,6 +191,13 @@ class SlotArena:
             self._pool = Segment.create(name, self.slots * self.slot_bytes, prefault=True)
         return self._pool
 
+    def prepare(self) -> None:
+        """Create and pre-fault the pooled segment now rather than on the first lease that needs it (a
+        process that will send tensors pays for it at start-up, not on its first request)."""
+        with self._lock:
+            if not self.closed and self.slots:
+                self._ensure_pool()
+
     @property
     def outstanding(self) -> int:
         """Leases handed out and not yet released."""

@@ -182,16 +182,6 @@ class DecoderScheduler(RequestIntake):
         """Bytes of keys/values the running requests hold now."""
         return self.engine.kv.nbytes()
 
-    def warm_up_serving_thread(self) -> None:
-        """One torch thread, then the factory's :class:`~schedulers.warm_up.WarmUp` on the serving thread."""
-        super().warm_up_serving_thread()
-        self.warm_up.run()
-
-    @property
-    def warmed(self) -> list[str]:
-        """What the warm-up ran (see :mod:`schedulers.warm_up`)."""
-        return self.warm_up.warmed
-
     def _has_work(self) -> bool:
         return self.engine.has_work
 

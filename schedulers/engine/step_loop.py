@@ -14,6 +14,11 @@ turn of :meth:`StepLoop.start`:
 outputs go out first only when the turn got that far).  :meth:`StepLoop.abort` is safe from any
 thread and never blocks.  What a message means is the subclass's business (:meth:`_handle`); a
 scheduler that takes whole requests uses :class:`~schedulers.engine.intake.RequestIntake`.
+
+A factory may give the loop a :class:`~schedulers.warm_up.WarmUp` (``warm_up``): it runs on the serving
+thread before the stage reports ready, and its steps may :meth:`StepLoop.rehearse` requests — serve them
+to completion on that thread, through the same message handling and steps a real request takes, their
+outputs returned instead of sent.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, put_messages
+from schedulers.warm_up import WarmUp
 
 
 class Stop:
@@ -39,6 +45,8 @@ class StepLoop:
         self._inbox: queue.Queue[IncomingMessage | Stop] = queue.Queue()
         self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         self._pending: list[OutgoingMessage] = []
+        self.warm_up = WarmUp()
+        """Run before the stage reports ready (module docstring); a factory adds its steps."""
 
     @property
     def inbox(self) -> queue.Queue[IncomingMessage | Stop]:
@@ -49,10 +57,27 @@ class StepLoop:
         return self._outbox
 
     def warm_up_serving_thread(self) -> None:
-        """Keep torch to one intra-op thread per scheduler (oversubscribed cores stall OpenMP)."""
+        """Keep torch to one intra-op thread per scheduler (oversubscribed cores stall OpenMP), then run
+        :attr:`warm_up`."""
         import torch
 
         torch.set_num_threads(1)
+        self.warm_up.run()
+
+    @property
+    def warmed(self) -> list[str]:
+        """What the warm-up ran (see :mod:`schedulers.warm_up`)."""
+        return self.warm_up.warmed
+
+    def rehearse(self, messages: Iterable[IncomingMessage]) -> list[OutgoingMessage]:
+        """Handle ``messages`` in order, then step until there is no work; return every output (none reaches
+        the outbox).  Serving thread only, before :meth:`start`."""
+        for message in messages:
+            self._handle(message)
+        while self._has_work():
+            self.emit(self._step())
+        outputs, self._pending = self._pending, []
+        return outputs
 
     def start(self) -> None:
         """Serve until :meth:`stop` (module docstring)."""

@@ -49,7 +49,7 @@ from typing import Any, Final
 
 import attrs
 
-from omnitrio.contract import InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.ar.kv_sessions import common_prefix
 from schedulers.engine.admission import completion_budget
 from schedulers.engine.intake import RequestIntake
@@ -117,22 +117,23 @@ class LLMResponder(RequestIntake):
         self._answers: dict[str, _Answer] = {}
         self._opening = chat.encode_chat([{"role": "user", "content": "\x00"}])  # default system prompt + header
         self._said_no_tools = False
+        self.warm_up.step("chat", lambda: self._warm_up(spoken=False))
+        self.warm_up.step("spoken chat", lambda: self._warm_up(spoken=True))
 
-    warmed = ("chat", "spoken chat")
-    """What :meth:`warm_up_serving_thread` warms (see :mod:`schedulers.warm_up`)."""
-
-    def warm_up_serving_thread(self) -> None:
-        """A short chat answered in text, then one answered for speech (its system prompt's keys and
-        values are kept for every later spoken answer), before the stage reports ready."""
-        super().warm_up_serving_thread()
-        self.engine.model.set_threads(self.threads)
-        self.engine.add(LlamaRequest("warm-up", self.chat.encode_chat([{"role": "user", "content": "Hi"}]), 2))
-        hi = [{"role": "user", "content": "Hi"}]
-        spoken = OmniRequest({"task": "chat", "messages": hi, "modalities": ["text", "audio"], "max_tokens": 2})
-        request, _ = self.parse("warm-up-spoken", StagePayload("warm-up-spoken", spoken))
-        self.engine.add(request)
-        while self.engine.has_work:
-            self.engine.step()
+    def _warm_up(self, *, spoken: bool) -> None:
+        """Served as a real request is (:meth:`rehearse`): a short chat answered in text alone (on the solo
+        threads), or one answered for speech beside a text one (two rows, on the shared threads; the voice
+        system prompt's keys and values are kept for every later spoken answer)."""
+        self.engine.model.set_threads(self._threads_now)
+        asked = [("warm-up", ["text"]), *([("warm-up-spoken", ["text", "audio"])] if spoken else [])]
+        messages = []
+        for rid, modalities in asked:
+            hi = [{"role": "user", "content": "Hi"}]
+            chat = OmniRequest({"task": "chat", "messages": hi, "modalities": modalities, "max_tokens": 2})
+            messages.append(IncomingMessage(rid, "new_request", StagePayload(rid, chat)))
+        failed = [out.data for out in self.rehearse(messages) if out.type == "error"]
+        if failed:
+            raise failed[0]
 
     def _has_work(self) -> bool:
         return self.engine.has_work

@@ -1,7 +1,8 @@
 """How the talker picks its next code, as ``Qwen2_5OmniForConditionalGeneration.generate`` has it picked.
 
 ``generate`` runs ``talker.generate`` with ``repetition_penalty=1.05``, ``suppress_tokens=[codec_bos]`` and
-``eos_token_id=[codec_pad, codec_end]``; sampling (its default) adds temperature 0.9, top-k 40 and top-p 0.8.
+``eos_token_id=[codec_pad, codec_end]``; sampling (its default) adds temperature 0.9, top-k 40 and top-p 0.8;
+``talker_min_new_tokens`` keeps both end codes out until that many codes were chosen.
 :class:`CodecSampler` applies transformers' own logits processors in ``generate``'s order: the repetition
 penalty over every id of the talker's sequence so far (the prompt's codec mask, pad and bos ids, then the
 codes), the codec bos suppressed, then (sampling) temperature, top-k and top-p, then argmax or a draw.  A
@@ -19,6 +20,7 @@ from typing import cast
 import attrs
 import torch
 from transformers.generation.logits_process import (
+    LogitsProcessor,
     LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensLogitsProcessor,
@@ -40,10 +42,15 @@ class CodecSampling:
     top_p: float = attrs.field(default=0.8, converter=float)
     repetition_penalty: float = attrs.field(default=1.05, converter=float)
     max_new_tokens: int = attrs.field(default=4096, validator=attrs.validators.instance_of(int))
+    min_new_tokens: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
 
     def __attrs_post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"talker max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"talker min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}"
+            )
         if self.do_sample and not self.temperature > 0:
             raise ValueError(f"talker temperature must be > 0 when sampling, got {self.temperature}")
         if not self.repetition_penalty > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
@@ -60,6 +67,8 @@ class CodecSampler:
         self.knobs = knobs
         self.ends = (model.codec_pad, model.codec_end)
         processors = LogitsProcessorList()
+        if knobs.min_new_tokens:
+            processors.append(_EndsHeldBack(self.ends, knobs.min_new_tokens, self))
         if knobs.repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(knobs.repetition_penalty))
         processors.append(SuppressTokensLogitsProcessor([model.codec_bos], device="cpu"))
@@ -94,6 +103,23 @@ class CodecSampler:
         if code not in self._seen:
             self._seen.append(code)
         return code
+
+
+class _EndsHeldBack(LogitsProcessor):
+    """``generate``'s ``MinNewTokensLengthLogitsProcessor`` for one request: the end codes' scores are
+    ``-inf`` until ``count`` codes were chosen.  Its place in the list does not matter: ``-inf`` stays
+    ``-inf`` under the repetition penalty and the suppression, and it comes before the warpers as there."""
+
+    def __init__(self, ends: tuple[int, ...], count: int, sampler: CodecSampler) -> None:
+        self.ends = list(ends)
+        self.count = count
+        self.sampler = sampler
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if len(self.sampler.codes) < self.count:
+            scores = cast(torch.FloatTensor, scores.clone())
+            scores[:, self.ends] = -float("inf")
+        return scores
 
 
 def choose_codes(samplers: Sequence[CodecSampler], logits: torch.Tensor) -> list[int]:

@@ -68,6 +68,7 @@ class Qwen3OmniCode2WavScheduler(SteppedVocoderBase[CodeStream]):
 
     def warm_up_serving_thread(self) -> None:
         torch.set_num_threads(1)
+        self.warm_up.run()
 
     # -- StreamingVocoderBase hooks --------------------------------------------------
 
@@ -210,12 +211,14 @@ def create_code2wav_stage(
     (default: 128 on CPU, 4096 on ``device`` "cuda").  ``device``/``dtype`` place the model
     (:mod:`schedulers.devices`); the pcm it streams does not depend on where it ran but through rounding.
     """
+    from schedulers.qwen3_omni.code2wav.warm_up import code2wav_warm_up
+
     placement = Placement.of(STAGE, device, dtype)
     torch.set_num_threads(1)
     chunking = Chunking(
         first_chunk_frames, chunk_frames, reference_chunk_frames, reference_left_context_frames, ramp_factor
     )
-    return Qwen3OmniCode2WavScheduler(
+    scheduler = Qwen3OmniCode2WavScheduler(
         load_code2wav(require_model_dir(model_dir), placement),
         chunking,
         sample_rate=sample_rate,
@@ -223,6 +226,8 @@ def create_code2wav_stage(
         call_cost_frames=call_cost_frames,
         max_forward_frames=max_forward_frames,
     )
+    scheduler.warm_up = code2wav_warm_up(scheduler)
+    return scheduler
 
 
 create_code2wav_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -194,6 +194,8 @@ def create_talker_stage(
     for the talker and the code predictor.  ``device``/``dtype`` place the talker and its code predictor,
     which runs in this stage (:mod:`schedulers.devices`); chunks arrive on the CPU, codes go out on the CPU.
     """
+    from schedulers.qwen3_omni.talker.warm_up import talker_warm_up
+
     placement = Placement.of("talker", device, dtype)
     sampling = TalkerSampling(
         do_sample=do_sample,
@@ -206,7 +208,7 @@ def create_talker_stage(
     )
     model_dir = require_model_dir(model_dir)
     model = TalkerModel.from_checkpoint(Path(model_dir), dtype=placement.dtype, device=str(placement.device))
-    return TalkerScheduler(
+    scheduler = TalkerScheduler(
         model,
         sampling=sampling,
         frames_per_chunk=frames_per_chunk,
@@ -214,6 +216,8 @@ def create_talker_stage(
         default_speaker=default_speaker,
         seed=seed,
     )
+    scheduler.warm_up = talker_warm_up(scheduler)
+    return scheduler
 
 
 create_talker_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -114,6 +114,7 @@ def create_thinker_stage(
 
     from schedulers.qwen3_omni.checkpoint import load_config, load_weights
     from schedulers.qwen3_omni.thinker.model import ThinkerLM
+    from schedulers.qwen3_omni.thinker.warm_up import thinker_warm_up
 
     placement = Placement.of("thinker", device, dtype)
     torch.set_num_threads(1)
@@ -125,13 +126,15 @@ def create_thinker_stage(
     eos = eos_token_id if eos_token_id is not None else int(config.im_end_token_id)
     generation = Path(model_dir) / "generation_config.json"
     sampling = SamplingDefaults.of(GenerationConfig.from_pretrained(model_dir) if generation.is_file() else None)
-    return DecoderScheduler(
+    scheduler = DecoderScheduler(
         engine,
         Qwen3Thinker(decode_target, talker_target, seed),
         eos_token_id=eos,
         max_new_tokens=max_new_tokens,
         sampling=sampling,
     )
+    scheduler.warm_up = thinker_warm_up(scheduler)
+    return scheduler
 
 
 create_thinker_stage.preflight = preflight  # type: ignore[attr-defined]
