@@ -17,10 +17,10 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-CPU_CONFIGS = ["speech.toml", "qwen3-omni.toml"]
+CPU_CONFIGS = ["speech.toml", "qwen3-omni.toml", "qwen2.5-omni.toml"]
 # A CPU config that needs more than the first command installs names the extra its own section of the
 # README tells users to add.
-CONFIG_EXTRAS = {"qwen3-omni.toml": ["omni"]}
+CONFIG_EXTRAS = {"qwen3-omni.toml": ["omni"], "qwen2.5-omni.toml": ["omni"]}
 COMMANDS = re.findall(r"^    (python3 -m venv .*)$", README, re.M)
 # What loading and validating a config imports beyond omnitrio.config_loading itself, as top-level module names.
 PROBE = """

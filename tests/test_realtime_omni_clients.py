@@ -1,6 +1,6 @@
-"""Realtime clients, unchanged, talking to Qwen3-Omni (speech-native) on a tiny checkpoint: the official
-``openai`` SDK, openai-agents' ``RealtimeRunner``, pipecat's ``OpenAIRealtimeLLMService`` and
-livekit-plugins-openai's realtime session.
+"""Realtime clients, unchanged, talking to the omni models (speech-native) on tiny checkpoints: with Qwen3-Omni
+the official ``openai`` SDK, openai-agents' ``RealtimeRunner``, pipecat's ``OpenAIRealtimeLLMService`` and
+livekit-plugins-openai's realtime session; with Qwen2.5-Omni the official SDK.
 
 Each client (``toys/realtime_clients/SCRIPT.py``, in its venv: :data:`toys.realtime_clients.drive.SCRIPTS`)
 goes through a text turn, a spoken turn (Piper's speech fed through its audio input in real time), a
@@ -18,25 +18,35 @@ import pytest
 
 pytest.importorskip("piper", reason="the turns' speech comes from the speech extra's Piper voice")
 
-from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.realtime_sdk_types import ga_event_types
 from toys.realtime_clients.drive import turn
-from toys.realtime_omni import client_run
+from toys.realtime_omni import FAMILIES, client_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
+CLIENTS = [
+    *(("qwen3-omni", script) for script in ("openai_sdk", "agents_runner", "pipecat_service", "livekit_session")),
+    ("qwen2.5-omni", "openai_sdk"),
+]
+
+
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("omni-checkpoint") / "tiny", size="tiny")
+def checkpoints() -> dict[str, Path]:
+    """Each family's tiny checkpoint, written the first time a client needs it."""
+    return {}
 
 
-@pytest.fixture(scope="module", params=["openai_sdk", "agents_runner", "pipecat_service", "livekit_session"])
+@pytest.fixture(scope="module", params=CLIENTS, ids=["-".join(pair) for pair in CLIENTS])
 def seen(
-    request: pytest.FixtureRequest, checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> list[dict[str, Any]]:
-    """What one client saw through the turns (run once per client)."""
-    return client_run(request.param, checkpoint, tmp_path_factory.mktemp("omni-client"))
+    """What one client saw through the turns with one family (run once per pair)."""
+    name, script = request.param
+    family = FAMILIES[name]
+    if name not in checkpoints:
+        checkpoints[name] = family.write_checkpoint(tmp_path_factory.mktemp("omni-checkpoint") / "tiny")
+    return client_run(script, family, checkpoints[name], tmp_path_factory.mktemp("omni-client"))
 
 
 def test_the_client_reports_no_error(seen: list[dict[str, Any]]) -> None:

@@ -1,5 +1,6 @@
 """The voice page at ``/``, in a real browser (Debian's chromium under Playwright), talking to Qwen3-Omni on a
 tiny checkpoint: the model hears the microphone's turn and speaks; speaking over its answer stops it.
+Qwen2.5-Omni answers the spoken question too (over the WebSocket).
 
 The microphone is a WAV of Piper's speech (:func:`toys.realtime_omni.spoken`). The pipeline has no ASR
 stage, so the page asks for no input transcription (``/voice.json``'s ``transcribes``) and shows no error.
@@ -19,10 +20,9 @@ import pytest
 
 pytest.importorskip("piper", reason="the microphone's speech comes from the speech extra's Piper voice")
 
-from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.test_voice_page import ANSWERED, assert_answer_played, start, stats, wait_for  # the cascade page's
 from toys.browser import RATE, Server, chromium_page, ensure_chromium
-from toys.realtime_omni import CLIENT_OVERRIDES, serve_qwen3_omni, spoken
+from toys.realtime_omni import FAMILIES, spoken
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,14 +32,25 @@ QUESTION = "What is the capital of France?"
 INTERRUPTION = "Stop. Wait a moment please."
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def serving(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Family ``name`` on its tiny checkpoint, for the page (skipped where chromium cannot be had)."""
     reason = ensure_chromium()
     if reason is not None:
         pytest.skip(reason)
-    checkpoint = write_checkpoint(tmp_path_factory.mktemp("omni-page") / "tiny", size="tiny")
-    with serve_qwen3_omni(checkpoint, CLIENT_OVERRIDES) as running:
+    family = FAMILIES[name]
+    checkpoint = family.write_checkpoint(tmp_path_factory.mktemp("omni-page") / "tiny")
+    with family.serve_for_clients(checkpoint) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from serving("qwen3-omni", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def qwen2_5_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from serving("qwen2.5-omni", tmp_path_factory)
 
 
 def microphone_wav(path: Path, parts: list[str | float]) -> Path:
@@ -71,17 +82,27 @@ def playwright() -> Iterator[Any]:
         yield running
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_spoken_question_is_answered_with_speech(
-    server: Server, microphones: dict[str, Path], playwright: Any, transport: str
-) -> None:
-    with chromium_page(playwright, microphones["question"], server.url) as page:
+def assert_a_spoken_question_is_answered(server: Server, microphone: Path, playwright: Any, transport: str) -> None:
+    with chromium_page(playwright, microphone, server.url) as page:
         start(page, transport, key=None)
         wait_for(page, ANSWERED)
         seen = stats(page)
     assert seen["transport"] == transport and seen["errors"] == []
     assert_answer_played(seen, transport, 0)
     assert 0 < seen["latencies"][0]["ms"] < TURN
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_spoken_question_is_answered_with_speech(
+    server: Server, microphones: dict[str, Path], playwright: Any, transport: str
+) -> None:
+    assert_a_spoken_question_is_answered(server, microphones["question"], playwright, transport)
+
+
+def test_qwen2_5_omni_answers_a_spoken_question_with_speech(
+    qwen2_5_server: Server, microphones: dict[str, Path], playwright: Any
+) -> None:
+    assert_a_spoken_question_is_answered(qwen2_5_server, microphones["question"], playwright, "websocket")
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -38,7 +38,7 @@ from toys.qwen3_omni_reference import (
     reference_processor,
 )
 from toys.qwen3_omni_requests import pcm16, snr_db
-from toys.realtime_omni import GREEDY, NO_ASR, TALKER_TOKENS, as_heard, serve_qwen3_omni, spoken
+from toys.realtime_omni import GREEDY, NO_ASR, TALKER_TOKENS, as_heard, serve_omni, spoken
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -66,7 +66,7 @@ def checkpoint(tiny_qwen3_omni: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(checkpoint: Path) -> Any:
-    with serve_qwen3_omni(checkpoint, (*GREEDY, NO_ASR)) as running:
+    with serve_omni(checkpoint, (*GREEDY, NO_ASR)) as running:
         yield running
 
 
@@ -119,9 +119,9 @@ def transcript(events: list[dict[str, Any]]) -> str:
     return str(events[-1]["response"]["output"][0]["content"][0]["transcript"])
 
 
-@pytest.fixture(scope="module")
-def answered(server: Server, turns: dict[str, bytes]) -> dict[str, Any]:
-    """One session of two spoken turns, committed by hand (the first answered, a text item, the second)."""
+def two_turns(server: Server, turns: dict[str, bytes]) -> dict[str, Any]:
+    """One session of two spoken turns, committed by hand (the first answered, a text item, the second):
+    the answers' events, by turn."""
 
     async def session() -> dict[str, Any]:
         async with open_realtime(server.url.replace("http", "ws", 1) + "/v1/realtime") as rt:
@@ -135,6 +135,11 @@ def answered(server: Server, turns: dict[str, bytes]) -> dict[str, Any]:
             return {"first": first, "second": await respond(rt)}
 
     return trio.run(session)
+
+
+@pytest.fixture(scope="module")
+def answered(server: Server, turns: dict[str, bytes]) -> dict[str, Any]:
+    return two_turns(server, turns)
 
 
 def test_a_spoken_turn_is_answered_with_audio_and_its_transcript_in_the_ga_order(answered: dict[str, Any]) -> None:

@@ -27,9 +27,8 @@ What crosses each edge of the front is a class of :mod:`.handoffs`:
 * :func:`merge_aggregate` builds the thinker's :class:`~.handoffs.ThinkerInput` from the text and the
   encoders' :class:`~.handoffs.AudioEmbeddings` / :class:`~.handoffs.ImageEmbeddings`;
 * :func:`route_thinker`: ``decode`` always, ``talker`` too when the answer is spoken (the thinker's result
-  says so in its ``want_audio``), so a text-only request never reaches the talker or token2wav; it also
-  serves as the thinker's ``stream_done_to_fn``, so its end of stream goes only where its stream and
-  result go;
+  says so in its ``want_audio``), so a text-only request never reaches the talker or token2wav (nor its
+  end of stream: the runtime sends that only where the thinker's routes went);
 * :func:`chat_terminal_stages` / :func:`terminal_stages` (the pipeline's ``terminal_stages_fn``):
   ``decode``, and ``token2wav`` when the request asks for audio; the ASR stage for its tasks.
 

@@ -32,9 +32,8 @@ What crosses each edge is a class of :mod:`.handoffs`:
 * :func:`merge_aggregate` builds the thinker's :class:`~.handoffs.ThinkerInput` from the text and the
   encoders' :class:`~.handoffs.AudioEmbeddings` / :class:`~.handoffs.ImageEmbeddings`;
 * :func:`route_thinker` / :func:`chat_terminal_stages`: ``decode`` always, ``talker`` / ``code2wav`` too
-  when the request asks for audio, so a text-only request never runs the talker or code2wav;
-  :func:`route_thinker` is also the thinker's ``stream_done_to_fn``: its end of stream goes only where
-  its stream and result go (an end of stream alone would start a request at the talker that nothing ends);
+  when the request asks for audio, so a text-only request never runs the talker or code2wav (nor gets
+  its end of stream: the runtime sends that only where the thinker's routes went);
 * :func:`terminal_stages` (the pipeline's ``terminal_stages_fn``): the ASR stage for its tasks, the
   model's terminals for a chat.
 
