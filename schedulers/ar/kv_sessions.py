@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
-from schedulers.engine.kv_batch import KVBatch
+if TYPE_CHECKING:  # the engine's batch imports transformers, which llama.cpp's prefix matching never needs
+    from schedulers.engine.kv_batch import KVBatch
 
 
 @attrs.frozen

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schedulers.engine.kv_batch import KVStep
+if TYPE_CHECKING:  # the engine's batch imports transformers, which the GGUF reader never needs
+    from schedulers.engine.kv_batch import KVStep
 
 
 @attrs.frozen
