@@ -14,7 +14,8 @@ The front's classes pickle as a constructor call with their fields in order
 (:func:`schedulers.handoff.handoff`), so they cost the wire no more than a dict of the same fields.  The
 encoders' inputs and the audio encoder's output (:class:`AudioEncoderInput`, :class:`ImageEncoderInput`,
 :class:`AudioEmbeddings`) are the same for every family: they are :mod:`schedulers.front.handoffs`'s,
-re-exported here.
+re-exported here, as are the decoder's (:class:`DecodeToken`, :class:`ThinkerResult`) from
+:mod:`schedulers.engine.handoffs`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from schedulers.engine.admission import FinishReason
+from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
 from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
 from schedulers.handoff import handoff
 
@@ -124,16 +125,6 @@ class Voice:
 
 
 @handoff
-@attrs.frozen
-class DecodeToken:
-    """``thinker`` → ``decode``, one per generated token as soon as it is chosen, in order (the last may be
-    the eos): its id, and whether the answer is spoken (then its words are the audio's transcript)."""
-
-    token_id: int
-    want_audio: bool
-
-
-@handoff
 @attrs.frozen(eq=False)
 class TalkerPrompt:
     """``thinker`` → ``talker``, the first chunk of its stream (only when the answer is spoken): the prompt
@@ -159,25 +150,6 @@ class TalkerToken:
 
     hidden: torch.Tensor
     embed: torch.Tensor
-
-
-@handoff
-@attrs.frozen
-class ThinkerResult:
-    """The thinker's result → ``decode`` and (when the answer is spoken) ``talker``; it ends their text.
-
-    ``token_ids``: the generated ids, eos included; ``prompt_len``: the prompt's tokens;
-    ``finish_reason``: ``"stop"`` (eos) or ``"length"``; ``want_audio`` as the client asked."""
-
-    token_ids: tuple[int, ...]
-    prompt_len: int
-    finish_reason: FinishReason
-    want_audio: bool = False
-
-    @property
-    def usage(self) -> dict[str, int]:
-        """OpenAI's ``usage`` of the answer: ``{"prompt_tokens", "completion_tokens"}``."""
-        return {"prompt_tokens": self.prompt_len, "completion_tokens": len(self.token_ids)}
 
 
 @attrs.frozen(eq=False)

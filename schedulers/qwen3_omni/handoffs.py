@@ -16,7 +16,8 @@ it costs the wire no more than the dict it replaces; its tensors go through shar
 
 The encoders' inputs and the audio encoder's output (:class:`AudioEncoderInput`, :class:`ImageEncoderInput`,
 :class:`AudioEmbeddings`) are the same for every family: they are :mod:`schedulers.front.handoffs`'s,
-re-exported here.
+re-exported here, as are the decoder's (:class:`DecodeToken`, :class:`ThinkerResult`) from
+:mod:`schedulers.engine.handoffs`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import attrs
 import torch
 
-from schedulers.engine.admission import FinishReason
+from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
 from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
 from schedulers.handoff import handoff
 
@@ -109,16 +110,6 @@ class ThinkerInput:
 
 
 @handoff
-@attrs.frozen
-class DecodeToken:
-    """``thinker`` → ``decode``, one per generated token as soon as it is chosen, in order (the last may be
-    the eos): its id, and whether the answer is spoken (then its words are the audio's transcript)."""
-
-    token_id: int
-    want_audio: bool
-
-
-@handoff
 @attrs.frozen(eq=False)
 class TalkerPrompt:
     """``thinker`` → ``talker``, the first chunk of its stream (only when the answer is spoken): the
@@ -146,25 +137,6 @@ class TalkerToken:
 
     token_id: int
     embed: torch.Tensor
-
-
-@handoff
-@attrs.frozen
-class ThinkerResult:
-    """The thinker's result → ``decode`` and (when the answer is spoken) ``talker``; it ends their text.
-
-    ``token_ids``: the generated ids, eos included; ``prompt_len``: the prompt's tokens;
-    ``finish_reason``: ``"stop"`` (eos) or ``"length"``; ``want_audio`` as the client asked."""
-
-    token_ids: tuple[int, ...]
-    prompt_len: int
-    finish_reason: FinishReason
-    want_audio: bool = False
-
-    @property
-    def usage(self) -> dict[str, int]:
-        """OpenAI's ``usage`` of the answer: ``{"prompt_tokens", "completion_tokens"}``."""
-        return {"prompt_tokens": self.prompt_len, "completion_tokens": len(self.token_ids)}
 
 
 @handoff
