@@ -32,13 +32,13 @@ class Stop:
 STOP: Final = Stop()
 
 
-class StepLoop:
-    """Base of a stepping scheduler: a subclass says what work is, how a message is handled, what a step does."""
+class Mailboxes:
+    """A scheduler's two unbounded queues, what the runtime reads as its ``inbox`` (messages, then
+    :data:`STOP`) and ``outbox`` (its outgoing messages); the scheduler's thread owns what it takes."""
 
     def __init__(self) -> None:
         self._inbox: queue.Queue[IncomingMessage | Stop] = queue.Queue()
         self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
-        self._pending: list[OutgoingMessage] = []
 
     @property
     def inbox(self) -> queue.Queue[IncomingMessage | Stop]:
@@ -47,6 +47,14 @@ class StepLoop:
     @property
     def outbox(self) -> queue.Queue[OutgoingMessage]:
         return self._outbox
+
+
+class StepLoop(Mailboxes):
+    """Base of a stepping scheduler: a subclass says what work is, how a message is handled, what a step does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: list[OutgoingMessage] = []
 
     def warm_up_serving_thread(self) -> None:
         """Keep torch to one intra-op thread per scheduler (oversubscribed cores stall OpenMP)."""
