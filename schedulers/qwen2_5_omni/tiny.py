@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 
 from schedulers.qwen2_5_omni.tiny_tokenizer import CHAT_TEMPLATE, ReservedIds, build_tokenizer, reserved_ids, token_id
-from schedulers.tiny_omni import ImageProcessing, save_weights, seed_weights, write_processor_files
+from schedulers.tiny_omni import ImageProcessing, decoder_sizes, save_weights, seed_weights, write_processor_files
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("Chelsie", "Ethan")
@@ -151,11 +151,7 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
     thinker = {
         "text_config": {
             "vocab_size": reserved.vocab_size,
-            "hidden_size": hidden,
-            "intermediate_size": 2 * hidden,
-            "num_hidden_layers": s["layers"],
-            "num_attention_heads": heads,
-            "num_key_value_heads": s["kv_heads"],
+            **decoder_sizes(hidden, s["layers"], heads, s["kv_heads"]),
             "max_position_embeddings": 4096,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": s["mrope"]},
             "tie_word_embeddings": False,
@@ -194,12 +190,7 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
     talker = {
         "vocab_size": CODEC_VOCAB,
         "embedding_size": hidden,
-        "hidden_size": t_hidden,
-        "intermediate_size": 2 * t_hidden,
-        "num_hidden_layers": s["talker_layers"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": s["kv_heads"],
-        "head_dim": t_hidden // heads,
+        **decoder_sizes(t_hidden, s["talker_layers"], heads, s["kv_heads"], t_hidden // heads),
         "max_position_embeddings": 8192,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": s["talker_mrope"]},
         "tts_text_start_token_id": reserved.tts_text_bos,
