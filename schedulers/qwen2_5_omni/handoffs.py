@@ -4,18 +4,10 @@ by its producer, read by its consumer (:mod:`.graph` says which edge goes where)
 Shapes: ``P`` prompt tokens, ``H`` the thinker's hidden size.  Every tensor here is on the CPU (the
 producer moves it there), so any process can read it.
 
-Ownership, for every class: a handoff is built once and never changed (frozen); the consumer reads its
-tensors and does not write into them.  Between processes the runtime copies tensors through shared
-memory and the consumer gets zero-copy views that stay valid while its stage holds the request; in one
-process the object itself is handed on.  A consumer that keeps a tensor longer than the request copies
-it.  Classes that hold tensors compare by identity; the others (knobs, names, counts) by value.
-
-The front's classes pickle as a constructor call with their fields in order
-(:func:`schedulers.handoff.handoff`), so they cost the wire no more than a dict of the same fields.  The
-encoders' inputs and the audio encoder's output (:class:`AudioEncoderInput`, :class:`ImageEncoderInput`,
-:class:`AudioEmbeddings`) are the same for every family: they are :mod:`schedulers.front.handoffs`'s,
-re-exported here, as are the decoder's (:class:`DecodeToken`, :class:`ThinkerResult`) from
-:mod:`schedulers.engine.handoffs`.
+Ownership and pickling are :mod:`schedulers.handoff`'s promises for every class here (:class:`Voice`,
+:class:`TalkerCodes` and :class:`TalkerDone` pickle as plain attrs classes).  Re-exported beside Qwen2.5-Omni's
+own: the encoders' inputs and the audio embeddings of :mod:`schedulers.front.handoffs`, the decoder's
+tokens and result of :mod:`schedulers.engine.handoffs`, which every family shares.
 """
 
 from __future__ import annotations
@@ -24,7 +16,13 @@ import attrs
 import torch
 
 from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
-from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
+from schedulers.front.handoffs import (
+    AudioEmbeddings,
+    AudioEncoderInput,
+    ImageEncoderInput,
+    Preprocessed,
+    PreprocessedText,
+)
 from schedulers.handoff import handoff
 
 
@@ -46,36 +44,6 @@ class Knobs:
     speaker: str | None = None
     stream: bool = True
     want_audio: bool = False
-
-
-@handoff
-@attrs.frozen(eq=False)
-class Preprocessed:
-    """``preprocess`` → the graph's projections (:mod:`.graph` splits it for the encoders and the aggregate).
-
-    ``input_ids`` ``Long[P]``: the prompt under the model's system prompt, the media placeholders expanded;
-    ``encoders``: the encoder stages this request needs, in graph order.  Audio: ``input_features``
-    ``Float[clips, 128, T]`` and ``feature_attention_mask`` ``Int[clips, T]`` (both or neither); images:
-    ``pixel_values`` ``Float[patches, D]`` and ``image_grid_thw`` ``Long[images, 3]`` (both or neither)."""
-
-    input_ids: torch.Tensor
-    encoders: tuple[str, ...]
-    knobs: Knobs
-    input_features: torch.Tensor | None = None
-    feature_attention_mask: torch.Tensor | None = None
-    pixel_values: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
-
-
-@handoff
-@attrs.frozen(eq=False)
-class PreprocessedText:
-    """``preprocess`` → ``aggregate`` (projected from :class:`Preprocessed`): the prompt's ``input_ids``,
-    the request's ``encoders`` and its :class:`Knobs`."""
-
-    input_ids: torch.Tensor
-    encoders: tuple[str, ...]
-    knobs: Knobs
 
 
 @handoff
