@@ -20,6 +20,9 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache
 
+from schedulers.engine.decoder import Decoded
+from schedulers.engine.kv_batch import cached_forward
+
 
 class ThinkerTextLM:
     """A thinker's text model and head (``config`` is the family's whole omni config)."""
@@ -59,34 +62,33 @@ class ThinkerTextLM:
         """The text model on ``embeds [B, S, H]``; ``cache`` (a new ``DynamicCache`` when None) grows by
         ``S`` columns.  Returns the model's output and the cache; call it under ``torch.inference_mode``."""
         cache = DynamicCache(config=self.text_config) if cache is None else cache
-        out = self.model(
-            inputs_embeds=embeds,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            **extra,
-        )
-        return out, cache
+        return cached_forward(self.model, embeds, position_ids, attention_mask, cache, **extra), cache
 
-    def _step_hidden(
+    def decode(
         self,
         embeds: torch.Tensor,
         lengths: Sequence[int],
         rope_deltas: Sequence[int],
         attention_mask: torch.Tensor | None,
         cache: Cache,
-    ) -> torch.Tensor:
-        """One decode forward of one token per row (``embeds [B, H]``, ``lengths[b]`` positions already in
-        row b's cache, ``attention_mask [B, width + 1]`` or None without padding): each row's last hidden
-        state ``[B, H]``.  Call it under ``torch.inference_mode``."""
+    ) -> Decoded:
+        """Feed one token to each of ``B`` rows: its input embedding ``embeds`` ``[B, H]`` (:meth:`embed`),
+        ``lengths[b]`` positions already in row b's cache, ``cache`` the rows' keys/values (it grows by one
+        column per row).  ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token,
+        0 on padding); None when no row has padding.  What it returns of each row's last hidden state
+        ``[B, H]`` is the family's :meth:`_decoded`."""
         text = torch.tensor(list(lengths), dtype=torch.long, device=self.device).view(1, -1, 1)
         rope = text + torch.tensor(list(rope_deltas), dtype=torch.long, device=self.device).view(1, -1, 1)
         position_ids = torch.cat([text, rope.expand(3, -1, -1)], dim=0)
         mask = None if attention_mask is None else attention_mask.to(self.device)
         inputs = embeds.reshape(embeds.shape[0], 1, -1).to(self.device)
-        out, _ = self._forward(inputs, position_ids, mask, cache)
-        return out.last_hidden_state[:, -1]
+        with torch.inference_mode():
+            out, _ = self._forward(inputs, position_ids, mask, cache)
+            return self._decoded(out.last_hidden_state[:, -1])
+
+    def _decoded(self, hidden: torch.Tensor) -> Decoded:
+        """A decode step's outcome from the rows' last hidden states ``[B, H]`` (under inference mode)."""
+        raise NotImplementedError
 
     def _image_grid(self, image_grid_thw: torch.Tensor | None, n_image: int, merge: int) -> torch.Tensor | None:
         """``image_grid_thw`` on the model's device when the prompt has ``n_image`` image placeholders (None

@@ -22,7 +22,6 @@ under ``torch.inference_mode``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,22 +156,7 @@ class ThinkerLM(ThinkerTextLM):
             logits = self.lm_head(states[-1]).float()
         return Prefill(logits, cache, states, prompt.embeds)
 
-    def decode(
-        self,
-        embeds: torch.Tensor,
-        lengths: Sequence[int],
-        rope_deltas: Sequence[int],
-        attention_mask: torch.Tensor | None,
-        cache: Cache,
-    ) -> Decoded:
-        """Feed one token to each of ``B`` rows: its input embedding ``embeds`` ``[B, H]``
-        (:meth:`embed`), ``lengths[b]`` positions already in row b's cache, ``cache`` the rows' keys/values
-        (it grows by one column per row).  Returns the logits ``[B, V]`` and each row's last hidden state
-        ``[B, H]`` (what ``generate`` hands the talker for the token fed).
-
-        ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token, 0 on padding);
-        None when no row has padding."""
-        with torch.inference_mode():
-            hidden = self._step_hidden(embeds, lengths, rope_deltas, attention_mask, cache)
-            logits = self.lm_head(hidden).float()
-        return Decoded(logits, hidden)
+    def _decoded(self, hidden: torch.Tensor) -> Decoded:
+        """The logits ``[B, V]`` (float32) and each row's last hidden state ``[B, H]`` (what ``generate`` hands
+        the talker for the token fed)."""
+        return Decoded(self.lm_head(hidden).float(), hidden)

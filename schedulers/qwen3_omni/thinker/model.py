@@ -187,17 +187,6 @@ class ThinkerLM(ThinkerTextLM):
         states = out.hidden_states[self.accept_hidden_layer][0] if hidden else None
         return Prefill(logits, cache, states)
 
-    def decode(
-        self,
-        embeds: torch.Tensor,
-        lengths: list[int],
-        rope_deltas: list[int],
-        attention_mask: torch.Tensor,
-        cache: Cache,
-    ) -> Decoded:
-        """One token for each row: ``embeds`` ``[B, H]``, ``lengths[b]`` tokens already in row b's cache.
-
-        ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token); returns the
-        logits ``[B, V]`` (no states: the talker takes none per token)."""
-        with torch.inference_mode():
-            return Decoded(self.lm_head(self._step_hidden(embeds, lengths, rope_deltas, attention_mask, cache)))
+    def _decoded(self, hidden: torch.Tensor) -> Decoded:
+        """The logits ``[B, V]`` (no states: the talker takes none per token)."""
+        return Decoded(self.lm_head(hidden))
