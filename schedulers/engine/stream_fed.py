@@ -65,21 +65,6 @@ class Phase(enum.Enum):
     """Its codes are done; it ends once the stream and the payload are both in."""
 
 
-class TextState(Protocol):
-    """What the stage asks of a family's text of one request (:meth:`StreamFedRequest.text_state`)."""
-
-    def end(self) -> None:
-        """The upstream stream is over."""
-
-    def speakable(self) -> bool:
-        """With the text ended: whether there is anything to voice."""
-        ...
-
-    def prefill_ready(self) -> bool:
-        """Whether the prompt and text so far allow the prefill."""
-        ...
-
-
 @attrs.define(eq=False)
 class StreamFedRequest:
     """Everything the stage holds for one request but its KV row; a family subclass adds its text state."""
@@ -132,6 +117,16 @@ class StreamFedRequest:
 
     def release(self) -> None:
         """Its codes are done: drop what only stepping needed (text, last frame)."""
+
+
+class TextState(Protocol):
+    """What the stage asks of a family's text of one request (:meth:`StreamFedRequest.text_state`):
+    ``end()`` when the upstream stream is over; ``speakable()``, with the text ended, whether there is
+    anything to voice; ``prefill_ready()``, whether the prompt and text so far allow the prefill."""
+
+    def end(self) -> None: ...
+    def speakable(self) -> bool: ...
+    def prefill_ready(self) -> bool: ...
 
 
 R = TypeVar("R", bound=StreamFedRequest)
