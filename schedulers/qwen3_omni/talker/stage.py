@@ -40,7 +40,7 @@ from schedulers.engine.stream_fed import StreamEdges, StreamFedTalker
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import Codes, TalkerPrompt, TalkerResult, TalkerToken, ThinkerResult
 from schedulers.qwen3_omni.talker.code_predictor import CodePredictor
-from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_codes, suppressed_mask
+from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_codes, processed_scores, suppressed_mask
 from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.prompt import TextFeed
 from schedulers.qwen3_omni.talker.request import TalkerRequest, check_prompt
@@ -127,14 +127,15 @@ class TalkerScheduler(StreamFedTalker[TalkerRequest]):
     def _choose(self, stepped: Sequence[tuple[TalkerRequest, tuple[torch.Tensor, torch.Tensor]]]) -> None:
         reqs = [req for req, _ in stepped]
         try:
-            codes = first_codes(
+            knobs = [req.sampling for req in reqs]
+            scores = processed_scores(
                 torch.stack([logits for _, (_, logits) in stepped]),
                 [req.history for req in reqs],
-                [req.sampling for req in reqs],
+                knobs,
                 self._suppressed,
                 self.model.ids.codec_eos,
-                self._generator,
             )
+            codes = first_codes(scores, knobs, self._generator)
         except Exception as exc:
             for req in reqs:
                 self._fail(req, exc)
