@@ -11,8 +11,8 @@ tokenizer trained offline, the chat template in the releases' form, the processo
   ``<|im_end|>\\n``, ``<|im_start|>assistant\\n`` as the generation prompt; optionally a default system
   turn when the first message is not a system message.
 * :func:`processor_tokens` names the media tokens as the processor's tokenizer attributes;
-  :func:`decoder_sizes` a decoder config's sizes; :func:`seed_weights` draws a random model's matrices at
-  a scale that keeps activations alive;
+  :func:`decoder_sizes` and :func:`vision_sizes` a decoder's and a vision tower's config sizes;
+  :func:`seed_weights` draws a random model's matrices at a scale that keeps activations alive;
 * :func:`write_processor_files` writes ``preprocessor_config.json`` (Whisper feature extractor and the
   Qwen2-VL image processor together) and ``chat_template.json``; :func:`save_weights` the model in at least
   two safetensors shards with their index, as released checkpoints are.
@@ -212,6 +212,22 @@ def decoder_sizes(hidden: int, layers: int, heads: int, kv_heads: int, head_dim:
     if head_dim is not None:
         sizes["head_dim"] = head_dim
     return sizes
+
+
+def vision_sizes(depth: int, hidden: int, patch_size: int, out_hidden: int) -> dict[str, int]:
+    """A Qwen vision tower config's sizes, in this order: ``depth``, ``hidden_size``, ``intermediate_size``
+    (twice the hidden size), ``num_heads`` 2, ``patch_size``, ``spatial_merge_size`` 2,
+    ``temporal_patch_size`` 2, then ``out_hidden_size`` (the thinker's hidden size)."""
+    return {
+        "depth": depth,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_heads": 2,
+        "patch_size": patch_size,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": out_hidden,
+    }
 
 
 def seed_weights(model: torch.nn.Module, gains: Sequence[tuple[str, float]], generator: torch.Generator) -> None:

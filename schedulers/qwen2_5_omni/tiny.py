@@ -37,7 +37,14 @@ from typing import Any, Literal
 import torch
 
 from schedulers.qwen2_5_omni.tiny_tokenizer import CHAT_TEMPLATE, ReservedIds, build_tokenizer, reserved_ids, token_id
-from schedulers.tiny_omni import ImageProcessing, decoder_sizes, save_weights, seed_weights, write_processor_files
+from schedulers.tiny_omni import (
+    ImageProcessing,
+    decoder_sizes,
+    save_weights,
+    seed_weights,
+    vision_sizes,
+    write_processor_files,
+)
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("Chelsie", "Ethan")
@@ -169,16 +176,9 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
             "n_window": 100,
         },
         "vision_config": {
-            "depth": s["vision_depth"],
-            "hidden_size": s["vision_hidden"],
-            "intermediate_size": 2 * s["vision_hidden"],
-            "num_heads": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
+            **vision_sizes(s["vision_depth"], s["vision_hidden"], 14, hidden),
             "window_size": 112,
             "fullatt_block_indexes": [s["vision_depth"] - 1],
-            "out_hidden_size": hidden,
         },
         "user_token_id": ids["user"],
         "bos_token_id": ids["im_start"],

@@ -27,7 +27,14 @@ from typing import Any, Literal
 import torch
 
 from schedulers.qwen3_omni.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer, token_id
-from schedulers.tiny_omni import ImageProcessing, decoder_sizes, save_weights, seed_weights, write_processor_files
+from schedulers.tiny_omni import (
+    ImageProcessing,
+    decoder_sizes,
+    save_weights,
+    seed_weights,
+    vision_sizes,
+    write_processor_files,
+)
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("chelsie", "ethan", "aiden")
@@ -144,14 +151,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
             "n_window_infer": 400,
         },
         "vision_config": {
-            "depth": s["vision_depth"],
-            "hidden_size": s["vision_hidden"],
-            "intermediate_size": 2 * s["vision_hidden"],
-            "num_heads": 2,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": hidden,
+            **vision_sizes(s["vision_depth"], s["vision_hidden"], 16, hidden),
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": list(range(s["vision_depth"])),
         },
