@@ -36,15 +36,9 @@ from typing import Any, Literal
 
 import torch
 
+from schedulers import tiny_omni
 from schedulers.qwen2_5_omni.tiny_tokenizer import CHAT_TEMPLATE, ReservedIds, build_tokenizer, reserved_ids, token_id
-from schedulers.tiny_omni import (
-    ImageProcessing,
-    decoder_sizes,
-    save_weights,
-    seed_weights,
-    vision_sizes,
-    write_processor_files,
-)
+from schedulers.tiny_omni import ImageProcessing, save_weights, seed_weights, write_processor_files
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("Chelsie", "Ethan")
@@ -158,7 +152,7 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
     thinker = {
         "text_config": {
             "vocab_size": reserved.vocab_size,
-            **decoder_sizes(hidden, s["layers"], heads, s["kv_heads"]),
+            **tiny_omni.decoder_sizes(hidden, s["layers"], heads, s["kv_heads"]),
             "max_position_embeddings": 4096,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": s["mrope"]},
             "tie_word_embeddings": False,
@@ -176,7 +170,7 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
             "n_window": 100,
         },
         "vision_config": {
-            **vision_sizes(s["vision_depth"], s["vision_hidden"], 14, hidden),
+            **tiny_omni.vision_sizes(s["vision_depth"], s["vision_hidden"], 14, hidden),
             "window_size": 112,
             "fullatt_block_indexes": [s["vision_depth"] - 1],
         },
@@ -190,7 +184,7 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
     talker = {
         "vocab_size": CODEC_VOCAB,
         "embedding_size": hidden,
-        **decoder_sizes(t_hidden, s["talker_layers"], heads, s["kv_heads"], t_hidden // heads),
+        **tiny_omni.decoder_sizes(t_hidden, s["talker_layers"], heads, s["kv_heads"], t_hidden // heads),
         "max_position_embeddings": 8192,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": s["talker_mrope"]},
         "tts_text_start_token_id": reserved.tts_text_bos,

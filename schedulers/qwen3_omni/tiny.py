@@ -26,15 +26,9 @@ from typing import Any, Literal
 
 import torch
 
+from schedulers import tiny_omni
 from schedulers.qwen3_omni.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer, token_id
-from schedulers.tiny_omni import (
-    ImageProcessing,
-    decoder_sizes,
-    save_weights,
-    seed_weights,
-    vision_sizes,
-    write_processor_files,
-)
+from schedulers.tiny_omni import ImageProcessing, save_weights, seed_weights, write_processor_files
 
 Size = Literal["tiny", "medium"]
 SPEAKERS = ("chelsie", "ethan", "aiden")
@@ -124,7 +118,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
     codec = {"pad": cb, "bos": cb + 1, "eos": cb + 2, "nothink": cb + 3, "think_bos": cb + 4, "think_eos": cb + 5}
     text = {
         "vocab_size": vocab,
-        **decoder_sizes(hidden, s["layers"], s["heads"], s["kv_heads"], head_dim),
+        **tiny_omni.decoder_sizes(hidden, s["layers"], s["heads"], s["kv_heads"], head_dim),
         "moe_intermediate_size": s["moe_intermediate"],
         "num_experts": s["experts"],
         "num_experts_per_tok": 2,
@@ -151,7 +145,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
             "n_window_infer": 400,
         },
         "vision_config": {
-            **vision_sizes(s["vision_depth"], s["vision_hidden"], 16, hidden),
+            **tiny_omni.vision_sizes(s["vision_depth"], s["vision_hidden"], 16, hidden),
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": list(range(s["vision_depth"])),
         },
@@ -166,7 +160,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
     talker = {
         "text_config": {
             "vocab_size": cb + 1024,
-            **decoder_sizes(t_hidden, s["talker_layers"], s["heads"], s["kv_heads"], t_hidden // s["heads"]),
+            **tiny_omni.decoder_sizes(t_hidden, s["talker_layers"], s["heads"], s["kv_heads"], t_hidden // s["heads"]),
             "moe_intermediate_size": t_hidden,
             "shared_expert_intermediate_size": t_hidden,
             "num_experts": s["talker_experts"],
@@ -181,7 +175,9 @@ def build_config(size: Size, tokenizer: Any) -> Any:
         },
         "code_predictor_config": {
             "vocab_size": cb,
-            **decoder_sizes(t_hidden, s["predictor_layers"], s["heads"], s["kv_heads"], t_hidden // s["heads"]),
+            **tiny_omni.decoder_sizes(
+                t_hidden, s["predictor_layers"], s["heads"], s["kv_heads"], t_hidden // s["heads"]
+            ),
             "num_code_groups": s["code_groups"],
         },
         "num_code_groups": s["code_groups"],
@@ -203,7 +199,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
     }
     code2wav = {
         "codebook_size": cb,
-        **decoder_sizes(s["c2w_hidden"], s["c2w_layers"], 2, 2),
+        **tiny_omni.decoder_sizes(s["c2w_hidden"], s["c2w_layers"], 2, 2),
         "num_quantizers": s["code_groups"],
         "decoder_dim": s["c2w_decoder"],
         "upsample_rates": [8, 5, 4, 3],
