@@ -47,6 +47,7 @@ from schedulers.qwen2_5_omni.token2wav.windows import (
     DEFAULT_VOCODER_CONTEXT,
     DEFAULT_VOCODER_LAG,
     Schedule,
+    check_count,
 )
 from schedulers.stepped_vocoder import SteppedVocoderBase
 
@@ -64,8 +65,7 @@ ACCELERATOR_MAX_VOCODER_FRAMES = 65536
 
 
 def _frames(_: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{STAGE}: {attribute.name} must be an integer >= 0, got {value!r}")
+    check_count(attribute.name, value, 0)
 
 
 @attrs.frozen
