@@ -64,19 +64,19 @@ CPU_MAX_VOCODER_FRAMES = 256
 ACCELERATOR_MAX_VOCODER_FRAMES = 65536
 
 
-def _frames(_: Any, attribute: Any, value: Any) -> None:
-    check_count(attribute.name, value, 0)
-
-
 @attrs.frozen
 class FrameBudget:
     """How the stage groups its work, in mel frames: ``call_cost_frames`` and ``max_forward_frames`` shape
     the DiT forwards (:func:`plan_forwards`), ``max_vocoder_frames`` bounds one BigVGAN call; each an
     integer >= 0 (``ValueError`` naming it otherwise)."""
 
-    call_cost_frames: int = attrs.field(validator=_frames)
-    max_forward_frames: int = attrs.field(validator=_frames)
-    max_vocoder_frames: int = attrs.field(validator=_frames)
+    call_cost_frames: int
+    max_forward_frames: int
+    max_vocoder_frames: int
+
+    def __attrs_post_init__(self) -> None:
+        for field in attrs.fields(FrameBudget):
+            check_count(field.name, getattr(self, field.name), 0)
 
 
 class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
