@@ -38,7 +38,7 @@ from omnitrio.config import PipelineConfig  # noqa: E402
 from omnitrio.config_loading import load  # noqa: E402
 from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT  # noqa: E402
 from schedulers.qwen2_5_omni.tiny import write_checkpoint  # noqa: E402
-from tests.qwen2_5_omni_reference import clip, pcm16, picture, png, reference_inputs, reference_processor, wav  # noqa: E402
+from toys.qwen2_5_omni_reference import clip, pcm16, picture, png, reference_inputs, reference_processor, wav  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "qwen2_5_omni.json"
 CONFIG = ROOT / "configs" / "qwen2.5-omni.toml"

@@ -8,6 +8,13 @@ than a dict of the same fields, and chunks cross once per token.
 
 Tensors inside a handoff are found by the runtime's packer wherever they sit, so they cross through
 shared memory exactly as they would inside a dict.
+
+Ownership, for every handoff: it is built once and never changed (frozen); the consumer reads its
+tensors and does not write into them.  Between processes the runtime copies tensors through shared
+memory and the consumer gets zero-copy views that stay valid while its stage holds the request (the
+runtime releases them when the request leaves the stage); in one process the object itself is handed
+on.  A consumer that keeps a tensor longer than the request copies it.  Classes that hold tensors
+compare by identity; the others (knobs, ids, counts) by value.
 """
 
 from __future__ import annotations

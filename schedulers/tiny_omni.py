@@ -11,6 +11,7 @@ tokenizer trained offline, the chat template in the releases' form, the processo
   ``<|im_end|>\\n``, ``<|im_start|>assistant\\n`` as the generation prompt; optionally a default system
   turn when the first message is not a system message.
 * :func:`processor_tokens` names the media tokens as the processor's tokenizer attributes;
+  :func:`decoder_sizes` and :func:`vision_sizes` a decoder's and a vision tower's config sizes;
   :func:`seed_weights` draws a random model's matrices at a scale that keeps activations alive;
 * :func:`write_processor_files` writes ``preprocessor_config.json`` (Whisper feature extractor and the
   Qwen2-VL image processor together) and ``chat_template.json``; :func:`save_weights` the model in at least
@@ -195,6 +196,38 @@ def save_weights(model: Any, tokenizer: Any, directory: Path) -> None:
     total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
     model.save_pretrained(directory, max_shard_size=total // 3 + 1)
     tokenizer.save_pretrained(directory)
+
+
+def decoder_sizes(hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int | None = None) -> dict[str, int]:
+    """A transformers decoder config's sizes, in this order: ``hidden_size``, ``intermediate_size`` (twice
+    the hidden size), ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads`` and, when
+    given, ``head_dim`` (the order the config files list them in)."""
+    sizes = {
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+    }
+    if head_dim is not None:
+        sizes["head_dim"] = head_dim
+    return sizes
+
+
+def vision_sizes(depth: int, hidden: int, patch_size: int, out_hidden: int) -> dict[str, int]:
+    """A Qwen vision tower config's sizes, in this order: ``depth``, ``hidden_size``, ``intermediate_size``
+    (twice the hidden size), ``num_heads`` 2, ``patch_size``, ``spatial_merge_size`` 2,
+    ``temporal_patch_size`` 2, then ``out_hidden_size`` (the thinker's hidden size)."""
+    return {
+        "depth": depth,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_heads": 2,
+        "patch_size": patch_size,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": out_hidden,
+    }
 
 
 def seed_weights(model: torch.nn.Module, gains: Sequence[tuple[str, float]], generator: torch.Generator) -> None:

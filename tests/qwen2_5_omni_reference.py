@@ -1,11 +1,9 @@
 """transformers' own Qwen2.5-Omni as the tests' reference: its processor without video, and ``generate``.
 
-* :func:`reference_processor`: ``Qwen2_5OmniProcessor`` itself, assembled from a checkpoint directory without
-  its torchvision video processor (its constructor insists on one; the CPU torch pin has no torchvision);
+* :func:`reference_processor`, :func:`reference_inputs` and the media helpers (:func:`clip`, :func:`picture`,
+  :func:`wav`, :func:`png`, :func:`pcm16`) are :mod:`toys.qwen2_5_omni_reference`'s, which the benches share;
 * :func:`reference_answer`: ``Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`` greedy (thinker
   and talker), recording the talker's codes as ``generate`` hands them to token2wav;
-* :func:`clip`, :func:`picture`: media whose content the tiny checkpoints' answers depend on; :func:`wav`,
-  :func:`png`: them as a chat request carries them, :func:`pcm16`: a clip as the model reads it from a WAV;
 * the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`) and
   ``model`` (transformers' model of it: :func:`reference_model`): a test module imports the functions;
 * :data:`DEVICE`: where a pipeline test places every model stage; the reference stays on the CPU.
@@ -13,41 +11,30 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import os
-import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 import pytest
 import torch
 
 from schedulers.qwen2_5_omni.tiny import write_checkpoint
+from toys.qwen2_5_omni_reference import clip as clip
+from toys.qwen2_5_omni_reference import pcm16 as pcm16
+from toys.qwen2_5_omni_reference import picture as picture
+from toys.qwen2_5_omni_reference import png as png
+from toys.qwen2_5_omni_reference import reference_inputs as reference_inputs
+from toys.qwen2_5_omni_reference import reference_processor as reference_processor
+from toys.qwen2_5_omni_reference import wav as wav
 from toys.release_processor import media as media
-from toys.release_processor import processor_without_video
 
 DEVICE = os.environ.get("OMNITRIO_QWEN2_5_OMNI_DEVICE", "cpu")
 """Where a pipeline test places every model stage (``load(..., device=DEVICE)``): ``cpu`` unless
 ``OMNITRIO_QWEN2_5_OMNI_DEVICE`` says otherwise.  bench/gpu/omni.sh sets ``cuda`` (float32, no TF32) and
 runs every ``tests/test_qwen2_5_omni_*.py`` that uses it."""
-
-TOKEN_NAMES = (
-    "image_token",
-    "audio_token",
-    "video_token",
-    "image_token_id",
-    "audio_token_id",
-    "video_token_id",
-    "vision_bos_token",
-    "vision_eos_token",
-    "audio_bos_token",
-    "audio_eos_token",
-)
 
 
 @pytest.fixture(scope="session", name="tiny")
@@ -100,21 +87,6 @@ def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
 def text(words: str) -> dict[str, Any]:
     """A text part."""
     return {"type": "text", "text": words}
-
-
-def reference_processor(model_dir: Path) -> Any:
-    """``Qwen2_5OmniProcessor`` of ``model_dir`` without its video processor (module docstring)."""
-    from transformers import Qwen2_5OmniProcessor
-
-    return processor_without_video(Qwen2_5OmniProcessor, model_dir, TOKEN_NAMES)
-
-
-def reference_inputs(processor: Any, messages: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """The processor's tensors for ``messages`` (template, then text and media in order)."""
-    audio, images = media(messages)
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    out = processor(text=text, audio=audio or None, images=images or None, return_tensors="pt")
-    return dict(out)
 
 
 @attrs.frozen
@@ -181,42 +153,6 @@ def reference_answer(
         hidden=[step[-1] for step in states[0]],
         embeds=[step[0] for step in states[0]],
     )
-
-
-def clip(frequency: float, seconds: float = 1.0) -> np.ndarray:
-    """A modulated tone at 16 kHz: its pitch changes the tiny checkpoints' answers."""
-    t = np.arange(int(16_000 * seconds)) / 16_000
-    return (0.3 * np.sin(2 * np.pi * frequency * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
-
-
-def wav(samples: np.ndarray, rate: int = 16_000) -> str:
-    """``samples`` as a base64 PCM16 WAV file at ``rate``."""
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def pcm16(samples: np.ndarray) -> np.ndarray:
-    """What a 16 kHz PCM16 WAV of ``samples`` holds, as the model reads it: int16 / 32768."""
-    return (np.clip(samples, -1, 1) * 32767).astype("<i2").astype(np.float32) / 32768.0
-
-
-def png(image: Any) -> str:
-    """A PIL ``image`` as a PNG ``data:`` URL."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
-def picture(seed: int, height: int = 56, width: int = 56) -> Any:
-    """A random RGB PIL image."""
-    from PIL import Image
-
-    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype(np.uint8))
 
 
 def left_padded(caches: list[Any]) -> tuple[Any, torch.Tensor]:

@@ -51,7 +51,8 @@ def test_greedy_first_code_is_the_argmax_of_those_scores() -> None:
     logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(1))
     knob = TalkerSampling(do_sample=False, repetition_penalty=2.0)
     histories = [[int(logits[0, :32].argmax())], []]
-    codes = first_codes(logits, histories, [knob, knob], suppressed_mask(VOCAB, EOS), EOS, None)
+    scores = processed_scores(logits, histories, [knob, knob], suppressed_mask(VOCAB, EOS), EOS)
+    codes = first_codes(scores, [knob, knob], None)
     for row in range(2):
         assert codes[row] == int(transformers_scores(logits[row : row + 1], histories[row], knob)[0].argmax())
 

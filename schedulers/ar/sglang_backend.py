@@ -36,7 +36,6 @@ import dataclasses
 import importlib.util
 import inspect
 import os
-import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -48,7 +47,7 @@ import torch
 
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StageOverloaded, StagePayload
 from schedulers.ar.scheduler import prompt_and_params
-from schedulers.engine.step_loop import STOP, Stop
+from schedulers.engine.step_loop import STOP, Mailboxes, Stop
 
 # SGLang's shutdown waits up to 60 s for its killed children; then /dev/shm is cleaned.
 SHUTDOWN_TIMEOUT = 90.0
@@ -188,7 +187,7 @@ class _Pending:
     arguments: dict[str, Any]
 
 
-class SGLangScheduler:
+class SGLangScheduler(Mailboxes):
     """Stage scheduler over an SGLang-like engine; see the module docstring for formats and threads."""
 
     def __init__(
@@ -200,25 +199,16 @@ class SGLangScheduler:
         default_max_new_tokens: int = 64,
         stream: bool | None = None,
     ) -> None:
+        super().__init__()
         self._engine_thread = EngineThread(engine_factory)
         self._started = False
         self.max_running_requests = max_running_requests
         self.max_waiting_requests = max_waiting_requests
         self.default_max_new_tokens = default_max_new_tokens
         self.stream = stream
-        self._inbox: queue.Queue[IncomingMessage | Stop] = queue.Queue()
-        self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
         # Owned by the engine loop:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._waiting: collections.OrderedDict[str, _Pending] = collections.OrderedDict()
-
-    @property
-    def inbox(self) -> queue.Queue[IncomingMessage | Stop]:
-        return self._inbox
-
-    @property
-    def outbox(self) -> queue.Queue[OutgoingMessage]:
-        return self._outbox
 
     @property
     def engine(self) -> Any:

@@ -24,6 +24,7 @@ the batch once, amortised over the steps that follow); a step writes only its ne
   :meth:`KVStep.update_stacked`.
 * :meth:`KVBatch.truncate`, :meth:`KVBatch.rename` and :meth:`KVBatch.copy_out` keep a row past its
   request (a conversation's next turn reuses it) and share a prefix's keys/values with later rows.
+* :func:`cached_forward` runs a transformers text model over such a cache (or any ``Cache``).
 
 Lengths advance by ``tokens`` when :meth:`KVBatch.step` returns: a forward that raises leaves its rows
 with columns it never wrote, so the caller removes them (the engines fail those requests).  A
@@ -407,3 +408,25 @@ def _pairs(prefilled: Prefilled, layers: int) -> list[tuple[torch.Tensor, torch.
             raise ValueError(f"KVBatch: layer {i} of the prefilled cache holds no batch-1 keys/values")
         checked.append((keys, values))
     return checked
+
+
+def cached_forward(
+    model: Any,
+    embeds: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cache: Cache,
+    **extra: Any,
+) -> Any:
+    """A transformers text model's forward of ``embeds [B, S, H]`` at ``position_ids`` over ``cache`` (a
+    :class:`KVStep`'s or a ``DynamicCache``: it grows by ``S`` columns per row), ``attention_mask``
+    ``[B, past + S]`` (0 on padding; None: no padding) and ``extra`` keyword arguments; the model's
+    output.  The caller holds ``torch.inference_mode``."""
+    return model(
+        inputs_embeds=embeds,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        **extra,
+    )

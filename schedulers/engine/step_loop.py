@@ -38,15 +38,13 @@ class Stop:
 STOP: Final = Stop()
 
 
-class StepLoop:
-    """Base of a stepping scheduler: a subclass says what work is, how a message is handled, what a step does."""
+class Mailboxes:
+    """A scheduler's two unbounded queues, what the runtime reads as its ``inbox`` (messages, then
+    :data:`STOP`) and ``outbox`` (its outgoing messages); the scheduler's thread owns what it takes."""
 
     def __init__(self) -> None:
         self._inbox: queue.Queue[IncomingMessage | Stop] = queue.Queue()
         self._outbox: queue.Queue[OutgoingMessage] = queue.Queue()
-        self._pending: list[OutgoingMessage] = []
-        self.warm_up = WarmUp()
-        """Run before the stage reports ready (module docstring); a factory adds its steps."""
 
     @property
     def inbox(self) -> queue.Queue[IncomingMessage | Stop]:
@@ -55,6 +53,16 @@ class StepLoop:
     @property
     def outbox(self) -> queue.Queue[OutgoingMessage]:
         return self._outbox
+
+
+class StepLoop(Mailboxes):
+    """Base of a stepping scheduler: a subclass says what work is, how a message is handled, what a step does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: list[OutgoingMessage] = []
+        self.warm_up = WarmUp()
+        """Run before the stage reports ready (module docstring); a factory adds its steps."""
 
     def warm_up_serving_thread(self) -> None:
         """Keep torch to one intra-op thread per scheduler (oversubscribed cores stall OpenMP), then run

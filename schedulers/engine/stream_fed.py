@@ -10,8 +10,8 @@ stream, or whose stream ended before it could speak, gives 0 frames.
 
 A family says what its text and its model are by subclassing two classes:
 
-* :class:`StreamFedRequest`: one request's state; the family adds its text state and says when the
-  request can prefill (:meth:`~StreamFedRequest.prefill_ready`), whether its next step's text is known
+* :class:`StreamFedRequest`: one request's state; the family adds its text state (a :class:`TextState`,
+  which says when the request can prefill: :meth:`~StreamFedRequest.text_state`), whether its next step's text is known
   (:meth:`~StreamFedRequest.decode_ready`) and what that step's input is
   (:meth:`~StreamFedRequest.decode_input`);
 * :class:`StreamFedTalker`: the stage; the family builds a request (``_new_request``), reads the prompt
@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import torch
@@ -89,15 +89,24 @@ class StreamFedRequest:
 
     # -- what a family defines ----------------------------------------------------------
 
+    def text_state(self) -> TextState | None:
+        """The family's text of this request: None before its prompt chunk and after :meth:`release`."""
+        raise NotImplementedError
+
     def end_text(self) -> None:
         """The upstream stream is over: no more token chunks."""
+        if (text := self.text_state()) is not None:
+            text.end()
 
     def speakable(self) -> bool:
         """In ``PREFILL`` with the text ended: whether there is anything to voice."""
-        return True
+        text = self.text_state()
+        return text is None or text.speakable()
 
     def prefill_ready(self) -> bool:
-        raise NotImplementedError
+        """Its prompt has come and its text allows the prefill."""
+        text = self.text_state()
+        return text is not None and text.prefill_ready()
 
     def decode_ready(self) -> bool:
         raise NotImplementedError
@@ -108,6 +117,16 @@ class StreamFedRequest:
 
     def release(self) -> None:
         """Its codes are done: drop what only stepping needed (text, last frame)."""
+
+
+class TextState(Protocol):
+    """What the stage asks of a family's text of one request (:meth:`StreamFedRequest.text_state`):
+    ``end()`` when the upstream stream is over; ``speakable()``, with the text ended, whether there is
+    anything to voice; ``prefill_ready()``, whether the prompt and text so far allow the prefill."""
+
+    def end(self) -> None: ...
+    def speakable(self) -> bool: ...
+    def prefill_ready(self) -> bool: ...
 
 
 R = TypeVar("R", bound=StreamFedRequest)

@@ -1,8 +1,9 @@
-"""The front's handoffs that are the same for every Qwen omni family: what the encoders take and the audio
-encoder gives.  A family's ``handoffs`` module re-exports them beside its own (its knobs, its
-preprocess output, its image embeddings, its thinker's input); the same promises hold (a handoff is built
-once and never changed, its CPU tensors are read and not written, a consumer that keeps one longer than
-the request copies it), and each pickles as a constructor call (:func:`schedulers.handoff.handoff`).
+"""The front's handoffs that are the same for every Qwen omni family: what preprocess gives (generic in the
+family's knobs), what the encoders take and the audio encoder gives.  A family's ``handoffs`` module
+re-exports them beside its own (its knobs, its image embeddings, its thinker's input); the same promises
+hold (a handoff is built once and never changed, its CPU tensors are read and not written, a consumer that
+keeps one longer than the request copies it), and each pickles as a constructor call
+(:func:`schedulers.handoff.handoff`).
 
 Every one carries the request's ``encoders`` (the encoder stages it needs, in graph order), which the
 aggregate's fan-in reads from whichever input comes first (:mod:`schedulers.graph.front`).
@@ -10,10 +11,47 @@ aggregate's fan-in reads from whichever input comes first (:mod:`schedulers.grap
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import attrs
 import torch
 
 from schedulers.handoff import handoff
+
+K = TypeVar("K")
+"""A family's knobs (its ``handoffs.Knobs``)."""
+
+
+@handoff
+@attrs.frozen(eq=False)
+class Preprocessed(Generic[K]):
+    """``preprocess`` → the graph's projections (the family's ``graph`` splits it for the encoders and the
+    aggregate).
+
+    ``input_ids`` ``Long[P]``: the prompt with the media placeholders expanded; ``encoders``: the encoder
+    stages this request needs, in graph order; ``knobs``: the family's knobs as the client asked.  Audio:
+    ``input_features`` ``Float[clips, 128, T]`` and ``feature_attention_mask`` ``[clips, T]`` (both or
+    neither); images: ``pixel_values`` ``Float[patches, D]`` and ``image_grid_thw`` ``Long[images, 3]``
+    (both or neither)."""
+
+    input_ids: torch.Tensor
+    encoders: tuple[str, ...]
+    knobs: K
+    input_features: torch.Tensor | None = None
+    feature_attention_mask: torch.Tensor | None = None
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+
+@handoff
+@attrs.frozen(eq=False)
+class PreprocessedText(Generic[K]):
+    """``preprocess`` → ``aggregate`` (projected from :class:`Preprocessed`): the prompt's ``input_ids``,
+    the request's ``encoders`` and its ``knobs``."""
+
+    input_ids: torch.Tensor
+    encoders: tuple[str, ...]
+    knobs: K
 
 
 @handoff
@@ -50,4 +88,4 @@ class AudioEmbeddings:
     encoders: tuple[str, ...]
 
 
-__all__ = ["AudioEmbeddings", "AudioEncoderInput", "ImageEncoderInput"]
+__all__ = ["AudioEmbeddings", "AudioEncoderInput", "ImageEncoderInput", "Preprocessed", "PreprocessedText"]

@@ -4,17 +4,10 @@ by its producer, read by its consumer (:mod:`.graph` says which edge goes where)
 Shapes: ``P`` prompt tokens, ``H`` the thinker's hidden size.  Every tensor here is on the CPU (the
 producer moves it there), so any process can read it.
 
-Ownership, for every class: a handoff is built once and never changed (frozen); the consumer reads its
-tensors and does not write into them.  Between processes the runtime copies tensors through shared
-memory and the consumer gets zero-copy views that stay valid while its stage holds the request; in one
-process the object itself is handed on.  A consumer that keeps a tensor longer than the request copies
-it.  Classes that hold tensors compare by identity; the others (knobs, names, counts) by value.
-
-The front's classes pickle as a constructor call with their fields in order
-(:func:`schedulers.handoff.handoff`), so they cost the wire no more than a dict of the same fields.  The
-encoders' inputs and the audio encoder's output (:class:`AudioEncoderInput`, :class:`ImageEncoderInput`,
-:class:`AudioEmbeddings`) are the same for every family: they are :mod:`schedulers.front.handoffs`'s,
-re-exported here.
+Ownership and pickling are :mod:`schedulers.handoff`'s promises for every class here (:class:`Voice`,
+:class:`TalkerCodes` and :class:`TalkerDone` pickle as plain attrs classes).  Re-exported beside Qwen2.5-Omni's
+own: the encoders' inputs and the audio embeddings of :mod:`schedulers.front.handoffs`, the decoder's
+tokens and result of :mod:`schedulers.engine.handoffs`, which every family shares.
 """
 
 from __future__ import annotations
@@ -22,8 +15,14 @@ from __future__ import annotations
 import attrs
 import torch
 
-from schedulers.engine.admission import FinishReason
-from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
+from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
+from schedulers.front.handoffs import (
+    AudioEmbeddings,
+    AudioEncoderInput,
+    ImageEncoderInput,
+    Preprocessed,
+    PreprocessedText,
+)
 from schedulers.handoff import handoff
 
 
@@ -45,36 +44,6 @@ class Knobs:
     speaker: str | None = None
     stream: bool = True
     want_audio: bool = False
-
-
-@handoff
-@attrs.frozen(eq=False)
-class Preprocessed:
-    """``preprocess`` → the graph's projections (:mod:`.graph` splits it for the encoders and the aggregate).
-
-    ``input_ids`` ``Long[P]``: the prompt under the model's system prompt, the media placeholders expanded;
-    ``encoders``: the encoder stages this request needs, in graph order.  Audio: ``input_features``
-    ``Float[clips, 128, T]`` and ``feature_attention_mask`` ``Int[clips, T]`` (both or neither); images:
-    ``pixel_values`` ``Float[patches, D]`` and ``image_grid_thw`` ``Long[images, 3]`` (both or neither)."""
-
-    input_ids: torch.Tensor
-    encoders: tuple[str, ...]
-    knobs: Knobs
-    input_features: torch.Tensor | None = None
-    feature_attention_mask: torch.Tensor | None = None
-    pixel_values: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
-
-
-@handoff
-@attrs.frozen(eq=False)
-class PreprocessedText:
-    """``preprocess`` → ``aggregate`` (projected from :class:`Preprocessed`): the prompt's ``input_ids``,
-    the request's ``encoders`` and its :class:`Knobs`."""
-
-    input_ids: torch.Tensor
-    encoders: tuple[str, ...]
-    knobs: Knobs
 
 
 @handoff
@@ -124,16 +93,6 @@ class Voice:
 
 
 @handoff
-@attrs.frozen
-class DecodeToken:
-    """``thinker`` → ``decode``, one per generated token as soon as it is chosen, in order (the last may be
-    the eos): its id, and whether the answer is spoken (then its words are the audio's transcript)."""
-
-    token_id: int
-    want_audio: bool
-
-
-@handoff
 @attrs.frozen(eq=False)
 class TalkerPrompt:
     """``thinker`` → ``talker``, the first chunk of its stream (only when the answer is spoken): the prompt
@@ -159,25 +118,6 @@ class TalkerToken:
 
     hidden: torch.Tensor
     embed: torch.Tensor
-
-
-@handoff
-@attrs.frozen
-class ThinkerResult:
-    """The thinker's result → ``decode`` and (when the answer is spoken) ``talker``; it ends their text.
-
-    ``token_ids``: the generated ids, eos included; ``prompt_len``: the prompt's tokens;
-    ``finish_reason``: ``"stop"`` (eos) or ``"length"``; ``want_audio`` as the client asked."""
-
-    token_ids: tuple[int, ...]
-    prompt_len: int
-    finish_reason: FinishReason
-    want_audio: bool = False
-
-    @property
-    def usage(self) -> dict[str, int]:
-        """OpenAI's ``usage`` of the answer: ``{"prompt_tokens", "completion_tokens"}``."""
-        return {"prompt_tokens": self.prompt_len, "completion_tokens": len(self.token_ids)}
 
 
 @attrs.frozen(eq=False)

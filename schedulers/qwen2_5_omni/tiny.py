@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import torch
 
+from schedulers import tiny_omni
 from schedulers.qwen2_5_omni.tiny_tokenizer import CHAT_TEMPLATE, ReservedIds, build_tokenizer, reserved_ids, token_id
 from schedulers.tiny_omni import ImageProcessing, save_weights, seed_weights, write_processor_files
 
@@ -151,11 +152,7 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
     thinker = {
         "text_config": {
             "vocab_size": reserved.vocab_size,
-            "hidden_size": hidden,
-            "intermediate_size": 2 * hidden,
-            "num_hidden_layers": s["layers"],
-            "num_attention_heads": heads,
-            "num_key_value_heads": s["kv_heads"],
+            **tiny_omni.decoder_sizes(hidden, s["layers"], heads, s["kv_heads"]),
             "max_position_embeddings": 4096,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": s["mrope"]},
             "tie_word_embeddings": False,
@@ -173,16 +170,9 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
             "n_window": 100,
         },
         "vision_config": {
-            "depth": s["vision_depth"],
-            "hidden_size": s["vision_hidden"],
-            "intermediate_size": 2 * s["vision_hidden"],
-            "num_heads": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
+            **tiny_omni.vision_sizes(s["vision_depth"], s["vision_hidden"], 14, hidden),
             "window_size": 112,
             "fullatt_block_indexes": [s["vision_depth"] - 1],
-            "out_hidden_size": hidden,
         },
         "user_token_id": ids["user"],
         "bos_token_id": ids["im_start"],
@@ -194,12 +184,7 @@ def build_config(size: Size, tokenizer: Any, reserved: ReservedIds) -> Any:
     talker = {
         "vocab_size": CODEC_VOCAB,
         "embedding_size": hidden,
-        "hidden_size": t_hidden,
-        "intermediate_size": 2 * t_hidden,
-        "num_hidden_layers": s["talker_layers"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": s["kv_heads"],
-        "head_dim": t_hidden // heads,
+        **tiny_omni.decoder_sizes(t_hidden, s["talker_layers"], heads, s["kv_heads"], t_hidden // heads),
         "max_position_embeddings": 8192,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": s["talker_mrope"]},
         "tts_text_start_token_id": reserved.tts_text_bos,

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from schedulers import tiny_omni
 from schedulers.qwen3_omni.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer, token_id
 from schedulers.tiny_omni import ImageProcessing, save_weights, seed_weights, write_processor_files
 
@@ -117,12 +118,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
     codec = {"pad": cb, "bos": cb + 1, "eos": cb + 2, "nothink": cb + 3, "think_bos": cb + 4, "think_eos": cb + 5}
     text = {
         "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
-        "num_hidden_layers": s["layers"],
-        "num_attention_heads": s["heads"],
-        "num_key_value_heads": s["kv_heads"],
-        "head_dim": head_dim,
+        **tiny_omni.decoder_sizes(hidden, s["layers"], s["heads"], s["kv_heads"], head_dim),
         "moe_intermediate_size": s["moe_intermediate"],
         "num_experts": s["experts"],
         "num_experts_per_tok": 2,
@@ -149,14 +145,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
             "n_window_infer": 400,
         },
         "vision_config": {
-            "depth": s["vision_depth"],
-            "hidden_size": s["vision_hidden"],
-            "intermediate_size": 2 * s["vision_hidden"],
-            "num_heads": 2,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": hidden,
+            **tiny_omni.vision_sizes(s["vision_depth"], s["vision_hidden"], 16, hidden),
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": list(range(s["vision_depth"])),
         },
@@ -171,12 +160,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
     talker = {
         "text_config": {
             "vocab_size": cb + 1024,
-            "hidden_size": t_hidden,
-            "intermediate_size": 2 * t_hidden,
-            "num_hidden_layers": s["talker_layers"],
-            "num_attention_heads": s["heads"],
-            "num_key_value_heads": s["kv_heads"],
-            "head_dim": t_hidden // s["heads"],
+            **tiny_omni.decoder_sizes(t_hidden, s["talker_layers"], s["heads"], s["kv_heads"], t_hidden // s["heads"]),
             "moe_intermediate_size": t_hidden,
             "shared_expert_intermediate_size": t_hidden,
             "num_experts": s["talker_experts"],
@@ -191,12 +175,9 @@ def build_config(size: Size, tokenizer: Any) -> Any:
         },
         "code_predictor_config": {
             "vocab_size": cb,
-            "hidden_size": t_hidden,
-            "intermediate_size": 2 * t_hidden,
-            "num_hidden_layers": s["predictor_layers"],
-            "num_attention_heads": s["heads"],
-            "num_key_value_heads": s["kv_heads"],
-            "head_dim": t_hidden // s["heads"],
+            **tiny_omni.decoder_sizes(
+                t_hidden, s["predictor_layers"], s["heads"], s["kv_heads"], t_hidden // s["heads"]
+            ),
             "num_code_groups": s["code_groups"],
         },
         "num_code_groups": s["code_groups"],
@@ -218,11 +199,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
     }
     code2wav = {
         "codebook_size": cb,
-        "hidden_size": s["c2w_hidden"],
-        "intermediate_size": 2 * s["c2w_hidden"],
-        "num_hidden_layers": s["c2w_layers"],
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
+        **tiny_omni.decoder_sizes(s["c2w_hidden"], s["c2w_layers"], 2, 2),
         "num_quantizers": s["code_groups"],
         "decoder_dim": s["c2w_decoder"],
         "upsample_rates": [8, 5, 4, 3],

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from schedulers import checkpoints
+from schedulers.engine.kv_batch import cached_forward
 from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights, speakers
 
 TALKER_PREFIX = "talker."
@@ -109,13 +110,7 @@ class TalkerModel:
         mask = None if attention_mask is None else attention_mask.to(self.device)
         with torch.inference_mode():
             projected = self.talker.thinker_to_talker_proj(embeds.to(self.device, self.dtype))
-            out = self.talker.model(
-                inputs_embeds=projected,
-                attention_mask=mask,
-                position_ids=position_ids.to(self.device),
-                past_key_values=cache,
-                use_cache=True,
-            )
+            out = cached_forward(self.talker.model, projected, position_ids.to(self.device), mask, cache)
             return self.talker.codec_head(out.last_hidden_state[:, -1]).float()
 
 

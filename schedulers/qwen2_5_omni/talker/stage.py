@@ -52,15 +52,8 @@ class SpeechRequest(StreamFedRequest):
     code: int | None = None
     """The last code chosen: its embedding is part of the next step's input."""
 
-    def end_text(self) -> None:
-        if self.text is not None:
-            self.text.end()
-
-    def speakable(self) -> bool:
-        return self.text is None or self.text.speakable()
-
-    def prefill_ready(self) -> bool:
-        return self.text is not None and self.text.prefill_ready()
+    def text_state(self) -> TalkerText | None:
+        return self.text
 
     def decode_ready(self) -> bool:
         return self.code is not None and self.text is not None and self.text.has_step(self.step + 1)

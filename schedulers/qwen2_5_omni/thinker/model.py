@@ -22,17 +22,17 @@ under ``torch.inference_mode``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache
 
 from schedulers.devices import build, uninitialised
 from schedulers.engine.decoder import Decoded
+from schedulers.engine.thinker_lm import ThinkerTextLM, check_rows
 from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights
 
 TEXT_PREFIX = "thinker.model."
@@ -75,15 +75,11 @@ class Prefill:
     embeds: torch.Tensor  # Float[P, H]
 
 
-class ThinkerLM:
+class ThinkerLM(ThinkerTextLM):
     """The text model and head of a Qwen2.5-Omni thinker (``config`` is the whole ``Qwen2_5OmniConfig``)."""
 
     def __init__(self, config: Any, text_model: nn.Module, lm_head: nn.Linear) -> None:
-        self.config = config
-        self.thinker_config = config.thinker_config
-        self.text_config = config.thinker_config.text_config
-        self.model: Any = text_model.eval()
-        self.lm_head = lm_head.eval()
+        super().__init__(config, text_model, lm_head)
         self._rope = _RopeIndex(self.thinker_config)
         self._media = {
             "audio_embeds": int(self.thinker_config.audio_token_index),
@@ -115,25 +111,8 @@ class ThinkerLM:
         return cls(model.config, thinker.model.language_model, thinker.lm_head)
 
     @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.text_config.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.text_config.vocab_size)
-
-    @property
     def num_layers(self) -> int:
         return int(self.text_config.num_hidden_layers)
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings ``[..., H]`` of ``ids``."""
-        with torch.inference_mode():
-            return self.model.embed_tokens(ids.to(self.device))
 
     def prompt_inputs(
         self,
@@ -155,21 +134,11 @@ class ThinkerLM:
             embeds = self.model.embed_tokens(ids)
             for field, features in (("audio_embeds", audio_embeds), ("image_embeds", image_embeds)):
                 mask = ids == self._media[field]
-                _check_rows(field, features, int(mask.sum()), self.hidden_size)
+                check_rows(field, features, int(mask.sum()), self.hidden_size)
                 if features is not None and features.shape[0]:
                     embeds = embeds.masked_scatter(mask.unsqueeze(-1), features.to(embeds.device, embeds.dtype))
             n_image = int((ids == self._media["image_embeds"]).sum())
-            grid = None
-            if n_image:
-                if image_grid_thw is None:
-                    raise ValueError("image_grid_thw: required with image placeholders in input_ids")
-                expected = int(image_grid_thw.prod(-1).sum()) // self._rope.spatial_merge_size**2
-                if expected != n_image:
-                    raise ValueError(
-                        f"image_grid_thw: {image_grid_thw.tolist()} gives {expected} image tokens, "
-                        f"input_ids has {n_image} placeholders"
-                    )
-                grid = image_grid_thw.to(self.device)
+            grid = self._image_grid(image_grid_thw, n_image, self._rope.spatial_merge_size)
             lengths = audio_feature_lengths.to(self.device) if audio_feature_lengths is not None else None
             mask = torch.ones_like(ids)
             rope, deltas = self._rope.get_rope_index(ids, grid, None, mask, False, lengths, None)
@@ -180,54 +149,14 @@ class ThinkerLM:
         """One request's prompt in one forward (batch 1).  The keys/values go into ``cache`` (one empty row:
         a KV batch's prefill step) or a new ``DynamicCache``; the last hidden states come whatever
         ``hidden`` says (the forward computes them anyway)."""
-        cache = DynamicCache(config=self.text_config) if cache is None else cache
+        mask = torch.ones(1, prompt.embeds.shape[0], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = self.model(
-                inputs_embeds=prompt.embeds[None],
-                attention_mask=torch.ones(1, prompt.embeds.shape[0], dtype=torch.long, device=self.device),
-                position_ids=prompt.position_ids,
-                past_key_values=cache,
-                use_cache=True,
-            )
+            out, cache = self._forward(prompt.embeds[None], prompt.position_ids, mask, cache)
             states = out.last_hidden_state[0]
             logits = self.lm_head(states[-1]).float()
         return Prefill(logits, cache, states, prompt.embeds)
 
-    def decode(
-        self,
-        embeds: torch.Tensor,
-        lengths: Sequence[int],
-        rope_deltas: Sequence[int],
-        attention_mask: torch.Tensor | None,
-        cache: Cache,
-    ) -> Decoded:
-        """Feed one token to each of ``B`` rows: its input embedding ``embeds`` ``[B, H]``
-        (:meth:`embed`), ``lengths[b]`` positions already in row b's cache, ``cache`` the rows' keys/values
-        (it grows by one column per row).  Returns the logits ``[B, V]`` and each row's last hidden state
-        ``[B, H]`` (what ``generate`` hands the talker for the token fed).
-
-        ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token, 0 on padding);
-        None when no row has padding."""
-        text = torch.tensor(list(lengths), dtype=torch.long, device=self.device).view(1, -1, 1)
-        rope = text + torch.tensor(list(rope_deltas), dtype=torch.long, device=self.device).view(1, -1, 1)
-        position_ids = torch.cat([text, rope.expand(3, -1, -1)], dim=0)
-        mask = None if attention_mask is None else attention_mask.to(self.device)
-        with torch.inference_mode():
-            out = self.model(
-                inputs_embeds=embeds.reshape(embeds.shape[0], 1, -1).to(self.device),
-                attention_mask=mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            hidden = out.last_hidden_state[:, -1]
-            logits = self.lm_head(hidden).float()
-        return Decoded(logits, hidden)
-
-
-def _check_rows(field: str, tensor: torch.Tensor | None, placeholders: int, hidden: int) -> None:
-    rows = 0 if tensor is None else int(tensor.shape[0])
-    if rows != placeholders:
-        raise ValueError(f"{field}: {rows} rows sent, input_ids has {placeholders} placeholder tokens for them")
-    if tensor is not None and rows and (tensor.ndim != 2 or tensor.shape[1] != hidden):
-        raise ValueError(f"{field}: shape {tuple(tensor.shape)} must be [{rows}, {hidden}] (the thinker's hidden size)")
+    def _decoded(self, hidden: torch.Tensor) -> Decoded:
+        """The logits ``[B, V]`` (float32) and each row's last hidden state ``[B, H]`` (what ``generate`` hands
+        the talker for the token fed)."""
+        return Decoded(self.lm_head(hidden).float(), hidden)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
@@ -46,6 +47,7 @@ from schedulers.qwen2_5_omni.token2wav.windows import (
     DEFAULT_VOCODER_CONTEXT,
     DEFAULT_VOCODER_LAG,
     Schedule,
+    check_count,
 )
 from schedulers.stepped_vocoder import SteppedVocoderBase
 
@@ -60,6 +62,21 @@ ACCELERATOR_MAX_FORWARD_FRAMES = 65536
 # pieces costs more than the pieces one by one.
 CPU_MAX_VOCODER_FRAMES = 256
 ACCELERATOR_MAX_VOCODER_FRAMES = 65536
+
+
+@attrs.frozen
+class FrameBudget:
+    """How the stage groups its work, in mel frames: ``call_cost_frames`` and ``max_forward_frames`` shape
+    the DiT forwards (:func:`plan_forwards`), ``max_vocoder_frames`` bounds one BigVGAN call; each an
+    integer >= 0 (``ValueError`` naming it otherwise)."""
+
+    call_cost_frames: int
+    max_forward_frames: int
+    max_vocoder_frames: int
+
+    def __attrs_post_init__(self) -> None:
+        for field in attrs.fields(FrameBudget):
+            check_count(field.name, getattr(self, field.name), 0)
 
 
 class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
@@ -85,19 +102,10 @@ class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
             max_forward_frames = CPU_MAX_FORWARD_FRAMES if on_cpu else ACCELERATOR_MAX_FORWARD_FRAMES
         if max_vocoder_frames is None:
             max_vocoder_frames = CPU_MAX_VOCODER_FRAMES if on_cpu else ACCELERATOR_MAX_VOCODER_FRAMES
-        for name, value in (
-            ("call_cost_frames", call_cost_frames),
-            ("max_forward_frames", max_forward_frames),
-            ("max_vocoder_frames", max_vocoder_frames),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{STAGE}: {name} must be an integer >= 0, got {value!r}")
+        self.budget = FrameBudget(call_cost_frames, max_forward_frames, max_vocoder_frames)
         self.model = model
         self.voices = voices
         self.schedule = schedule
-        self.call_cost_frames = call_cost_frames
-        self.max_forward_frames = max_forward_frames
-        self.max_vocoder_frames = max_vocoder_frames
         self._conditions: dict[str, SpeakerCondition] = {}
 
     def warm_up_serving_thread(self) -> None:
@@ -207,7 +215,7 @@ class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
             if not window.ode.done
         ]
         lengths = [window.chunk.window_frames for _, window in active]
-        for forward in plan_forwards(lengths, self.call_cost_frames, self.max_forward_frames):
+        for forward in plan_forwards(lengths, self.budget.call_cost_frames, self.budget.max_forward_frames):
             taken = [active[index] for index in forward]
             rows = []
             for request_id, window in taken:
@@ -232,7 +240,7 @@ class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
         waves: list[torch.Tensor] = []
         if taken:
             try:
-                waves = self.model.vocode([mel for _, _, mel in taken], self.max_vocoder_frames)
+                waves = self.model.vocode([mel for _, _, mel in taken], self.budget.max_vocoder_frames)
             except Exception as exc:
                 for request_id in {rid for rid, _, _ in taken}:
                     self.fail_request(request_id, exc)

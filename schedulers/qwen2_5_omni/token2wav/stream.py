@@ -33,28 +33,30 @@ class OpenWindow:
     mel: torch.Tensor | None = None
 
 
+@attrs.define(eq=False)
 class SpeechStream:
     """One request's codes, noise, windows and output (module docstring)."""
 
-    def __init__(
-        self, schedule: Schedule, speaker: SpeakerCondition, noise: NoiseStream, points: torch.Tensor, *, whole: bool
-    ) -> None:
-        self.schedule = schedule
-        self.speaker = speaker
-        self.noise = noise
-        self.points = points
-        self.whole = whole
-        self._codes = torch.zeros(0, dtype=torch.long)
-        self._codes_first = 0  # absolute index of self._codes[0]
-        self.received = 0  # codes
-        self.total: int | None = None  # codes, once the stream has ended
-        self._next_chunk = 0
-        self.windows: list[OpenWindow] = []  # in chunk order, not yet vocoded
-        self._kept = torch.zeros(0, noise.mel_dim, device=points.device)  # kept mel not yet vocoded, and context
-        self._kept_first = 0  # mel frame of self._kept[0]
-        self._emitted_to = 0  # mel frames whose samples were made
-        self._pending: list[int] = []  # frames of each vocoder input handed out, in order
-        self.samples_emitted = 0
+    schedule: Schedule
+    speaker: SpeakerCondition
+    noise: NoiseStream
+    points: torch.Tensor
+    whole: bool = attrs.field(kw_only=True)
+    _codes: torch.Tensor = attrs.field(init=False, factory=lambda: torch.zeros(0, dtype=torch.long))
+    _codes_first: int = attrs.field(init=False, default=0)  # absolute index of self._codes[0]
+    received: int = attrs.field(init=False, default=0)  # codes
+    total: int | None = attrs.field(init=False, default=None)  # codes, once the stream has ended
+    _next_chunk: int = attrs.field(init=False, default=0)
+    windows: list[OpenWindow] = attrs.field(init=False, factory=list)  # in chunk order, not yet vocoded
+    _kept: torch.Tensor = attrs.field(init=False)  # kept mel not yet vocoded, and context
+    _kept_first: int = attrs.field(init=False, default=0)  # mel frame of self._kept[0]
+    _emitted_to: int = attrs.field(init=False, default=0)  # mel frames whose samples were made
+    _pending: list[int] = attrs.field(init=False, factory=list)  # frames of each vocoder input handed out, in order
+    samples_emitted: int = attrs.field(init=False, default=0)
+
+    @_kept.default
+    def _no_mel_kept(self) -> torch.Tensor:
+        return torch.zeros(0, self.noise.mel_dim, device=self.points.device)
 
     # -- input --------------------------------------------------------------------
 

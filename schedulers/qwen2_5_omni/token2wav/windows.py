@@ -41,7 +41,8 @@ DEFAULT_VOCODER_CONTEXT = 24
 DEFAULT_VOCODER_LAG = 12
 
 
-def _count(name: str, value: int, minimum: int) -> int:
+def check_count(name: str, value: int, minimum: int) -> int:
+    """``value``, an integer (not a bool) >= ``minimum``; a ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"token2wav: {name} must be an integer >= {minimum}, got {value!r}")
     return value
@@ -82,9 +83,9 @@ class Schedule:
         if isinstance(self.ramp_factor, bool) or not isinstance(self.ramp_factor, int | float) or self.ramp_factor < 1:
             raise ValueError(f"token2wav: ramp_factor must be a number >= 1, got {self.ramp_factor!r}")
         for name in ("block_size", "repeats", "first_chunk_blocks", "chunk_blocks"):
-            _count(name, getattr(self, name), 1)
+            check_count(name, getattr(self, name), 1)
         for name in ("past_blocks", "future_blocks", "vocoder_context", "vocoder_lag"):
-            _count(name, getattr(self, name), 0)
+            check_count(name, getattr(self, name), 0)
         if self.block_size % self.repeats:
             raise ValueError(f"token2wav: block_size {self.block_size} is not a multiple of repeats {self.repeats}")
 

@@ -29,6 +29,9 @@ from schedulers.front.towers import load_tower, run_vision
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight
 from schedulers.qwen3_omni.handoffs import ImageEmbeddings, ImageEncoderInput
 
+AUDIO_PREFIX = "thinker.audio_tower."
+VISION_PREFIX = "thinker.visual."
+
 
 class AudioTower:
     """The thinker's audio tower alone: :meth:`encode` maps requests' features to their embeddings."""
@@ -38,9 +41,7 @@ class AudioTower:
 
         config = load_config(model_dir).thinker_config.audio_config
         self.placement = placement
-        self.tower = load_tower(
-            Qwen3OmniMoeAudioEncoder, config, placement, load_weights, model_dir, "thinker.audio_tower."
-        )
+        self.tower = load_tower(Qwen3OmniMoeAudioEncoder, config, placement, load_weights, model_dir, AUDIO_PREFIX)
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
@@ -62,9 +63,7 @@ class VisionTower:
 
         config = load_config(model_dir).thinker_config.vision_config
         self.placement = placement
-        self.tower = load_tower(
-            Qwen3OmniMoeVisionEncoder, config, placement, load_weights, model_dir, "thinker.visual."
-        )
+        self.tower = load_tower(Qwen3OmniMoeVisionEncoder, config, placement, load_weights, model_dir, VISION_PREFIX)
         self.merge = config.spatial_merge_size**2
 
     def encode(

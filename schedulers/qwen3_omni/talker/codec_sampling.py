@@ -1,11 +1,12 @@
 """Choosing codes from logits the way transformers' ``generate`` does for the talker and code predictor.
 
-The talker's first code per frame (:func:`first_codes`): repetition penalty over the request's earlier
-first codes, ``codec_eos`` forbidden before ``min_new_tokens``, the ids ``[vocab - 1024, vocab)`` other
-than ``codec_eos`` suppressed, then greedy (argmax) or temperature → top-k → top-p sampling — the
-logits processors ``generate`` builds from ``Qwen3OmniMoeForConditionalGeneration.generate``'s talker
-arguments, in its order.  The code predictor's codes (:func:`sample_rows`): greedy, or top-k 50 /
-top-p 0.8 at temperature 1, what the talker's ``prepare_inputs_for_generation`` asks of it.
+The talker's first code per frame (:func:`processed_scores`, then :func:`first_codes`): repetition penalty
+over the request's earlier first codes, ``codec_eos`` forbidden before ``min_new_tokens``, the ids
+``[vocab - 1024, vocab)`` other than ``codec_eos`` suppressed, then greedy (argmax) or temperature →
+top-k → top-p sampling — the logits processors ``generate`` builds from
+``Qwen3OmniMoeForConditionalGeneration.generate``'s talker arguments, in its order.  The code predictor's
+codes (:func:`sample_rows`): greedy, or top-k 50 / top-p 0.8 at temperature 1, what the talker's
+``prepare_inputs_for_generation`` asks of it.
 
 Greedy rows are bit-for-bit ``generate``'s choice for the same logits; sampled rows draw from
 ``generator`` (one per scheduler, so a run is reproducible for a seed, not equal to ``generate``'s draws).
@@ -98,16 +99,9 @@ def warped(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -
     return scores
 
 
-def first_codes(
-    logits: torch.Tensor,
-    histories: Sequence[Sequence[int]],
-    knobs: Sequence[TalkerSampling],
-    suppressed: torch.Tensor,
-    codec_eos: int,
-    generator: torch.Generator | None,
-) -> list[int]:
-    """The talker's first code for each row of ``logits [B, V]`` (float32), per its knobs."""
-    scores = processed_scores(logits, histories, knobs, suppressed, codec_eos)
+def first_codes(scores: torch.Tensor, knobs: Sequence[TalkerSampling], generator: torch.Generator | None) -> list[int]:
+    """The talker's first code for each row of ``scores [B, V]`` (:func:`processed_scores` of its float32
+    logits), per its knobs: the argmax, or a draw after temperature, top-k and top-p."""
     greedy = scores.argmax(dim=-1).tolist()
     return [
         _choose(scores[row], True, knob.temperature, knob.top_k, knob.top_p, generator)

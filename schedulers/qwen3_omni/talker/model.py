@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from schedulers.devices import build
+from schedulers.engine.kv_batch import cached_forward
 
 EMBED_KEY = "thinker.model.embed_tokens.weight"
 
@@ -160,13 +161,7 @@ class TalkerModel:
         ``([B, H], [B, V])``; the codec head runs on every position, as the talker's forward does.
         """
         with torch.inference_mode():
-            out = self.talker.model(
-                inputs_embeds=embeds,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-            )
+            out = cached_forward(self.talker.model, embeds, position_ids, attention_mask, cache)
             hidden = out.last_hidden_state
             logits = self.talker.codec_head(hidden)
         return hidden[:, -1], logits[:, -1].float()

@@ -109,7 +109,7 @@ class TextFeed:
         """The prefill's rows are known: the first answer token was forwarded, or the stream ended."""
         return self.ended or self.known_rows > ASSISTANT_PREFIX
 
-    def can_speak(self) -> bool:
+    def speakable(self) -> bool:
         """False when the thinker ended without forwarding an answer token (``generate`` cannot speak it)."""
         return self.known_rows > ASSISTANT_PREFIX
 

@@ -55,15 +55,8 @@ class TalkerRequest(StreamFedRequest):
     next_input: torch.Tensor | None = None
     """The last frame's codec embedding sum, waiting for its text."""
 
-    def end_text(self) -> None:
-        if self.feed is not None:
-            self.feed.end()
-
-    def speakable(self) -> bool:
-        return self.feed is None or self.feed.can_speak()
-
-    def prefill_ready(self) -> bool:
-        return self.feed is not None and self.feed.prefill_ready()
+    def text_state(self) -> TextFeed | None:
+        return self.feed
 
     def decode_ready(self) -> bool:
         return self.next_input is not None and self.feed is not None and self.feed.has_trailing(self.step)

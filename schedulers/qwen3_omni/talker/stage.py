@@ -40,7 +40,7 @@ from schedulers.engine.stream_fed import StreamEdges, StreamFedTalker
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import Codes, TalkerPrompt, TalkerResult, TalkerToken, ThinkerResult
 from schedulers.qwen3_omni.talker.code_predictor import CodePredictor
-from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_codes, suppressed_mask
+from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_codes, processed_scores, suppressed_mask
 from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.prompt import TextFeed
 from schedulers.qwen3_omni.talker.request import TalkerRequest, check_prompt
@@ -127,14 +127,15 @@ class TalkerScheduler(StreamFedTalker[TalkerRequest]):
     def _choose(self, stepped: Sequence[tuple[TalkerRequest, tuple[torch.Tensor, torch.Tensor]]]) -> None:
         reqs = [req for req, _ in stepped]
         try:
-            codes = first_codes(
+            knobs = [req.sampling for req in reqs]
+            scores = processed_scores(
                 torch.stack([logits for _, (_, logits) in stepped]),
                 [req.history for req in reqs],
-                [req.sampling for req in reqs],
+                knobs,
                 self._suppressed,
                 self.model.ids.codec_eos,
-                self._generator,
             )
+            codes = first_codes(scores, knobs, self._generator)
         except Exception as exc:
             for req in reqs:
                 self._fail(req, exc)
@@ -173,44 +174,34 @@ class TalkerScheduler(StreamFedTalker[TalkerRequest]):
 def create_talker_stage(
     *,
     model_dir: str | None = None,
-    do_sample: bool = True,
-    temperature: float = 0.9,
-    top_k: int = 50,
-    top_p: float = 1.0,
-    repetition_penalty: float = 1.05,
-    max_new_tokens: int = 4096,
-    min_new_tokens: int = 0,
     frames_per_chunk: int = 1,
     max_batch_size: int = 16,
     default_speaker: str | None = None,
     seed: int = 0,
     device: str = "cpu",
     dtype: str = "float32",
+    **sampling: Any,
 ) -> TalkerScheduler:
     """The talker stage for the checkpoint in ``model_dir`` (loads ``talker.`` weights and 3 thinker rows).
 
-    The sampling knobs are ``generate``'s ``talker_*`` arguments and defaults; a request's
-    ``talker`` options (the thinker's prompt chunk) override them.  ``do_sample=False`` is greedy
+    ``sampling``: :class:`~.codec_sampling.TalkerSampling`'s knobs, ``generate``'s ``talker_*`` arguments
+    and defaults (another name is a ``ValueError`` listing them); a request's ``talker`` options (the
+    thinker's prompt chunk) override them.  ``do_sample=False`` is greedy
     for the talker and the code predictor.  ``device``/``dtype`` place the talker and its code predictor,
     which runs in this stage (:mod:`schedulers.devices`); chunks arrive on the CPU, codes go out on the CPU.
     """
     from schedulers.qwen3_omni.talker.warm_up import talker_warm_up
 
     placement = Placement.of("talker", device, dtype)
-    sampling = TalkerSampling(
-        do_sample=do_sample,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        repetition_penalty=repetition_penalty,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens,
-    )
+    try:
+        knobs = TalkerSampling(**sampling)
+    except TypeError as exc:
+        raise ValueError(f"talker: {exc}; the sampling knobs are {sorted(attrs.fields_dict(TalkerSampling))}") from exc
     model_dir = require_model_dir(model_dir)
     model = TalkerModel.from_checkpoint(Path(model_dir), dtype=placement.dtype, device=str(placement.device))
     scheduler = TalkerScheduler(
         model,
-        sampling=sampling,
+        sampling=knobs,
         frames_per_chunk=frames_per_chunk,
         max_batch_size=max_batch_size,
         default_speaker=default_speaker,

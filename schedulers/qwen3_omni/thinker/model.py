@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoePreTrainedModelForConditionalGeneration,
     Qwen3OmniMoeThinkerTextModel,
@@ -32,6 +32,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from schedulers.devices import build
 from schedulers.engine.decoder import Decoded
+from schedulers.engine.thinker_lm import ThinkerTextLM, check_rows
 
 LoadFn = Callable[[str, nn.Module], None]
 """Fills a module built on the meta device from the checkpoint: ``load(prefix, module)``."""
@@ -73,15 +74,11 @@ class Prefill:
     hidden: torch.Tensor | None  # Float[P, H] at accept_hidden_layer, when asked for
 
 
-class ThinkerLM:
+class ThinkerLM(ThinkerTextLM):
     """The text model and head of a Qwen3-Omni thinker (``config`` is the whole ``Qwen3OmniMoeConfig``)."""
 
     def __init__(self, config: Any, text_model: Qwen3OmniMoeThinkerTextModel, lm_head: nn.Linear) -> None:
-        self.config = config
-        self.thinker_config = config.thinker_config
-        self.text_config = config.thinker_config.text_config
-        self.model = text_model.eval()
-        self.lm_head = lm_head.eval()
+        super().__init__(config, text_model, lm_head)
         self.accept_hidden_layer = int(config.talker_config.accept_hidden_layer)
         if not 0 <= self.accept_hidden_layer <= self.text_config.num_hidden_layers:
             raise ValueError(
@@ -89,10 +86,6 @@ class ThinkerLM:
                 f"[0, {self.text_config.num_hidden_layers}] (the thinker's layers)"
             )
         self._rope = _RopeIndex(self.thinker_config)
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
 
     def to(self, device: str | torch.device) -> ThinkerLM:
         """Move the model to ``device`` (in place); returns ``self``."""
@@ -117,19 +110,6 @@ class ThinkerLM:
                 raise ValueError(f"thinker weights: {name} was not loaded from the checkpoint")
         return cls(config, text_model, lm_head)
 
-    @property
-    def hidden_size(self) -> int:
-        return int(self.text_config.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.text_config.vocab_size)
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings ``[..., H]`` of ``ids``."""
-        with torch.inference_mode():
-            return self.model.embed_tokens(ids.to(self.device))
-
     def prompt_inputs(
         self,
         input_ids: torch.Tensor,
@@ -152,30 +132,21 @@ class ThinkerLM:
         with torch.inference_mode():
             embeds = self.model.embed_tokens(ids)
             audio_mask = ids == cfg.audio_token_id
-            _check_rows("audio_embeds", audio_embeds, int(audio_mask.sum()), self.hidden_size)
+            check_rows("audio_embeds", audio_embeds, int(audio_mask.sum()), self.hidden_size)
             if audio_embeds is not None and audio_embeds.shape[0]:
                 embeds = embeds.masked_scatter(audio_mask.unsqueeze(-1), audio_embeds.to(embeds.device, embeds.dtype))
             image_mask = ids == cfg.image_token_id
             n_image = int(image_mask.sum())
-            _check_rows("image_embeds", image_embeds, n_image, self.hidden_size)
+            check_rows("image_embeds", image_embeds, n_image, self.hidden_size)
             visual_pos_masks, deepstack = None, None
+            grid = self._image_grid(image_grid_thw, n_image, self._rope.spatial_merge_size)
             if n_image:
                 assert image_embeds is not None
-                if image_grid_thw is None:
-                    raise ValueError("image_grid_thw is required with image placeholders in input_ids")
-                merge = self._rope.spatial_merge_size
-                expected = int(image_grid_thw.prod(-1).sum()) // merge**2
-                if expected != n_image:
-                    raise ValueError(
-                        f"image_grid_thw {image_grid_thw.tolist()} gives {expected} image tokens, "
-                        f"input_ids has {n_image} placeholders"
-                    )
                 embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), image_embeds.to(embeds.device, embeds.dtype))
                 visual_pos_masks = image_mask
                 deepstack = [d.to(embeds.device, embeds.dtype) for d in deepstack_image_embeds or []]
                 for i, d in enumerate(deepstack):
-                    _check_rows(f"deepstack_image_embeds[{i}]", d, n_image, self.hidden_size)
-            grid = image_grid_thw.to(self.device) if n_image and image_grid_thw is not None else None
+                    check_rows(f"deepstack_image_embeds[{i}]", d, n_image, self.hidden_size)
             lengths = audio_feature_lengths.to(self.device) if audio_feature_lengths is not None else None
             position_ids, rope_delta = self._positions(ids, grid, lengths)
         return PromptInputs(ids[0], embeds[0], position_ids, rope_delta, visual_pos_masks, deepstack)
@@ -201,14 +172,13 @@ class ThinkerLM:
         """One request's prompt in one forward (batch 1); ``hidden``: also the accept-layer states.
 
         The keys/values go into ``cache`` (one empty row: a KV batch's prefill step) or a new ``DynamicCache``."""
-        cache = DynamicCache(config=self.text_config) if cache is None else cache
+        mask = torch.ones(1, prompt.embeds.shape[0], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = self.model(
-                inputs_embeds=prompt.embeds[None],
-                attention_mask=torch.ones(1, prompt.embeds.shape[0], dtype=torch.long, device=self.device),
-                position_ids=prompt.position_ids,
-                past_key_values=cache,
-                use_cache=True,
+            out, cache = self._forward(
+                prompt.embeds[None],
+                prompt.position_ids,
+                mask,
+                cache,
                 visual_pos_masks=prompt.visual_pos_masks,
                 deepstack_visual_embeds=prompt.deepstack,
                 output_hidden_states=hidden,
@@ -217,35 +187,6 @@ class ThinkerLM:
         states = out.hidden_states[self.accept_hidden_layer][0] if hidden else None
         return Prefill(logits, cache, states)
 
-    def decode(
-        self,
-        embeds: torch.Tensor,
-        lengths: list[int],
-        rope_deltas: list[int],
-        attention_mask: torch.Tensor,
-        cache: Cache,
-    ) -> Decoded:
-        """One token for each row: ``embeds`` ``[B, H]``, ``lengths[b]`` tokens already in row b's cache.
-
-        ``attention_mask`` is ``[B, width + 1]`` (the cache's columns then the new token); returns the
-        logits ``[B, V]`` (no states: the talker takes none per token)."""
-        text = torch.tensor(lengths, dtype=torch.long, device=self.device).view(1, -1, 1)
-        rope = text + torch.tensor(rope_deltas, dtype=torch.long, device=self.device).view(1, -1, 1)
-        position_ids = torch.cat([text, rope.expand(3, -1, -1)], dim=0)
-        with torch.inference_mode():
-            out = self.model(
-                inputs_embeds=embeds[:, None],
-                attention_mask=attention_mask.to(self.device),
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            return Decoded(self.lm_head(out.last_hidden_state[:, -1]))
-
-
-def _check_rows(field: str, tensor: torch.Tensor | None, placeholders: int, hidden: int) -> None:
-    rows = 0 if tensor is None else int(tensor.shape[0])
-    if rows != placeholders:
-        raise ValueError(f"{field}: {rows} rows sent, input_ids has {placeholders} placeholder tokens for them")
-    if tensor is not None and rows and (tensor.ndim != 2 or tensor.shape[1] != hidden):
-        raise ValueError(f"{field}: shape {tuple(tensor.shape)} must be [{rows}, {hidden}] (the thinker's hidden size)")
+    def _decoded(self, hidden: torch.Tensor) -> Decoded:
+        """The logits ``[B, V]`` (no states: the talker takes none per token)."""
+        return Decoded(self.lm_head(hidden))
