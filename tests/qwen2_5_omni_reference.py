@@ -6,8 +6,9 @@
   and talker), recording the talker's codes as ``generate`` hands them to token2wav;
 * :func:`clip`, :func:`picture`: media whose content the tiny checkpoints' answers depend on; :func:`wav`,
   :func:`png`: them as a chat request carries them, :func:`pcm16`: a clip as the model reads it from a WAV;
-* the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`) and
-  ``model`` (transformers' model of it: :func:`reference_model`): a test module imports the functions.
+* the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`),
+  ``model`` (transformers' model of it: :func:`reference_model`) and ``processor`` (its processor:
+  :func:`tiny_processor`): a test module imports the functions.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def reference_model(tiny: Path) -> Any:
 
     torch.set_num_threads(1)
     return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
+
+
+@pytest.fixture(scope="session", name="processor")
+def tiny_processor(tiny: Path) -> Any:
+    """:func:`reference_processor` of the tiny checkpoint."""
+    return reference_processor(tiny)
 
 
 @contextmanager
