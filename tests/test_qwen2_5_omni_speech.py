@@ -31,7 +31,7 @@ MIN_WHOLE_SNR_DB = 60.0
 
 def reference(model: Any, processor: Any, parts: list[dict[str, Any]], **knobs: Any) -> ref.Answer:
     """``generate``'s greedy spoken answer to the user ``parts`` under the model's system prompt."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
     return ref.reference_answer(model, processor, messages, **knobs)
 
 
