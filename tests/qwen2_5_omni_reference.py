@@ -4,8 +4,9 @@
   :func:`wav`, :func:`png`, :func:`pcm16`) are :mod:`toys.qwen2_5_omni_reference`'s, which the benches share;
 * :func:`reference_answer`: ``Qwen2_5OmniForConditionalGeneration.generate(return_audio=True)`` greedy (thinker
   and talker), recording the talker's codes as ``generate`` hands them to token2wav;
-* the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`) and
-  ``model`` (transformers' model of it: :func:`reference_model`): a test module imports the functions;
+* the fixtures ``tiny`` (a tiny checkpoint, written once per test session: :func:`tiny_checkpoint`),
+  ``model`` (transformers' model of it: :func:`reference_model`) and ``processor`` (its processor:
+  :func:`tiny_processor`): a test module imports the functions;
 * :data:`DEVICE`: where a pipeline test places every model stage; the reference stays on the CPU.
 """
 
@@ -50,6 +51,12 @@ def reference_model(tiny: Path) -> Any:
 
     torch.set_num_threads(1)
     return Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny).eval()
+
+
+@pytest.fixture(scope="session", name="processor")
+def tiny_processor(tiny: Path) -> Any:
+    """:func:`reference_processor` of the tiny checkpoint."""
+    return reference_processor(tiny)
 
 
 @contextmanager

@@ -8,7 +8,6 @@ one token at a time as a stream would bring them, codes chosen by :class:`CodecS
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,17 +27,13 @@ from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures)
     reference_processor,
     talker_model,
     tiny_checkpoint,
+    tiny_processor,
 )
 
 GREEDY = CodecSampling(do_sample=False)
 
 
 PROMPTS = TALKER_PROMPTS
-
-
-@pytest.fixture(scope="module")
-def processor(tiny: Path) -> Any:
-    return reference_processor(tiny)
 
 
 def stream(talker: TalkerModel, processor: Any, messages: Any, answer: Answer, speaker: str) -> TalkerText:

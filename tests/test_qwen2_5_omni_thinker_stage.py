@@ -32,7 +32,7 @@ from omnitrio.serve import serve
 from omnitrio.trace import load as load_events
 from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT
 from tests import qwen2_5_omni_reference as ref
-from tests.qwen2_5_omni_reference import reference_model, tiny_checkpoint  # noqa: F401  (fixtures model, tiny)
+from tests.qwen2_5_omni_reference import reference_model, tiny_checkpoint, tiny_processor  # noqa: F401  (fixtures)
 from tests.test_qwen3_omni_pipeline import most_held_at_once
 from toys.qwen3_omni_requests import pcm16, snr_db
 
@@ -56,11 +56,6 @@ PROMPTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         [{"type": "image", "image": IMAGE}, {"type": "text", "text": "What is it?"}],
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def processor(tiny: Path) -> Any:
-    return ref.reference_processor(tiny)
 
 
 def generated(
@@ -110,8 +105,9 @@ async def serving(config: PipelineConfig, *, inline: bool = True) -> AsyncIterat
         shutdown.set()
 
 
-@pytest.fixture
-async def url(tiny: Path, tmp_path: Path) -> AsyncIterator[str]:
+@pytest.fixture(name="url")
+async def served_url(tiny: Path, tmp_path: Path) -> AsyncIterator[str]:
+    """The shipped config on the tiny checkpoint served over HTTP: its ``/v1`` address."""
     async for address in serving(config_of(tiny)):
         yield address
 

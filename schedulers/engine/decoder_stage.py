@@ -28,7 +28,7 @@ import torch
 from omnitrio.contract import InvalidRequest, OutgoingMessage, StagePayload
 from schedulers.engine.admission import FinishReason, completion_budget
 from schedulers.engine.decoder import Decoder, DecoderPrompt, DecoderRequest, Event, Failed, Forwarded, Prefilled, Token
-from schedulers.engine.intake import RequestIntake
+from schedulers.engine.intake import EngineIntake
 from schedulers.engine.sampling import Sampler, SamplingDefaults
 from schedulers.warm_up import WarmUp
 
@@ -147,7 +147,7 @@ class _Live:
     output_ids: list[int] = attrs.field(factory=list)
 
 
-class DecoderScheduler(RequestIntake):
+class DecoderScheduler(EngineIntake[Decoder[Any], _Live]):
     """Serves a :class:`~.decoder.Decoder` through the inbox/outbox for a family (module docstring)."""
 
     def __init__(
@@ -181,18 +181,6 @@ class DecoderScheduler(RequestIntake):
     def kv_bytes(self) -> int:
         """Bytes of keys/values the running requests hold now."""
         return self.engine.kv.nbytes()
-
-    def _has_work(self) -> bool:
-        return self.engine.has_work
-
-    def _accept(self, request_id: str, data: Any) -> None:
-        request, live = self._parse(request_id, data)
-        self.engine.add(request)
-        self._live[request_id] = live
-
-    def _forget(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-        self._live.pop(request_id, None)
 
     def _parse(self, rid: str, payload: Any) -> tuple[DecoderRequest, _Live]:
         ask = self.family.read(rid, payload, self.engine.lm)

@@ -1,6 +1,6 @@
 """The language-model responder: a conversation in, the model's answer out, streamed as it is written.
 
-:class:`LLMResponder` is a :class:`~schedulers.engine.intake.RequestIntake` around a
+:class:`LLMResponder` is a :class:`~schedulers.engine.intake.EngineIntake` around a
 :class:`~schedulers.llamacpp.engine.LlamaBatchEngine` (continuous batching on llama.cpp) that reads
 :mod:`schedulers.speech.conversation` inputs, renders them with the model's chat template and
 answers ``payload.data = {"text", "finish_reason", "usage"}``.
@@ -52,7 +52,7 @@ import attrs
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
 from schedulers.ar.kv_sessions import common_prefix
 from schedulers.engine.admission import completion_budget
-from schedulers.engine.intake import RequestIntake
+from schedulers.engine.intake import EngineIntake
 from schedulers.llamacpp.chat import LlamaChat
 from schedulers.llamacpp.engine import LlamaBatchEngine, LlamaRequest, TokenEvent
 from schedulers.llamacpp.sampling import Sampling
@@ -91,7 +91,7 @@ class _Answer:
     sent: int = 0  # characters of the answer already streamed
 
 
-class LLMResponder(RequestIntake):
+class LLMResponder(EngineIntake[LlamaBatchEngine, _Answer]):
     """See the module docstring; ``stream_target(payload)`` names the stage text streams to."""
 
     def __init__(
@@ -114,7 +114,7 @@ class LLMResponder(RequestIntake):
         self.threads = threads
         self.solo_threads = solo_threads
         self._threads_now = threads
-        self._answers: dict[str, _Answer] = {}
+        self._live: dict[str, _Answer] = {}
         self._opening = chat.encode_chat([{"role": "user", "content": "\x00"}])  # default system prompt + header
         self._said_no_tools = False
         self.warm_up.step("chat", lambda: self._warm_up(spoken=False))
@@ -135,17 +135,8 @@ class LLMResponder(RequestIntake):
         if failed:
             raise failed[0]
 
-    def _has_work(self) -> bool:
-        return self.engine.has_work
-
-    def _accept(self, request_id: str, data: Any) -> None:
-        request, answer = self.parse(request_id, data)
-        self.engine.add(request)
-        self._answers[request_id] = answer
-
-    def _forget(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-        self._answers.pop(request_id, None)
+    def _parse(self, request_id: str, payload: Any) -> tuple[LlamaRequest, _Answer]:
+        return self.parse(request_id, payload)
 
     def parse(self, request_id: str, payload: Any) -> tuple[LlamaRequest, _Answer]:
         """The engine request a ``new_request`` payload describes, and what its answer streams where."""
@@ -255,13 +246,13 @@ class LLMResponder(RequestIntake):
             failed = list(self.engine.running)
             for rid in failed:
                 self.engine.abort(rid)
-                self._answers.pop(rid, None)
+                self._live.pop(rid, None)
             return [OutgoingMessage(rid, "error", exc) for rid in failed]
-        return [out for event in events if event.request_id in self._answers for out in self._outputs(event)]
+        return [out for event in events if event.request_id in self._live for out in self._outputs(event)]
 
     def _outputs(self, event: TokenEvent) -> list[OutgoingMessage]:
         rid = event.request_id
-        answer = self._answers[rid]
+        answer = self._live[rid]
         calls = answer.tools
         if not event.ends_turn:
             answer.tokens += 1
@@ -285,7 +276,7 @@ class LLMResponder(RequestIntake):
             if outputs or answer.target is None:
                 self.engine.settle(rid)  # its caller has its first words (or waits for the whole answer)
             return outputs
-        del self._answers[rid]
+        del self._live[rid]
         tool_calls = calls.parse(called) if calls and called else None
         if tool_calls and not words.strip():
             words = ""  # held, never streamed: white space before a call is not an answer
