@@ -70,7 +70,7 @@ class Link:
                     await self._write(self._sender, batch)
                 self._drained.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):
-            # The peer is gone or never came up: the supervisor fails what it held.
+            # The peer is gone (or this link closed): the supervisor fails what it held.
             self._closed = True
             self._queue.clear()
             self._drained.set()

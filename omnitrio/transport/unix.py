@@ -5,7 +5,8 @@ message, which on a busy 2-core machine cost more than everything else in a hop.
 Unix stream socket is one ``send`` and one ``recv`` in the two trio loops.  The promises
 are those of :mod:`omnitrio.transport.link`: ordered per link, everything sent in one
 pass of the trio loop arrives in one batch, ``send`` never blocks (the pump waits on the
-kernel buffer: backpressure), and the connection stays open for the pipeline's life.
+kernel buffer: backpressure), and the connection stays open for the pipeline's life.  A link
+made before its peer listens connects once it does, however late (zmq's do the same).
 
 Wire format of one batch: ``u32 length`` then ``u16 len(sender) | sender`` then, per
 message, ``u32 len | message``.
@@ -26,7 +27,9 @@ from omnitrio.transport.link import Framed, Link
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
 READ_SIZE = 1 << 16
-CONNECT_TIMEOUT = 30.0
+CONNECT_RETRY_FIRST = 0.005
+CONNECT_RETRY_MAX = 0.1
+"""Seconds between attempts to connect to a peer that does not listen yet: doubling from the first to the most."""
 
 Dispatch = Callable[[str, list[bytes]], Awaitable[None]]
 
@@ -61,16 +64,32 @@ class UnixLink(Link):
         self._stream: trio.SocketStream | None = None
 
     async def _open(self) -> None:
-        """Connect, waiting for the peer to listen."""
-        with trio.fail_after(CONNECT_TIMEOUT):
-            while True:
-                try:
-                    self._stream = await trio.open_unix_socket(self.path)
-                    return
-                except OSError as exc:
-                    if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
-                        raise
-                    await trio.sleep(0.005)  # the peer has not bound yet
+        """Connect, waiting for the peer to listen for as long as it takes, until the link is closed.
+
+        A peer may listen long after this side asked (a stage process that imports and builds its
+        model first, on a loaded machine); giving up would drop every message sent to it for the
+        pipeline's life.  What bounds the wait is the peer's life: a peer that never comes up fails
+        the pipeline's start-up; one restarted listens on a fresh address, reached by a new link
+        (this one closed); one gone for good is tried every :data:`CONNECT_RETRY_MAX` until the
+        pipeline closes.
+        """
+        pause = CONNECT_RETRY_FIRST
+        while True:
+            if self._closed:
+                raise trio.ClosedResourceError("the link was closed")
+            try:
+                stream = await trio.open_unix_socket(self.path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+                    raise
+                await trio.sleep(pause)  # the peer has not bound yet
+                pause = min(2 * pause, CONNECT_RETRY_MAX)
+                continue
+            if self._closed:
+                stream.socket.close()
+                raise trio.ClosedResourceError("the link was closed")
+            self._stream = stream
+            return
 
     async def _write(self, sender: bytes, batch: list[bytes | Framed]) -> None:
         if self._stream is None:
