@@ -85,3 +85,33 @@ class Sampler:
             return int(scores[0].argmax())
         probs = torch.softmax(scores[0], dim=-1).cpu()
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+@attrs.frozen
+class TalkerKnobs:
+    """A talker's code-sampling knobs, ``generate``'s ``talker_*`` arguments, with Qwen3-Omni's defaults; a
+    family whose ``generate`` has other defaults subclasses it with them.  Checked when built: a bad value is
+    a ``ValueError`` naming the knob."""
+
+    do_sample: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    temperature: float = attrs.field(default=0.9, converter=float)
+    top_k: int = attrs.field(default=50, validator=attrs.validators.instance_of(int))
+    top_p: float = attrs.field(default=1.0, converter=float)
+    repetition_penalty: float = attrs.field(default=1.05, converter=float)
+    max_new_tokens: int = attrs.field(default=4096, validator=attrs.validators.instance_of(int))
+    min_new_tokens: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"talker max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"talker min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}"
+            )
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"talker temperature must be > 0 when sampling, got {self.temperature}")
+        if not self.repetition_penalty > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"talker repetition_penalty must be > 0, top_k >= 0 and top_p in (0, 1]; got "
+                f"{self.repetition_penalty}, {self.top_k}, {self.top_p}"
+            )

@@ -29,35 +29,16 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from schedulers.engine.sampling import TalkerKnobs
 from schedulers.qwen2_5_omni.talker.model import TalkerModel
 
 
 @attrs.frozen
-class CodecSampling:
-    """One request's talker knobs: ``generate``'s ``talker_*`` arguments and their defaults."""
+class CodecSampling(TalkerKnobs):
+    """One request's talker knobs: the kit's, with Qwen2.5-Omni's ``generate`` defaults (top-k 40, top-p 0.8)."""
 
-    do_sample: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    temperature: float = attrs.field(default=0.9, converter=float)
     top_k: int = attrs.field(default=40, validator=attrs.validators.instance_of(int))
     top_p: float = attrs.field(default=0.8, converter=float)
-    repetition_penalty: float = attrs.field(default=1.05, converter=float)
-    max_new_tokens: int = attrs.field(default=4096, validator=attrs.validators.instance_of(int))
-    min_new_tokens: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
-
-    def __attrs_post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"talker max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(
-                f"talker min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}"
-            )
-        if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"talker temperature must be > 0 when sampling, got {self.temperature}")
-        if not self.repetition_penalty > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(
-                f"talker repetition_penalty must be > 0, top_k >= 0 and top_p in (0, 1]; got "
-                f"{self.repetition_penalty}, {self.top_k}, {self.top_p}"
-            )
 
 
 class CodecSampler:

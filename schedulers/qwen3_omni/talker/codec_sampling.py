@@ -16,37 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
 import torch
+
+from schedulers.engine.sampling import TalkerKnobs
 
 SUPPRESSED_TOP = 1024
 """``generate`` suppresses the talker's top 1024 ids (codec specials, speakers) except ``codec_eos``."""
 
 
-@attrs.frozen
-class TalkerSampling:
-    """One request's talker sampling knobs (``generate``'s ``talker_*`` arguments and defaults)."""
-
-    do_sample: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    temperature: float = attrs.field(default=0.9, converter=float)
-    top_k: int = attrs.field(default=50, validator=attrs.validators.instance_of(int))
-    top_p: float = attrs.field(default=1.0, converter=float)
-    repetition_penalty: float = attrs.field(default=1.05, converter=float)
-    max_new_tokens: int = attrs.field(default=4096, validator=attrs.validators.instance_of(int))
-    min_new_tokens: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
-
-    def __attrs_post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"talker max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"talker temperature must be > 0 when sampling, got {self.temperature}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"talker repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.top_k < 0 or not 0 < self.top_p <= 1 or self.min_new_tokens < 0:
-            raise ValueError(
-                f"talker top_k must be >= 0, top_p in (0, 1] and min_new_tokens >= 0; got {self.top_k}, "
-                f"{self.top_p}, {self.min_new_tokens}"
-            )
+TalkerSampling = TalkerKnobs
+"""One request's talker sampling knobs: the kit's, whose defaults are Qwen3-Omni's ``generate``'s."""
 
 
 CODE_PREDICTOR_TOP_K = 50
