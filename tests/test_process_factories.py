@@ -84,3 +84,16 @@ def test_check_reports_the_bad_factory_argument_of_a_process_stage(
 ) -> None:
     assert main(["check", str(pipeline), "--set", "tag.factory.tagx=1"]) == 2
     assert BAD_ARGUMENT in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config", ["qwen3-omni.toml", "qwen2.5-omni.toml"])
+def test_a_qwen_omni_caller_routes_without_importing_torch(config: str) -> None:
+    """Its inline stage and its routing functions read the handoff classes, whose tensors are only annotations."""
+    code = (
+        "import sys; from omnitrio.config_loading import load; from omnitrio.topology import Topology; "
+        "Topology.compile(load(sys.argv[1], process_factories=False)); print('torch' in sys.modules)"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "configs" / config)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert found.stdout == "False\n", found.stderr

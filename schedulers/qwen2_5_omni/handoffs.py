@@ -19,12 +19,16 @@ re-exported here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
-import torch
 
 from schedulers.engine.admission import FinishReason
 from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEncoderInput
 from schedulers.handoff import handoff
+
+if TYPE_CHECKING:  # the annotations only: the graph's routing imports these classes without torch
+    import torch
 
 
 @handoff
