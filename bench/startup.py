@@ -56,6 +56,7 @@ METHODS = ("spawn", "fork-late", "fork-early")
 START_METHOD = {"spawn": "spawn", "fork-late": "forkserver", "fork-early": "forkserver"}
 PHASES = ("interpreter", "runtime import", "handshake", "factory imports", "model load", "warm-up", "total")
 TARGETS_S = {"chain4": 2.0, "qwen3-omni": 8.0}
+QWEN3_OMNI = ROOT / "configs" / "qwen3-omni.toml"
 
 
 CHAIN4_STAGE = """
@@ -80,11 +81,13 @@ def run_one(pipeline: str, model: str, out: Path, early: bool) -> None:
     began_ns = time.monotonic_ns()
     began = time.perf_counter()
     from omnitrio.cli import load_config
+    from omnitrio.config_loading import load
 
-    if pipeline == "chain4":
-        config = load_config(chain4_config(out.parent), [], to_start=early)
-    else:
-        config = load_config(ROOT / "configs" / "qwen3-omni.toml", [], Path(model), to_start=early)
+    path, model_dir = (chain4_config(out.parent), None) if pipeline == "chain4" else (QWEN3_OMNI, Path(model))
+    if early:
+        config = load_config(path, [], model_dir, to_start=True)
+    else:  # validated as serve validates: a stage process checks its own factories
+        config = load(path, [], model_dir, process_factories=False)
     loaded = time.perf_counter()
     import trio
 

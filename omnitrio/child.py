@@ -35,7 +35,7 @@ import trio
 
 from omnitrio.bridge import LoopIdle
 from omnitrio.config import PipelineConfig
-from omnitrio.errors import StartupError, collapse
+from omnitrio.errors import ConfigError, StartupError, collapse
 from omnitrio.events import (
     PROCESS_FACTORIES_IMPORTED,
     PROCESS_INTERPRETER_UP,
@@ -162,7 +162,7 @@ async def _serve(spec: ChildSpec, began: tuple[int, int] | None) -> None:
             except BaseException as exc:  # report why, then exit non-zero
                 if isinstance(exc, trio.Cancelled) or shutdown.is_set():
                     raise
-                board.send_control(MAIN, wire.StartupFailed(spec.process, startup_report(exc)))
+                board.send_control(MAIN, startup_failed(spec.process, exc))
                 with trio.move_on_after(2.0):
                     await board.flush()
                 nursery.cancel_scope.cancel()
@@ -179,6 +179,14 @@ async def _serve(spec: ChildSpec, began: tuple[int, int] | None) -> None:
 async def _stop_when(shutdown: trio.Event, scope: trio.CancelScope) -> None:
     await shutdown.wait()
     scope.cancel()
+
+
+def startup_failed(process: str, exc: BaseException) -> wire.StartupFailed:
+    """What to tell the parent: a config error as its one line, anything else with its traceback."""
+    error = collapse(exc) if isinstance(exc, BaseExceptionGroup) else exc
+    if isinstance(error, ConfigError):
+        return wire.StartupFailed(process, str(error), config_error=True)
+    return wire.StartupFailed(process, startup_report(exc))
 
 
 def startup_report(exc: BaseException) -> str:

@@ -51,7 +51,7 @@ import trio
 
 from omnitrio.child import ENTRY, ChildSpec
 from omnitrio.config import PipelineConfig
-from omnitrio.errors import RequestError, RequestFailed, StartupError
+from omnitrio.errors import ConfigError, RequestError, RequestFailed, StartupError
 from omnitrio.events import PROCESS_READY, PROCESS_SPAWNED, EventRecorder
 from omnitrio.forkserver import ForkedProcess, ForkServer, open_fork_server, preload_modules
 from omnitrio.health import Figures, gauges, replicated_entry, stage_entry
@@ -94,6 +94,8 @@ class _Child:
     exited: trio.Event = attrs.field(factory=trio.Event)
     """Set by the reaper task when this generation's process has exited."""
     startup_error: str | None = None
+    startup_config_error: bool = False
+    """The start-up error is a config error of one of its stages (a factory's arguments)."""
 
     @property
     def pid(self) -> int:
@@ -185,7 +187,8 @@ class Children:
     async def wait_ready(self) -> None:
         """Wait until every child has started all its stages, then watch each one.
 
-        Raises :class:`StartupError` naming the child (with its traceback) when one fails.
+        Raises :class:`StartupError` naming the child (with its traceback) when one fails, or the
+        :class:`ConfigError` of a stage whose factory the child found not to accept its arguments.
         """
         async with trio.open_nursery() as starting:
             if MAIN in self._homes.values():  # main's stages send to the children: its first send is warm too
@@ -248,8 +251,9 @@ class Children:
                     if self._ray is not None:
                         self._joined(child, address)
                     child.ready.set()
-                case wire.StartupFailed(error=error) if child is not None:
+                case wire.StartupFailed(error=error, config_error=config_error) if child is not None:
                     child.startup_error = error
+                    child.startup_config_error = config_error
                     child.ready.set()
                 case wire.HealthReply(qid=qid, process=process, stages=stages, dead=dead):
                     waiter = self._health_waiters.get(qid)
@@ -324,6 +328,8 @@ class Children:
                 nursery.start_soon(died)
                 await child.ready.wait()
                 nursery.cancel_scope.cancel()
+        if child.startup_error is not None and child.startup_config_error:
+            raise ConfigError(child.startup_error)
         if child.startup_error is not None:
             raise StartupError(f"process {child.name!r} (stages {child.stages}) failed to start: {child.startup_error}")
         if scope.cancelled_caught:
@@ -351,7 +357,7 @@ class Children:
             await self._spawn(child)
             try:
                 await self._wait_ready(child, config.startup_timeout)
-            except StartupError:
+            except (StartupError, ConfigError):
                 return
             if self._ray is None:  # a Ray-placed group said where it listens in its Ready message
                 self._board.peer_up(child.name, address)

@@ -273,7 +273,8 @@ def load_config(
     """The pipeline at ``path`` pointed at ``model``, placed on ``device`` in ``dtype``, overridden,
     validated.  Without ``path``: the config ``model`` picks (:func:`~omnitrio.families.config_for_model`),
     else the default pipeline.  ``to_start``: the caller will start it, so the fork server of its stage
-    processes starts before the config is loaded (:func:`omnitrio.start_method.start_fork_server_early`)."""
+    processes starts before the config is loaded (:func:`omnitrio.start_method.start_fork_server_early`),
+    and the factories of stages in processes of their own are checked there, not imported here."""
     if path is None and model is not None:
         path = config_for_model(model)
     if path is None:
@@ -287,7 +288,7 @@ def load_config(
         from omnitrio.start_method import start_fork_server_early
 
         start_fork_server_early(process_factory_paths(path, overrides))
-    return load(path, overrides, model, device=device, dtype=dtype)
+    return load(path, overrides, model, device=device, dtype=dtype, process_factories=not to_start)
 
 
 # -- check -------------------------------------------------------------------------------------

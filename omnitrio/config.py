@@ -196,8 +196,12 @@ class PipelineConfig:
         raise KeyError(name)
 
 
-def validate(config: PipelineConfig) -> None:
-    """Check every rule of SPEC §2; raise one :class:`ConfigError` naming stage and field."""
+def validate(config: PipelineConfig, *, process_factories: bool = True) -> None:
+    """Check every rule of SPEC §2; raise one :class:`ConfigError` naming stage and field.
+
+    ``process_factories=False`` leaves out the factory check (import, arguments) of the stages that
+    name a ``process``: a caller that starts the pipeline leaves it to that stage's own process,
+    which runs :func:`check_factory` before it reports ready (:mod:`omnitrio.factory`)."""
     if not isinstance(config, PipelineConfig):
         raise ConfigError(f"expected a PipelineConfig, got {type(config).__name__}")
     if not config.stages:
@@ -239,6 +243,8 @@ def validate(config: PipelineConfig) -> None:
 
     for i, stage in enumerate(config.stages):
         _validate_stage(i, stage, config, names)
+        if process_factories or not stage.process:
+            check_factory(config, stage.name)
     _check_reachable(config)
     _check_acyclic(config)
     _check_senders(config)
@@ -324,7 +330,6 @@ def _validate_stage(i: int, stage: StageConfig, config: PipelineConfig, names: M
         seconds = getattr(stage, field)
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
             raise fail(field, f"must be a number of seconds > 0, got {seconds!r}")
-    _check_factory(label, stage)
 
 
 def _check_senders(config: PipelineConfig) -> None:
@@ -347,16 +352,22 @@ def _check_callable(path: str, where: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-def _check_factory(label: str, stage: StageConfig) -> None:
+def check_factory(config: PipelineConfig, name: str) -> Callable[..., Any]:
+    """Import stage ``name``'s factory and check its arguments against its signature; return it.
+
+    Raises a :class:`ConfigError` naming the stage and the argument (the one :func:`validate` raises).
+    """
+    i, stage = next((i, s) for i, s in enumerate(config.stages) if s.name == name)
+    label = f"stages[{i}] ({stage.name!r})"
     factory = _check_callable(stage.factory_path, f"{label}: factory_path")
     kwargs = stage.factory.to_kwargs()
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):
-        return
+        return factory
     params = signature.parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return
+        return factory
     accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
@@ -367,6 +378,7 @@ def _check_factory(label: str, stage: StageConfig) -> None:
         signature.bind(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{label}: factory: {stage.factory_path}: {exc}") from None
+    return factory
 
 
 def _check_reachable(config: PipelineConfig) -> None:

@@ -90,10 +90,12 @@ def load(
     *,
     device: str | None = None,
     dtype: str | None = None,
+    process_factories: bool = True,
 ) -> PipelineConfig:
     """Load a TOML pipeline file, point its ``model_args`` at ``model`` (when given), place its stages
     on ``device`` in ``dtype`` (when given, :func:`apply_placement`), apply the ``key.path=value``
-    overrides (last, so a stage's own ``--set`` wins), then validate."""
+    overrides (last, so a stage's own ``--set`` wins), then validate (``process_factories``: see
+    :func:`~omnitrio.config.validate`)."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -113,7 +115,7 @@ def load(
     for item in overrides:
         apply_override(raw, item)
     config = from_dict(raw)
-    validate(config)
+    validate(config, process_factories=process_factories)
     return config
 
 

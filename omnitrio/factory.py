@@ -1,7 +1,9 @@
 """Building a process's stages and their schedulers from the factories the config names.
 
 The caller's process and every stage process build and start their stages here, so both
-fail the same way: a factory that raises, or returns
+fail the same way: a factory that does not accept its arguments raises the
+:class:`~omnitrio.errors.ConfigError` :func:`~omnitrio.config.validate` raises (a caller leaves that
+check of a process's stages to the process); a factory that raises, or returns
 something that is not a scheduler, stops start-up with a :class:`StartupError` naming the
 stage and its ``factory_path``.  With a recorder, each build and each stage's warm-up leave
 start-up events (:mod:`omnitrio.events`).
@@ -15,7 +17,7 @@ from typing import Any
 
 import trio
 
-from omnitrio.config import PipelineConfig
+from omnitrio.config import PipelineConfig, check_factory
 from omnitrio.errors import StartupError
 from omnitrio.events import STAGE_BUILD_BEGAN, STAGE_BUILT, STAGE_WARM, EventRecorder
 from omnitrio.importing import import_object
@@ -32,12 +34,16 @@ def scheduler_builder(
 ) -> Callable[[], Any]:
     """A zero-argument callable that builds the named stage's scheduler and checks its contract.
 
+    Raises :class:`~omnitrio.errors.ConfigError` at once when the factory does not accept its
+    arguments (:func:`~omnitrio.config.check_factory`).
+
     Call it from any thread of a trio run; with ``recorder`` each call leaves ``stage_build_began``
     and ``stage_built`` events, timed where it ran.
     """
     stage = config.stage(stage_name)
     path = stage.factory_path
-    factory = import_object(path)
+    factory = import_object(path)  # a module that fails to import here raises with its traceback
+    check_factory(config, stage_name)
     kwargs = stage.factory.to_kwargs()
     token = trio.lowlevel.current_trio_token() if recorder is not None else None
 

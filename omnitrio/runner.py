@@ -34,10 +34,11 @@ from omnitrio.topology import MAIN, Topology
 async def open_pipeline(config: PipelineConfig, *, inline: bool = False) -> AsyncIterator[Pipeline]:
     """Start ``config``'s stages, yield the :class:`Pipeline`, stop everything on exit.
 
-    Raises :class:`omnitrio.ConfigError` before anything starts when the config is invalid,
+    Raises :class:`omnitrio.ConfigError` before anything starts when the config is invalid (the
+    factory of a stage in a process of its own is checked in that process, before it is ready),
     and :class:`omnitrio.errors.StartupError` naming the stage when one cannot start.
     """
-    validate(config)
+    validate(config, process_factories=inline)
     topology = Topology.compile(config)
     homes = topology.homes(inline)
     replicas = Replicas.of(config.processes, homes)

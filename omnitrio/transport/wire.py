@@ -43,10 +43,12 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
 
 
 class StartupFailed(msgspec.Struct, tag="startfail", array_like=True):
-    """Child → parent: a stage could not start; ``error`` carries the child's traceback."""
+    """Child → parent: a stage could not start; ``error`` carries the child's traceback, or, when
+    ``config_error``, the one-line :class:`~omnitrio.errors.ConfigError` its factory check raised."""
 
     process: str
     error: str
+    config_error: bool = False
 
 
 class HealthQuery(msgspec.Struct, tag="hq", array_like=True):

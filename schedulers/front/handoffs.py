@@ -11,12 +11,14 @@ aggregate's fan-in reads from whichever input comes first (:mod:`schedulers.grap
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import attrs
-import torch
 
 from schedulers.handoff import handoff
+
+if TYPE_CHECKING:  # the annotations only: the graph's routing imports these classes without torch
+    import torch
 
 K = TypeVar("K")
 """A family's knobs (its ``handoffs.Knobs``)."""

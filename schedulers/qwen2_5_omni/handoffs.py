@@ -12,8 +12,9 @@ tokens and result of :mod:`schedulers.engine.handoffs`, which every family share
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
-import torch
 
 from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
 from schedulers.front.handoffs import (
@@ -24,6 +25,9 @@ from schedulers.front.handoffs import (
     PreprocessedText,
 )
 from schedulers.handoff import handoff
+
+if TYPE_CHECKING:  # the annotations only: the graph's routing imports these classes without torch
+    import torch
 
 
 @handoff

@@ -12,10 +12,9 @@ re-exported here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
 
 from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
 from schedulers.front.handoffs import (
@@ -26,6 +25,9 @@ from schedulers.front.handoffs import (
     PreprocessedText,
 )
 from schedulers.handoff import handoff
+
+if TYPE_CHECKING:  # the annotations only: the graph's routing imports these classes without torch
+    import torch
 
 
 @handoff
