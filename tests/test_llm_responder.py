@@ -154,7 +154,7 @@ def test_start_up_answers_alone_and_shared_as_requests_decode_and_keeps_no_reque
     assert stage.warmed == ["chat", "spoken chat"]
     assert {threads for count, threads in seen if count == 1} == {stage.solo_threads}
     assert {threads for count, threads in seen if count == 2} == {stage.threads}
-    assert (stage.engine.has_work, stage._answers, stage.outbox.qsize()) == (False, {}, 0)
+    assert (stage.engine.has_work, stage._live, stage.outbox.qsize()) == (False, {}, 0)
 
 
 def test_serve_model_points_the_default_pipeline_at_another_gguf_file(tmp_path: Path) -> None:

@@ -104,10 +104,8 @@ class TalkerKnobs:
     def __attrs_post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"talker max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(
-                f"talker min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens}"
-            )
+        if self.min_new_tokens < 0:  # above max_new_tokens is allowed: the cap wins, as in generate
+            raise ValueError(f"talker min_new_tokens must be >= 0, got {self.min_new_tokens}")
         if self.do_sample and not self.temperature > 0:
             raise ValueError(f"talker temperature must be > 0 when sampling, got {self.temperature}")
         if not self.repetition_penalty > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
