@@ -32,8 +32,8 @@ from omnitrio.serve import serve
 from omnitrio.trace import load as load_events
 from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT
 from tests import qwen2_5_omni_reference as ref
+from tests.pipelines import most_held_at_once
 from tests.qwen2_5_omni_reference import reference_model, tiny_checkpoint, tiny_processor  # noqa: F401  (fixtures)
-from tests.test_qwen3_omni_pipeline import most_held_at_once
 from toys.qwen3_omni_requests import pcm16, snr_db
 
 pytestmark = pytest.mark.timeout(600)

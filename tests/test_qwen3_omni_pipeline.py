@@ -18,19 +18,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import trio
 
-from omnitrio import CompleteMessage, StreamMessage, open_pipeline
+from omnitrio import open_pipeline
 from omnitrio.config import PipelineConfig
 from omnitrio.config_loading import load
-from omnitrio.events import EVENT_DIR_ENV, STAGE_ABORTED, STAGE_COMPLETE, STAGE_FAILED, STAGE_INPUT_RECEIVED, Event
+from omnitrio.events import EVENT_DIR_ENV
 from omnitrio.pipeline import Pipeline
 from omnitrio.trace import load as load_events
 from omnitrio.transport.relay import DEFAULT_INLINE_LIMIT
 from schedulers.qwen3_omni.tiny import write_checkpoint
+from tests.pipelines import leave_after_audio, most_held_at_once, our_shm, settled, streamed_answer
 from toys.qwen3_omni_reference import (
     ReferenceOutput,
     load_reference_model,
@@ -93,24 +93,6 @@ async def inline(config: PipelineConfig) -> Any:
         yield pipeline
 
 
-async def answer(pipeline: Pipeline, rid: str, inputs: dict[str, Any]) -> dict[str, Any]:
-    """The request's results by stage, its pcm16 joined, its chunk modalities in arrival order."""
-    pcm: list[np.ndarray] = []
-    results: dict[str, Any] = {}
-    modalities: list[str] = []
-    async with pipeline.stream(rid, inputs) as stream:
-        async for message in stream:
-            match message:
-                case StreamMessage(modality=modality, chunk=chunk):
-                    modalities.append(modality)
-                    if modality == "audio":
-                        pcm.append(np.asarray(chunk["pcm"]))
-                case CompleteMessage(from_stage=stage, result=result):
-                    results[stage] = result
-    joined = np.concatenate(pcm) if pcm else np.zeros(0, np.int16)
-    return {"results": results, "pcm": joined, "modalities": modalities}
-
-
 def assert_equal_to_generate(got: dict[str, Any], expected: ReferenceOutput, tokenizer: Any) -> None:
     decode = got["results"]["decode"]
     assert decode["token_ids"] == expected.token_ids
@@ -131,7 +113,7 @@ def tokenizer(checkpoint: Path) -> Any:
 async def test_inline_pipeline_speaks_what_generate_speaks(
     inline: Pipeline, prompt: str, messages: Any, references: Any, tokenizer: Any
 ) -> None:
-    got = await answer(inline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
+    got = await streamed_answer(inline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
     assert_equal_to_generate(got, references[prompt], tokenizer)
 
 
@@ -141,25 +123,9 @@ async def test_one_process_per_stage_speaks_what_generate_speaks(
     async with open_pipeline(config) as pipeline:
         processes = {entry["process"] for entry in (await pipeline.health())["stages"].values()}
         for prompt in PROMPTS:
-            got = await answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
+            got = await streamed_answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
             assert_equal_to_generate(got, references[prompt], tokenizer)
     assert {"frontend", "thinker", "talker", "code2wav"} <= processes  # and the realtime front (ingress, listen)
-
-
-def most_held_at_once(events: list[Event], stage: str) -> int:
-    """The most requests ``stage`` held together, by the order of its events (first input in, until its
-    result went on or it failed or let go): several means they were in flight there at the same time."""
-    held: set[str | None] = set()
-    most = 0
-    for event in events:
-        if event.stage != stage:
-            continue
-        if event.event == STAGE_INPUT_RECEIVED:
-            held.add(event.request_id)
-        elif event.event in (STAGE_COMPLETE, STAGE_FAILED, STAGE_ABORTED):
-            held.discard(event.request_id)
-        most = max(most, len(held))
-    return most
 
 
 async def test_eight_concurrent_requests_each_equal_their_solo_answer(
@@ -176,7 +142,7 @@ async def test_eight_concurrent_requests_each_equal_their_solo_answer(
 
         async def one(i: int) -> None:
             inputs = chat_inputs(messages[PROMPTS[i % 3]], max_tokens=THINKER_TOKENS)
-            answers[i] = await answer(pipeline, f"c{i}", inputs)
+            answers[i] = await streamed_answer(pipeline, f"c{i}", inputs)
 
         async with trio.open_nursery() as nursery:
             for i in range(8):
@@ -193,54 +159,32 @@ async def test_text_only_request_never_reaches_talker_or_code2wav(
 ) -> None:
     monkeypatch.setenv(EVENT_DIR_ENV, str(tmp_path))
     async with open_pipeline(config, inline=True) as pipeline:
-        got = await answer(pipeline, "t", chat_inputs(messages["text"], audio=False, max_tokens=THINKER_TOKENS))
+        got = await streamed_answer(
+            pipeline, "t", chat_inputs(messages["text"], audio=False, max_tokens=THINKER_TOKENS)
+        )
     stages = {event.stage for event in load_events([tmp_path]) if event.request_id == "t" and event.stage}
     assert set(got["results"]) == {"decode"} and "text" in got["results"]["decode"]
     assert set(got["modalities"]) == {"text"}
     assert {"thinker", "decode"} <= stages and not stages & {"talker", "code2wav"}
 
 
-async def settled(pipeline: Pipeline, seconds: float = 30) -> None:
-    """Return once the pipeline holds no request and no stage holds any; fail after ``seconds``."""
-    with trio.fail_after(seconds):
-        while True:
-            health = await pipeline.health()
-            held = {name: s["active_requests"] for name, s in health["stages"].items() if s["active_requests"]}
-            if health["requests"] == 0 and not held:
-                return
-            await trio.sleep(0.05)
-
-
 async def test_a_text_only_request_leaves_no_request_held_at_any_stage(inline: Pipeline, messages: Any) -> None:
-    got = await answer(inline, "t", chat_inputs(messages["text"], audio=False, max_tokens=THINKER_TOKENS))
+    got = await streamed_answer(inline, "t", chat_inputs(messages["text"], audio=False, max_tokens=THINKER_TOKENS))
     assert set(got["results"]) == {"decode"}
-    await settled(inline)
-
-
-def _shm() -> set[str]:
-    """This process's pipelines' shared-memory files (named for the caller's pid; other runs' are not ours)."""
-    ours = f"omnitrio-{os.getpid()}-"
-    return {name for name in os.listdir("/dev/shm") if name.startswith(ours)} if os.path.isdir("/dev/shm") else set()
+    await settled(inline, 30)
 
 
 async def test_abort_in_the_middle_of_the_audio_frees_every_stage(checkpoint: Path, messages: Any) -> None:
-    before, made = _shm(), set()
+    before = our_shm()
     longer = ["talker.factory.do_sample=false", "talker.factory.max_new_tokens=400"]
     longer.append("talker.factory.min_new_tokens=60")  # code2wav's windows grow past the inline limit
     long_talk = load(CONFIG, longer, model=checkpoint, device=DEVICE)
     async with open_pipeline(long_talk) as pipeline:
         inputs = chat_inputs(messages["tone"], max_tokens=64)
-        async with pipeline.stream("a", inputs) as stream:
-            async for message in stream:
-                match message:
-                    case StreamMessage(modality="audio", chunk=chunk) if (
-                        np.asarray(chunk["pcm"]).nbytes > DEFAULT_INLINE_LIMIT
-                    ):
-                        made = _shm() - before  # this chunk came from code2wav's process through shared memory
-                        break  # leaving the stream early aborts the request
-        await settled(pipeline)
+        made = await leave_after_audio(pipeline, "a", inputs, over_bytes=DEFAULT_INLINE_LIMIT) - before
+        await settled(pipeline, 30)
     assert made, "no audio chunk crossed through shared memory: the check below would prove nothing"
-    assert not _shm() & made and _shm() <= before  # no segment of this pipeline's processes is left
+    assert not our_shm() & made and our_shm() <= before  # no segment of this pipeline's processes is left
 
 
 def test_model_dir_sets_every_stage_and_names_the_model(checkpoint: Path, config: PipelineConfig) -> None:
