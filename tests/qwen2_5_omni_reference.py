@@ -117,9 +117,10 @@ def reference_answer(
     seed: int = 0,
     max_new_tokens: int = 8,
     talker_min_new_tokens: int = 0,
+    talker_max_new_tokens: int | None = None,
 ) -> Answer:
     """``model.generate(return_audio=True)`` on ``messages`` with thinker and talker greedy (the talker held
-    from its end codes for ``talker_min_new_tokens`` codes)."""
+    from its end codes for ``talker_min_new_tokens`` codes, cut at ``talker_max_new_tokens`` when given)."""
     inputs = reference_inputs(processor, messages)
     if "pixel_values" in inputs:  # transformers 5.23's generate crashes on pixel_values, not on this name
         inputs["thinker_pixel_values"] = inputs.pop("pixel_values")
@@ -148,6 +149,7 @@ def reference_answer(
                 thinker_do_sample=False,
                 talker_do_sample=False,
                 **({"talker_min_new_tokens": talker_min_new_tokens} if talker_min_new_tokens else {}),
+                **({"talker_max_new_tokens": talker_max_new_tokens} if talker_max_new_tokens else {}),
             )
     finally:
         del model.talker.generate, model.thinker.generate
