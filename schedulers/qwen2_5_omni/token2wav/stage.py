@@ -13,10 +13,11 @@ stage may rely on:
   forward).  True: chunks in the release's streaming scheme (:mod:`.windows`); the first audio leaves
   once the first chunk's window has arrived and its ODE has run.  A chunk's samples never depend on how
   the talker split its codes or which other requests shared a forward (up to float rounding).
-* Decoding runs whenever the inbox is empty, one DiT evaluation per step: the windows in their ODE, of
-  every request, share forwards (shorter windows padded, :func:`plan_forwards`), so a new request's
-  window joins at the next step.  Finished chunks go through BigVGAN together (``max_vocoder_frames`` at a
-  time).
+* Decoding runs whenever the inbox is empty, one DiT evaluation per step for each request's earliest
+  window still in its ODE (its audio leaves in chunk order, so a later window would only slow the step
+  that finishes the earliest); the requests' windows share forwards (shorter windows padded,
+  :func:`plan_forwards`), so a new request's window joins at the next step.  Finished chunks go through
+  BigVGAN together (``max_vocoder_frames`` at a time).
 * A bad chunk, a ``num_codes`` that disagrees with the stream, an unknown speaker or a model error fails
   only the requests it concerns (``error``).  Abort, failure and completion drop the request's codes,
   noise and windows at once; chunks that arrive after an abort are dropped and never recreate them
@@ -195,8 +196,8 @@ class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
     # -- the decode step (scheduler thread) --------------------------------------------
 
     def step(self) -> bool:
-        """Open ready windows, run one DiT evaluation for the windows in their ODE, vocode finished chunks,
-        complete finished requests; True while windows remain in their ODE."""
+        """Open ready windows, run one DiT evaluation for each request's earliest window in its ODE, vocode
+        finished chunks, complete finished requests; True while windows remain in their ODE."""
         streams = {rid: state for rid, state in self._stream_states.items() if state is not None}
         for request_id, state in streams.items():
             self._guard(request_id, state.open_windows)
@@ -208,12 +209,11 @@ class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
         return (state for state in self._stream_states.values() if state is not None)
 
     def _evaluate(self, streams: dict[str, SpeechStream]) -> None:
-        active = [
-            (request_id, window)
-            for request_id, state in sorted(streams.items(), key=lambda item: item[1].samples_emitted > 0)
-            for window in state.windows
-            if not window.ode.done
-        ]
+        active = []
+        for request_id, state in sorted(streams.items(), key=lambda item: item[1].samples_emitted > 0):
+            window = next((window for window in state.windows if not window.ode.done), None)
+            if window is not None:  # a request's audio leaves in chunk order: its earliest window first
+                active.append((request_id, window))
         lengths = [window.chunk.window_frames for _, window in active]
         for forward in plan_forwards(lengths, self.budget.call_cost_frames, self.budget.max_forward_frames):
             taken = [active[index] for index in forward]
