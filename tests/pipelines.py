@@ -190,7 +190,7 @@ async def streamed_answer(pipeline: Any, request_id: str, inputs: Any) -> dict[s
     when none), and its chunks' ``modalities`` in arrival order."""
     pcm: list[np.ndarray] = []
     results: dict[str, Any] = {}
-    modalities: list[str] = []
+    modalities: list[str | None] = []
     async with pipeline.stream(request_id, inputs) as stream:
         async for message in stream:
             match message:
