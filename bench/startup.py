@@ -21,6 +21,11 @@ long its preload took (as ``factory imports``).  Every ``total`` counts from the
 is the user and system time of the run's every process from start to stop (what a loaded machine's
 other processes do not add to).
 
+Beside each pipeline's runs, interleaved with them, its ``import floor``: a fresh interpreter that only
+imports, in order, the modules the fork server preloads for it (torch, transformers, the model code)
+and exits — what any start of a process that runs those stages pays before its first line of work, on
+this machine (``floor_s``, median; ``healthy`` minus it is what the runtime and the models add).
+
 Three methods: ``spawn`` (fresh interpreters, ``OMNITRIO_START_METHOD=spawn``), ``fork-late`` (the
 fork server starts when the pipeline opens, after the config load) and ``fork-early`` (it starts
 before the config load, as the CLI starts it: :func:`omnitrio.start_method.start_fork_server_early`).
@@ -104,6 +109,24 @@ def run_one(pipeline: str, model: str, out: Path, early: bool) -> None:
     figures = trio.run(start)
     figures["config_load_s"] = loaded - began
     out.write_text(json.dumps(figures))
+
+
+FLOOR = (
+    "import sys, time; began = time.perf_counter(); import importlib; "
+    "[importlib.import_module(m) for m in sys.argv[1:]]; print(time.perf_counter() - began)"
+)
+
+
+def import_floor(path: Path) -> float:
+    """Seconds from spawning a fresh interpreter until it has imported what the fork server preloads for
+    the pipeline in ``path`` (its own start counted, as a stage process's is)."""
+    from omnitrio.config_loading import process_factory_paths
+    from omnitrio.forkserver import preload_modules
+
+    modules = preload_modules(process_factory_paths(path))
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-c", FLOOR, *modules], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - began
 
 
 def phases(events_dir: Path, began_ns: int) -> dict[str, dict[str, float]]:
@@ -206,6 +229,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> str:
     lines = []
     for pipeline in results["pipelines"]:
+        floor = results["floor_s"][pipeline]
+        lines.append(f"{pipeline} import floor (a fresh interpreter importing the preload): {floor:.2f} s")
         for method, figures in results[pipeline].items():
             target = TARGETS_S[pipeline]
             lines.append(
@@ -244,12 +269,17 @@ def main() -> None:
             model = str(write_tiny_checkpoint(scratch))
         for pipeline in args.pipelines:
             runs: dict[str, list[dict[str, Any]]] = {method: [] for method in args.methods}
+            path = chain4_config(scratch) if pipeline == "chain4" else QWEN3_OMNI
+            floors = []
             for i in range(args.repeats):
+                floors.append(import_floor(path))
+                print(f"{pipeline:10} {'floor':10} run {i + 1}/{args.repeats}: imports {floors[-1]:.2f} s")
                 for method in args.methods:
                     run = measure(pipeline, method, model, scratch)
                     runs[method].append(run)
                     print(f"{pipeline:10} {method:10} run {i + 1}/{args.repeats}: healthy {run['healthy_s']:.2f} s")
             results[pipeline] = {method: summarize(found) for method, found in runs.items()}
+            results["floor_s"] = results.get("floor_s", {}) | {pipeline: statistics.median(floors)}
     results["load_avg_after"] = round(os.getloadavg()[0], 2)
     print(table(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)

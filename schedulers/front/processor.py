@@ -28,6 +28,12 @@ from typing import Any, ClassVar, Self
 import numpy as np
 import torch
 
+# The classes themselves, not transformers' Auto* machinery: a stage imports what it runs, at the top
+# (a fork server preloads it once for every stage process).
+from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.whisper.feature_extraction_whisper import WhisperFeatureExtractor
+
 from schedulers.checkpoints import CheckpointError
 
 SAMPLE_RATE = 16_000
@@ -58,11 +64,6 @@ class ChatProcessor:
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu") -> Self:
         """Read the parts from a checkpoint directory; a missing or unreadable part is a CheckpointError.
         ``device``: where the audio features are computed (module docstring)."""
-        # The classes themselves, not transformers' Auto* machinery: a stage imports what it runs.
-        from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-        from transformers.models.whisper.feature_extraction_whisper import WhisperFeatureExtractor
-
         directory = Path(model_dir)
         try:
             tokenizer = Qwen2Tokenizer.from_pretrained(directory)

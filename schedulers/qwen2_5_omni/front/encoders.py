@@ -30,6 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+    Qwen2_5OmniAudioEncoder,
+    Qwen2_5OmniVisionEncoder,
+)
 
 from schedulers.devices import Placement, to_host
 from schedulers.front.stages import Batch, encoder_stage_factories, handoffs, pack_clips
@@ -45,8 +49,6 @@ class AudioTower:
     """The thinker's audio tower alone (module docstring)."""
 
     def __init__(self, model_dir: str | Path, placement: Placement = Placement()) -> None:
-        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
-
         config = load_config(model_dir).thinker_config.audio_config
         self.placement = placement
         self.tower = load_tower(Qwen2_5OmniAudioEncoder, config, placement, load_weights, model_dir, AUDIO_PREFIX)
@@ -68,8 +70,6 @@ class VisionTower:
     """The thinker's vision tower alone (module docstring)."""
 
     def __init__(self, model_dir: str | Path, placement: Placement = Placement()) -> None:
-        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
-
         config = load_config(model_dir).thinker_config.vision_config
         self.placement = placement
         self.tower = load_tower(Qwen2_5OmniVisionEncoder, config, placement, load_weights, model_dir, VISION_PREFIX)

@@ -21,8 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+    Qwen2_5OmniTalkerForConditionalGeneration,
+)
 
 from schedulers import checkpoints
+from schedulers.devices import build
 from schedulers.engine.kv_batch import cached_forward
 from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights, speakers
 
@@ -56,12 +61,6 @@ class TalkerModel:
     ) -> TalkerModel:
         """Build in ``dtype`` without initialising weights, fill from ``talker.`` and the thinker rows, move
         to ``device``."""
-        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
-            Qwen2_5OmniTalkerForConditionalGeneration,
-        )
-
-        from schedulers.devices import build
-
         config = load_config(model_dir)
         talker = build(Qwen2_5OmniTalkerForConditionalGeneration, config.talker_config, dtype)  # beside other builds
         load_weights(model_dir, TALKER_PREFIX, talker)
@@ -117,8 +116,6 @@ class TalkerModel:
 def read_rows(model_dir: str | Path, key: str, rows: list[int]) -> torch.Tensor:
     """Rows ``rows`` of tensor ``key`` (float32 ``[len(rows), D]``), read by slice from the shard that holds
     it; a CheckpointError naming the file when the index has no such tensor."""
-    from safetensors import safe_open
-
     directory = checkpoints.directory(model_dir)
     shard = checkpoints.weight_map(directory).get(key)
     if shard is None:

@@ -29,6 +29,12 @@ import attrs
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+    Qwen2_5OmniPreTrainedModelForConditionalGeneration as Model,
+)
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+    Qwen2_5OmniThinkerTextModel,
+)
 
 from schedulers.devices import build, uninitialised
 from schedulers.engine.decoder import Decoded
@@ -43,10 +49,6 @@ class _RopeIndex:
     """transformers' ``get_rope_index`` on a bare config (it reads only the config and two helpers)."""
 
     def __init__(self, thinker_config: Any) -> None:
-        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
-            Qwen2_5OmniPreTrainedModelForConditionalGeneration as Model,
-        )
-
         self.config = thinker_config
         self.spatial_merge_size = thinker_config.vision_config.spatial_merge_size
         self.get_rope_index = Model.get_rope_index.__get__(self)
@@ -93,8 +95,6 @@ class ThinkerLM(ThinkerTextLM):
     ) -> ThinkerLM:
         """Build in ``dtype`` without initialising weights, fill from :data:`TEXT_PREFIX` and
         :data:`HEAD_PREFIX` (only their shards are read), move to ``device``."""
-        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniThinkerTextModel
-
         config = load_config(model_dir)
         text_config = config.thinker_config.text_config
         text_model = build(Qwen2_5OmniThinkerTextModel, text_config, dtype)  # safe beside other stages' builds

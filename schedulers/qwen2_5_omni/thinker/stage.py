@@ -46,6 +46,7 @@ from schedulers.engine.decoder_stage import (
 from schedulers.engine.text_decode import TextDecodeScheduler, load_text_decode
 from schedulers.qwen2_5_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen2_5_omni.handoffs import DecodeToken, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult, Voice
+from schedulers.qwen2_5_omni.thinker.model import ThinkerLM
 
 _MEDIA = ("audio_embeds", "image_embeds", "image_grid_thw", "audio_feature_lengths")
 """The fields of a ThinkerInput that ThinkerLM.prompt_inputs takes by the same names."""
@@ -115,8 +116,6 @@ def create_thinker_stage(
     ``eos_token_id`` defaults to the thinker's (``thinker_config.text_config.eos_token_id``, what
     ``thinker.generate`` stops on); a request without a temperature is greedy, as ``generate`` is.
     ``warm_up``: one prefill and decode on the serving thread before the stage reports ready."""
-    from schedulers.qwen2_5_omni.thinker.model import ThinkerLM
-
     placement = Placement.of("thinker", device, dtype)
     lm = ThinkerLM.from_checkpoint(require_model_dir(model_dir), device=str(placement.device), dtype=placement.dtype)
     engine: Decoder[ThinkerLM] = Decoder(lm, max_running=max_running_requests, max_waiting=max_waiting_requests)

@@ -27,6 +27,9 @@ from typing import Any
 
 import attrs
 import torch
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+    Qwen2_5OmniToken2WavModel,
+)
 
 from schedulers.devices import Placement
 from schedulers.qwen2_5_omni.checkpoint import Speaker, load_config, load_weights
@@ -86,8 +89,6 @@ class Token2Wav:
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, *, device: str = "cpu", dtype: str = "float32") -> Token2Wav:
         """The checkpoint's token2wav (only its ``token2wav.`` tensors read), placed on ``device``."""
-        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
-
         placement = Placement.of("token2wav", device, dtype)
         config = load_config(model_dir).token2wav_config
         model = Qwen2_5OmniToken2WavModel._from_config(config, attn_implementation="sdpa")

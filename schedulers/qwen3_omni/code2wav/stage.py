@@ -30,8 +30,9 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3Omni
 
 from omnitrio.contract import OutgoingMessage, StagePayload, put_messages
 from schedulers.devices import Placement
-from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
+from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
 from schedulers.qwen3_omni.code2wav.model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
+from schedulers.qwen3_omni.code2wav.warm_up import code2wav_warm_up
 from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Window
 from schedulers.qwen3_omni.handoffs import Codes, TalkerResult
 from schedulers.stepped_vocoder import SteppedVocoderBase
@@ -181,8 +182,6 @@ def load_code2wav(model_dir: str, placement: Placement = Placement()) -> Qwen3Om
     """The checkpoint's code2wav, built on CPU in the placement's dtype (its rotary and code-offset
     buffers are not in the checkpoint), given the ``code2wav.`` tensors of the shards the index lists for
     them, then moved to the placement's device."""
-    from schedulers.qwen3_omni.checkpoint import load_config, load_weights
-
     model = placement.build(Qwen3OmniMoeCode2Wav, load_config(model_dir).code2wav_config)
     load_weights(model_dir, "code2wav.", model)
     return placement.move(model)
@@ -211,8 +210,6 @@ def create_code2wav_stage(
     (default: 128 on CPU, 4096 on ``device`` "cuda").  ``device``/``dtype`` place the model
     (:mod:`schedulers.devices`); the pcm it streams does not depend on where it ran but through rounding.
     """
-    from schedulers.qwen3_omni.code2wav.warm_up import code2wav_warm_up
-
     placement = Placement.of(STAGE, device, dtype)
     torch.set_num_threads(1)
     chunking = Chunking(

@@ -14,11 +14,15 @@ The streams belong to the warm-up alone: the stage holds nothing of them afterwa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from schedulers.qwen3_omni.code2wav.stage import Qwen3OmniCode2WavScheduler
 from schedulers.qwen3_omni.code2wav.windows import CodeStream
 from schedulers.warm_up import WarmUp
+
+if TYPE_CHECKING:
+    from schedulers.qwen3_omni.code2wav.stage import Qwen3OmniCode2WavScheduler
 
 
 def code2wav_warm_up(scheduler: Qwen3OmniCode2WavScheduler) -> WarmUp:

@@ -22,6 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeAudioEncoder,
+    Qwen3OmniMoeVisionEncoder,
+    _get_feat_extract_output_lengths,
+)
 
 from schedulers.devices import Placement, to_host
 from schedulers.front.stages import Batch, encoder_stage_factories, handoffs, pack_clips
@@ -37,16 +42,12 @@ class AudioTower:
     """The thinker's audio tower alone: :meth:`encode` maps requests' features to their embeddings."""
 
     def __init__(self, model_dir: str, placement: Placement = Placement()) -> None:
-        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
-
         config = load_config(model_dir).thinker_config.audio_config
         self.placement = placement
         self.tower = load_tower(Qwen3OmniMoeAudioEncoder, config, placement, load_weights, model_dir, AUDIO_PREFIX)
 
     def encode(self, requests: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per ``(input_features, feature_attention_mask)``: ``(embeds [tokens, H], lengths [n_clips])``."""
-        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
-
         packed, lengths = pack_clips(requests)
         with torch.inference_mode():
             encoded = self.tower(self.placement.put(packed), feature_lens=self.placement.put(torch.cat(lengths)))
@@ -59,8 +60,6 @@ class VisionTower:
     """The thinker's vision tower alone: :meth:`encode` maps requests' pixels to embeddings + deepstack."""
 
     def __init__(self, model_dir: str, placement: Placement = Placement()) -> None:
-        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
-
         config = load_config(model_dir).thinker_config.vision_config
         self.placement = placement
         self.tower = load_tower(Qwen3OmniMoeVisionEncoder, config, placement, load_weights, model_dir, VISION_PREFIX)

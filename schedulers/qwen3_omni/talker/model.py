@@ -19,9 +19,16 @@ from typing import Any
 
 import attrs
 import torch
+from safetensors import safe_open
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeRotaryEmbedding,
+    Qwen3OmniMoeTalkerForConditionalGeneration,
+    Qwen3OmniMoeTalkerRotaryEmbedding,
+)
 
 from schedulers.devices import build
 from schedulers.engine.kv_batch import cached_forward
+from schedulers.qwen3_omni.checkpoint import CheckpointError, load_config, load_weights
 
 EMBED_KEY = "thinker.model.embed_tokens.weight"
 
@@ -111,14 +118,6 @@ class TalkerModel:
 
         Raises the checkpoint reader's error (naming the file) when a tensor is missing or left unfilled.
         """
-        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-            Qwen3OmniMoeRotaryEmbedding,
-            Qwen3OmniMoeTalkerForConditionalGeneration,
-            Qwen3OmniMoeTalkerRotaryEmbedding,
-        )
-
-        from schedulers.qwen3_omni.checkpoint import CheckpointError, load_config, load_weights
-
         config = load_config(model_dir)
         with torch.device("meta"):
             talker = build(Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config, dtype)
@@ -200,8 +199,6 @@ class TalkerModel:
 
 def read_rows(model_dir: Path, key: str, rows: list[int]) -> torch.Tensor:
     """Rows ``rows`` of tensor ``key`` from the shard ``model.safetensors.index.json`` names, read by slice."""
-    from safetensors import safe_open
-
     index_path = model_dir / "model.safetensors.index.json"
     try:
         weight_map = json.loads(index_path.read_text())["weight_map"]

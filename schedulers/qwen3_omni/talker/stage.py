@@ -44,6 +44,7 @@ from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_co
 from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.prompt import TextFeed
 from schedulers.qwen3_omni.talker.request import TalkerRequest, check_prompt
+from schedulers.qwen3_omni.talker.warm_up import talker_warm_up
 
 
 class TalkerScheduler(StreamFedTalker[TalkerRequest]):
@@ -190,8 +191,6 @@ def create_talker_stage(
     for the talker and the code predictor.  ``device``/``dtype`` place the talker and its code predictor,
     which runs in this stage (:mod:`schedulers.devices`); chunks arrive on the CPU, codes go out on the CPU.
     """
-    from schedulers.qwen3_omni.talker.warm_up import talker_warm_up
-
     placement = Placement.of("talker", device, dtype)
     try:
         knobs = TalkerSampling(**sampling)

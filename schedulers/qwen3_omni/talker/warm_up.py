@@ -17,15 +17,17 @@ generator are as they were, and the codes went nowhere.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, StreamItem
 from schedulers.qwen3_omni.handoffs import TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult
-from schedulers.qwen3_omni.talker.stage import TalkerScheduler
 from schedulers.qwen3_omni.warm_up_prompts import TOKENS, WarmUpPrompts
 from schedulers.warm_up import WarmUp
+
+if TYPE_CHECKING:
+    from schedulers.qwen3_omni.talker.stage import TalkerScheduler
 
 FRAMES = 3
 """Codec frames each warm-up request speaks at most."""

@@ -23,12 +23,13 @@ from typing import Any
 
 import attrs
 import torch
+from transformers import GenerationConfig
 
 from schedulers.devices import Placement
 from schedulers.engine.decoder import Decoder, DecoderPrompt
 from schedulers.engine.decoder_stage import Ask, DecoderScheduler, Send, Targets, entry_input, plain, request_seed
 from schedulers.engine.sampling import SamplingDefaults
-from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
+from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import (
     DecodeToken,
     FinishReason,
@@ -37,6 +38,8 @@ from schedulers.qwen3_omni.handoffs import (
     ThinkerInput,
     ThinkerResult,
 )
+from schedulers.qwen3_omni.thinker.model import ThinkerLM
+from schedulers.qwen3_omni.thinker.warm_up import thinker_warm_up
 
 ThinkerScheduler = DecoderScheduler
 
@@ -110,12 +113,6 @@ def create_thinker_stage(
     ``thinker_eos_token_id`` is for the released model); a request without a temperature samples as the
     checkpoint's ``generation_config.json`` says, greedy when it says nothing
     (:mod:`schedulers.engine.sampling`)."""
-    from transformers import GenerationConfig
-
-    from schedulers.qwen3_omni.checkpoint import load_config, load_weights
-    from schedulers.qwen3_omni.thinker.model import ThinkerLM
-    from schedulers.qwen3_omni.thinker.warm_up import thinker_warm_up
-
     placement = Placement.of("thinker", device, dtype)
     torch.set_num_threads(1)
     model_dir = require_model_dir(model_dir)
