@@ -195,7 +195,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
     )
 
 
-def _token_ids(ids: Mapping[str, int], *names: str) -> dict[str, int]:
+def _token_ids(ids: Mapping[str, int], *names: str) -> dict[str, Any]:
     """The config fields ``{name}_token_id`` of the tokens :data:`_TOKEN_IDS` calls ``names``."""
     return {f"{name}_token_id": ids[name] for name in names}
 
