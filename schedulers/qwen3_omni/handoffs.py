@@ -61,7 +61,7 @@ class ImageEmbeddings:
 @handoff
 @attrs.frozen(eq=False)
 class ThinkerInput:
-    """``aggregate`` (``merge_fn``: :func:`.graph.merge_aggregate`) → ``thinker``; also what a caller
+    """``aggregate`` (``merge_fn``: ``.graph:EDGES.merge_aggregate``) → ``thinker``; also what a caller
     submits to a pipeline that starts at the thinker.
 
     ``input_ids`` ``Long[P]``; the media's embeddings as the encoders made them (None when the request

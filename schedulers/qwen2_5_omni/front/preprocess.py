@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
@@ -123,6 +124,7 @@ class Preprocessor:
         return Preprocessed(knobs=knobs, **preprocessed_fields(tensors))
 
 
+@checked_by(preflight)
 def create_preprocess_stage(
     *,
     model_dir: str | None = None,
@@ -142,6 +144,3 @@ def create_preprocess_stage(
         device=str(placement.device),
     )
     return preprocess_stage(preprocessor, max_concurrency=max_concurrency, warm_up=preprocess_warm_up(preprocessor))
-
-
-create_preprocess_stage.preflight = preflight  # type: ignore[attr-defined]

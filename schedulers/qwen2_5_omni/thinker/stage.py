@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import torch
 
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.engine.admission import FinishReason
 from schedulers.engine.decoder import Decoder, DecoderPrompt
@@ -96,6 +97,7 @@ class Qwen25Thinker(Targets):
         return ThinkerResult(token_ids, prompt_len, reason, ask.given.voice is not None)
 
 
+@checked_by(preflight)
 def create_thinker_stage(
     *,
     model_dir: str | None = None,
@@ -125,12 +127,7 @@ def create_thinker_stage(
     return DecoderScheduler(engine, family, eos_token_id=eos, max_new_tokens=max_new_tokens, warm_up=warm)
 
 
-create_thinker_stage.preflight = preflight  # type: ignore[attr-defined]
-
-
+@checked_by(preflight)
 def create_decode_stage(*, model_dir: str | Path | None = None) -> TextDecodeScheduler:
     """Stage factory: the text decode over the checkpoint's tokenizer (``model_dir``), special tokens skipped."""
     return load_text_decode(require_model_dir(model_dir), token_type=DecodeToken, result_type=ThinkerResult)
-
-
-create_decode_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
@@ -85,6 +86,7 @@ class Preprocessor:
         return Preprocessed(knobs=knobs, **preprocessed_fields(tensors))
 
 
+@checked_by(preflight)
 def create_preprocess_stage(
     *, model_dir: str | None = None, default_speaker: str | None = None, max_concurrency: int = 1, device: str = "cpu"
 ) -> SimpleScheduler:
@@ -93,6 +95,3 @@ def create_preprocess_stage(
     torch.set_num_threads(1)
     preprocessor = Preprocessor(require_model_dir(model_dir), default_speaker, str(placement.device))
     return preprocess_stage(preprocessor, max_concurrency=max_concurrency, warm_up=preprocess_warm_up(preprocessor))
-
-
-create_preprocess_stage.preflight = preflight  # type: ignore[attr-defined]

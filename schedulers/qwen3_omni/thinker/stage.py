@@ -25,6 +25,7 @@ import attrs
 import torch
 from transformers import GenerationConfig
 
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.engine.decoder import Decoder, DecoderPrompt
 from schedulers.engine.decoder_stage import Ask, DecoderScheduler, Send, Targets, entry_input, plain, request_seed
@@ -40,6 +41,7 @@ from schedulers.qwen3_omni.handoffs import (
 )
 from schedulers.qwen3_omni.thinker.model import ThinkerLM
 from schedulers.qwen3_omni.thinker.warm_up import thinker_warm_up
+from schedulers.warm_up import with_warm_up
 
 ThinkerScheduler = DecoderScheduler
 
@@ -92,6 +94,7 @@ class Qwen3Thinker(Targets):
         return ThinkerResult(token_ids, prompt_len, reason, ask.given.knobs.want_audio)
 
 
+@checked_by(preflight)
 def create_thinker_stage(
     *,
     model_dir: str | None = None,
@@ -130,8 +133,4 @@ def create_thinker_stage(
         max_new_tokens=max_new_tokens,
         sampling=sampling,
     )
-    scheduler.warm_up = thinker_warm_up(scheduler)
-    return scheduler
-
-
-create_thinker_stage.preflight = preflight  # type: ignore[attr-defined]
+    return with_warm_up(scheduler, thinker_warm_up)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from schedulers.checkpoints import checked_by
 from schedulers.engine.text_decode import TextDecodeScheduler, load_text_decode
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
 from schedulers.qwen3_omni.handoffs import DecodeToken, ThinkerResult
 
 
+@checked_by(preflight)
 def create_decode_stage(*, model_dir: str | Path | None = None) -> TextDecodeScheduler:
     """Stage factory: the checkpoint's tokenizer (``model_dir``), special tokens skipped."""
     return load_text_decode(require_model_dir(model_dir), token_type=DecodeToken, result_type=ThinkerResult)
 
-
-create_decode_stage.preflight = preflight  # type: ignore[attr-defined]
 
 __all__ = ["TextDecodeScheduler", "create_decode_stage"]
