@@ -2,7 +2,7 @@
 one process per stage.
 
 The pipeline here ends at ``aggregate``: its result is the thinker's input
-(:class:`~schedulers.qwen2_5_omni.handoffs.ThinkerInput`), compared with what transformers' own processor
+(:class:`~schedulers.front.handoffs.ThinkerInput`), compared with what transformers' own processor
 and thinker encoders make of the same messages under the model's system prompt.
 """
 
@@ -18,8 +18,8 @@ import trio
 from omnitrio import open_pipeline
 from omnitrio.config_loading import load
 from omnitrio.errors import BadRequest
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT
-from schedulers.qwen2_5_omni.handoffs import ThinkerInput
 from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures model, tiny)
     DEVICE,
     clip,

@@ -17,7 +17,7 @@ import torch
 from omnitrio import CompleteMessage, open_pipeline
 from omnitrio.cli import main
 from omnitrio.config_loading import load
-from schedulers.qwen3_omni.handoffs import ThinkerInput
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen3_omni.tiny import write_checkpoint
 from toys.qwen3_omni_reference import (
     load_reference_model,

@@ -14,19 +14,19 @@ import pytest
 import torch
 
 from omnitrio.contract import OmniRequest, StagePayload
-from schedulers.graph import front
-from schedulers.qwen3_omni.front.preprocess import Preprocessor, create_preprocess_stage, resolve_speaker
-from schedulers.qwen3_omni.graph import EDGES, TASKS
-from schedulers.qwen3_omni.handoffs import (
+from schedulers.engine.handoffs import ThinkerResult
+from schedulers.front.handoffs import (
     AudioEmbeddings,
     ImageEmbeddings,
     ImageEncoderInput,
-    Knobs,
     Preprocessed,
     PreprocessedText,
     ThinkerInput,
-    ThinkerResult,
 )
+from schedulers.graph import front
+from schedulers.qwen3_omni.front.preprocess import Preprocessor, create_preprocess_stage, resolve_speaker
+from schedulers.qwen3_omni.graph import EDGES, TASKS
+from schedulers.qwen3_omni.handoffs import Knobs
 from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import new, running, take
 from toys.qwen3_omni_reference import (

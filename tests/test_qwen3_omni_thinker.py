@@ -19,9 +19,11 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from schedulers.engine.handoffs import DecodeToken, ThinkerResult
 from schedulers.engine.sampling import Sampler, SamplingDefaults
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen3_omni import checkpoint as checkpoint_module
-from schedulers.qwen3_omni.handoffs import DecodeToken, Knobs, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult
+from schedulers.qwen3_omni.handoffs import Knobs, TalkerPrompt, TalkerToken
 from schedulers.qwen3_omni.thinker import stage as thinker_stage_module
 from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler, create_thinker_stage
 from schedulers.qwen3_omni.tiny import write_checkpoint

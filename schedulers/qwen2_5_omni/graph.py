@@ -9,9 +9,9 @@ where the talker hands token2wav :class:`~.handoffs.TalkerCodes` and then :class
 
 from __future__ import annotations
 
+from schedulers.front.handoffs import ImageEmbeddings, Preprocessed, PreprocessedText, ThinkerInput
 from schedulers.graph.front import PREPROCESS, FrontEdges
 from schedulers.graph.tasks import TaskRoutes
-from schedulers.qwen2_5_omni.handoffs import ImageEmbeddings, Preprocessed, PreprocessedText, ThinkerInput
 
 EDGES = FrontEdges(Preprocessed, PreprocessedText, ImageEmbeddings, ThinkerInput)
 TASKS = TaskRoutes(model=PREPROCESS, text="decode", talker="talker", audio="token2wav")

@@ -13,9 +13,9 @@ code2wav and ends with a :class:`~.handoffs.TalkerResult`.
 
 from __future__ import annotations
 
+from schedulers.front.handoffs import ImageEmbeddings, Preprocessed, PreprocessedText, ThinkerInput
 from schedulers.graph.front import PREPROCESS, FrontEdges
 from schedulers.graph.tasks import TaskRoutes
-from schedulers.qwen3_omni.handoffs import ImageEmbeddings, Preprocessed, PreprocessedText, ThinkerInput
 
 EDGES = FrontEdges(Preprocessed, PreprocessedText, ImageEmbeddings, ThinkerInput)
 TASKS = TaskRoutes(model=PREPROCESS, text="decode", talker="talker", audio="code2wav")

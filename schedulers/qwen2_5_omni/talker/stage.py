@@ -34,9 +34,10 @@ from omnitrio.contract import InvalidRequest
 from schedulers._idsets import Life
 from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
+from schedulers.engine.handoffs import ThinkerResult
 from schedulers.engine.stream_fed import Phase, StreamEdges, StreamFedRequest, StreamFedTalker
 from schedulers.qwen2_5_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, TalkerPrompt, TalkerToken, ThinkerResult, Voice
+from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, TalkerPrompt, TalkerToken, Voice
 from schedulers.qwen2_5_omni.talker.codec_sampling import CodecSampler, CodecSampling
 from schedulers.qwen2_5_omni.talker.model import TalkerModel
 from schedulers.qwen2_5_omni.talker.prompt import TalkerText

@@ -2,7 +2,7 @@
 
 The thinker's lifecycle (continuous batching, admission, budget, sampling, abort, failures) is
 :mod:`schedulers.engine.decoder_stage`'s; :class:`Qwen25Thinker` is the family's half.  A
-``new_request`` payload's data is the aggregate's :class:`~schedulers.qwen2_5_omni.handoffs.ThinkerInput`
+``new_request`` payload's data is the aggregate's :class:`~schedulers.front.handoffs.ThinkerInput`
 (at the pipeline's entry, ``{"raw_inputs": ThinkerInput}``).  Per request, in this order (the classes of
 :mod:`schedulers.qwen2_5_omni.handoffs`):
 
@@ -44,9 +44,11 @@ from schedulers.engine.decoder_stage import (
     plain,
     request_seed,
 )
+from schedulers.engine.handoffs import DecodeToken, ThinkerResult
 from schedulers.engine.text_decode import TextDecodeScheduler, load_text_decode
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen2_5_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen2_5_omni.handoffs import DecodeToken, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult, Voice
+from schedulers.qwen2_5_omni.handoffs import TalkerPrompt, TalkerToken, Voice
 from schedulers.qwen2_5_omni.thinker.model import ThinkerLM
 
 _MEDIA = ("audio_embeds", "image_embeds", "image_grid_thw", "audio_feature_lengths")

@@ -5,7 +5,7 @@ feature extractor's 16 kHz, ``image_url`` data URLs; video parts and any other m
 ``ValueError`` naming the part, which the stage answers as a 400).
 
 ``audio.voice`` picks the talker's speaker (:func:`resolve_speaker`).  The output payload's data is a
-:class:`~schedulers.qwen3_omni.handoffs.Preprocessed` (:mod:`schedulers.qwen3_omni.graph` says what each
+:class:`~schedulers.front.handoffs.Preprocessed` (:mod:`schedulers.qwen3_omni.graph` says what each
 branch receives of it).
 
 ``device`` is where the feature extractor computes the audio's log-mel spectrogram; the stage has no
@@ -24,12 +24,13 @@ import torch
 from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
+from schedulers.front.handoffs import Preprocessed
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
 from schedulers.front.stages import preprocessed_fields
 from schedulers.front.warm_up import preprocess_warm_up
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.front.processor import OmniProcessor
-from schedulers.qwen3_omni.handoffs import Knobs, Preprocessed
+from schedulers.qwen3_omni.handoffs import Knobs
 from schedulers.simple import SimpleScheduler
 
 DEFAULT_SPEAKER = "ethan"  # transformers' generate default, when the checkpoint has it

@@ -37,9 +37,10 @@ from omnitrio.contract import InvalidRequest
 from schedulers._idsets import Life
 from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
+from schedulers.engine.handoffs import ThinkerResult
 from schedulers.engine.stream_fed import StreamEdges, StreamFedTalker
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen3_omni.handoffs import Codes, TalkerPrompt, TalkerResult, TalkerToken, ThinkerResult
+from schedulers.qwen3_omni.handoffs import Codes, TalkerPrompt, TalkerResult, TalkerToken
 from schedulers.qwen3_omni.talker.code_predictor import CodePredictor
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_codes, processed_scores, suppressed_mask
 from schedulers.qwen3_omni.talker.model import TalkerModel

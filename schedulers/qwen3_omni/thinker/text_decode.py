@@ -1,8 +1,8 @@
 """Qwen3-Omni's text decode stage: the kit's :mod:`schedulers.engine.text_decode` over its handoffs.
 
 What it sends, as content or transcript, is the kit module's promise; this module only names Qwen3-Omni's
-:class:`~schedulers.qwen3_omni.handoffs.DecodeToken` and
-:class:`~schedulers.qwen3_omni.handoffs.ThinkerResult` as its inputs.
+:class:`~schedulers.engine.handoffs.DecodeToken` and
+:class:`~schedulers.engine.handoffs.ThinkerResult` as its inputs.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from schedulers.checkpoints import checked_by
+from schedulers.engine.handoffs import DecodeToken, ThinkerResult
 from schedulers.engine.text_decode import TextDecodeScheduler, load_text_decode
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen3_omni.handoffs import DecodeToken, ThinkerResult
 
 
 @checked_by(preflight)
