@@ -36,7 +36,8 @@ from bench.measure import loadavg
 from omnitrio import PipelineConfig, StageConfig, open_pipeline
 from omnitrio.contract import IncomingMessage, OutgoingMessage, StagePayload, StreamItem, put_messages
 from omnitrio.transport.relay import ShmPool, ShmReader
-from schedulers.qwen3_omni.handoffs import Codes, DecodeToken, TalkerPrompt, TalkerToken
+from schedulers.engine.handoffs import DecodeToken
+from schedulers.qwen3_omni.handoffs import Codes, TalkerPrompt, TalkerToken
 from schedulers.streaming import StreamingSimpleScheduler
 
 RESULTS = Path(__file__).parent / "results"

@@ -17,6 +17,9 @@ outbox) on random codes, one torch thread:
   threads as the stage (one).  **audio_per_cpu_s**: the same per CPU second of the thread that decoded (the
   stage's scheduler thread; the caller's for transformers), which other processes on a loaded machine do
   not add to.
+* **dit_batch_gain**: one DiT evaluation of 8 windows in one forward against 8 forwards of one window
+  (best of 5 each), for windows of 48 and 192 mel frames: how much more audio per second batching across
+  requests buys on this device (8 = what a forward of 8 costs just as much as 8 of 1).
 
 Run: ``.venv/bin/python bench/qwen2_5_omni_token2wav.py [--quick]``.  Figures go to
 ``bench/results/qwen2_5_omni_token2wav.json`` with the load average before the run: figures taken on a
@@ -45,7 +48,7 @@ from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, Stream
 from schedulers.qwen2_5_omni.checkpoint import speakers  # noqa: E402
 from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, Voice  # noqa: E402
 from schedulers.qwen2_5_omni.tiny import write_checkpoint  # noqa: E402
-from schedulers.qwen2_5_omni.token2wav.model import Token2Wav  # noqa: E402
+from schedulers.qwen2_5_omni.token2wav.model import Row, Token2Wav  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.noise import NoiseStream  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.stage import create_token2wav_stage  # noqa: E402
 from schedulers.qwen2_5_omni.token2wav.stream import SpeechStream, decode  # noqa: E402
@@ -175,6 +178,29 @@ def transformers_audio_rates(model_dir: Path, concurrency: int, length: int) -> 
     return audio / elapsed, audio / busy
 
 
+def dit_batch_gain(model_dir: Path, frames: int, rows: int = 8, rounds: int = 5) -> float:
+    """``rows`` x the best time of a one-window DiT evaluation over the best time of one ``rows``-window
+    evaluation, windows of ``frames`` mel frames."""
+    model = Token2Wav.from_checkpoint(model_dir)
+    voices = speakers(model_dir)
+    condition = model.condition(voices.lookup(voices.names[0]))
+    windows = [
+        Row(torch.randn(frames, model.mel_dim), torch.tensor(0.5), random_codes(frames // 2, i), condition)
+        for i in range(rows)
+    ]
+
+    def best(batch: list[Row]) -> float:
+        model.velocities(batch)
+        times = []
+        for _ in range(rounds):
+            began = time.perf_counter()
+            model.velocities(batch)
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    return rows * best(windows[:1]) / best(windows)
+
+
 def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
     model_dir = write_checkpoint(directory / size, size=size)  # type: ignore[arg-type]
     dit = Token2Wav.from_checkpoint(model_dir).dit
@@ -206,7 +232,18 @@ def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, A
                 f"{r['streamed']:.2f} ({r['ratio_streamed']:.2f}x), whole {r['whole']:.2f} "
                 f"({r['ratio_whole']:.2f}x), transformers {r['transformers']:.2f}"
             )
-    return {"snr_db": table, "first_audio_ms": first, "audio_per_wall_s": per_wall, "audio_per_cpu_s": per_cpu}
+    gains = {frames: dit_batch_gain(model_dir, frames) for frames in (48, 192)}
+    print(
+        "  DiT: 8 windows in one forward against 8 forwards: "
+        + ", ".join(f"{frames} frames {gain:.2f}x" for frames, gain in gains.items())
+    )
+    return {
+        "snr_db": table,
+        "first_audio_ms": first,
+        "audio_per_wall_s": per_wall,
+        "audio_per_cpu_s": per_cpu,
+        "dit_batch_gain": gains,
+    }
 
 
 def main() -> None:

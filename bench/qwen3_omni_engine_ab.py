@@ -127,8 +127,8 @@ def _tree_api() -> dict[str, Any]:
     try:  # the family in its parts, with typed handoffs
         from schedulers.engine.decoder import Decoder as ThinkerEngine
         from schedulers.engine.decoder import DecoderRequest as ThinkerRequest
+        from schedulers.engine.handoffs import ThinkerResult
         from schedulers.engine.sampling import Sampler, SamplingDefaults
-        from schedulers.qwen3_omni.handoffs import ThinkerResult
         from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling
         from schedulers.qwen3_omni.talker.model import TalkerModel
         from schedulers.qwen3_omni.talker.stage import TalkerScheduler

@@ -15,7 +15,8 @@ what is wrong with it.
 * :func:`read_tensors` reads the tensors under one prefix, opening only the shards that hold them;
 * :func:`assign` puts tensors into a module strictly (a missing or unexpected name is an error);
 * :func:`load_weights` is the two together: one part of a checkpoint into its module;
-* :class:`Family` is a family's configuration loader, full check and ``omnitrio check`` preflight.
+* :class:`Family` is a family's configuration loader, full check and ``omnitrio check`` preflight;
+  :func:`checked_by` gives a stage factory its preflight.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import torch
@@ -263,6 +264,20 @@ class Family:
         self.check_checkpoint(require_model_dir(model_dir))
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checked_by(preflight: Callable[..., None]) -> Callable[[F], F]:
+    """A stage factory's decorator: ``omnitrio check`` calls ``preflight`` with the factory's arguments (it
+    reads the factory's ``preflight`` attribute) before anything is loaded."""
+
+    def mark(factory: F) -> F:
+        factory.preflight = preflight  # type: ignore[attr-defined]
+        return factory
+
+    return mark
+
+
 __all__ = [
     "CHAT_TEMPLATE_FILES",
     "INDEX_FILE",
@@ -278,6 +293,7 @@ __all__ = [
     "check_parts",
     "check_processor_files",
     "check_shards",
+    "checked_by",
     "directory",
     "index_path",
     "keys_by_shard",

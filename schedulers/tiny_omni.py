@@ -6,13 +6,16 @@ tokenizer trained offline, the chat template in the releases' form, the processo
   family's special tokens after it, the attributes its processor reads (``audio_token``, ...) and its chat
   template.  The role words are single tokens, as in Qwen's vocabulary (a talker finds the turns by the
   token after ``<|im_start|>``).  Same corpus, same tokenizer: training is deterministic.
+* :class:`TokenizerSpec` holds what a family's tokenizer adds (its special and media tokens) and builds it,
+  its processor's token attributes and its chat template from them.
 * :func:`chat_template` renders messages as the releases' templates do for text, audio, image and video
   parts: ``<|im_start|>{role}\\n``, each part in order between its medium's start and end tokens,
   ``<|im_end|>\\n``, ``<|im_start|>assistant\\n`` as the generation prompt; optionally a default system
   turn when the first message is not a system message.
 * :func:`processor_tokens` names the media tokens as the processor's tokenizer attributes;
   :func:`decoder_sizes` and :func:`vision_sizes` a decoder's and a vision tower's config sizes;
-  :func:`seed_weights` draws a random model's matrices at a scale that keeps activations alive;
+  :func:`seed_weights` draws a random model's matrices at a scale that keeps activations alive
+  (:data:`THINKER_GAINS` the thinker's scales); :data:`THINKER_SIZES` the thinker's sizes at each size;
 * :func:`write_processor_files` writes ``preprocessor_config.json`` (Whisper feature extractor and the
   Qwen2-VL image processor together) and ``chat_template.json``; :func:`save_weights` the model in at least
   two safetensors shards with their index, as released checkpoints are.
@@ -31,6 +34,8 @@ import torch
 
 SAMPLE_RATE = 16_000
 ROLES = ("system", "user", "assistant")
+CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+"""The special tokens every Qwen tokenizer starts with: the pad, and the turns' start and end (the eos)."""
 
 
 @attrs.frozen
@@ -98,6 +103,41 @@ def build_tokenizer(
         if len(ids) != 3:
             raise RuntimeError(f"build_tokenizer: {role!r} after <|im_start|> is not one token ({ids})")
     return tokenizer
+
+
+@attrs.frozen
+class TokenizerSpec:
+    """A family's tiny tokenizer: its ``special_tokens`` (added after the BPE's and :data:`CHAT_TOKENS`, in
+    this order), its media's tokens (a video is framed as an image is, around ``video_pad``), and the two
+    ways the families differ in rendering them (``image_first``: the id order of :func:`processor_tokens`;
+    ``default_system``: :func:`chat_template`'s default system turn)."""
+
+    special_tokens: tuple[str, ...]
+    audio: Media
+    image: Media
+    video_pad: str
+    image_first: bool = False
+    default_system: str | None = None
+
+    @property
+    def video(self) -> Media:
+        """The video's tokens: ``video_pad`` between the image's start and end."""
+        return Media(self.image.start, self.video_pad, self.image.end)
+
+    @property
+    def named_tokens(self) -> dict[str, str]:
+        """The token attributes the family's processor reads (:func:`processor_tokens`)."""
+        return processor_tokens(self.audio, self.image, self.video, image_first=self.image_first)
+
+    @property
+    def chat_template(self) -> str:
+        """The family's chat template (:func:`chat_template`)."""
+        return chat_template(self.audio, self.image, self.video, self.default_system)
+
+    def build(self, corpus: Sequence[str], vocab_size: int) -> Any:
+        """:func:`build_tokenizer` with this family's tokens and template: same corpus, same tokenizer."""
+        special = (*CHAT_TOKENS, *self.special_tokens)
+        return build_tokenizer(corpus, special, self.named_tokens, self.chat_template, vocab_size)
 
 
 def token_id(tokenizer: Any, token: str) -> int:
@@ -230,6 +270,25 @@ def vision_sizes(depth: int, hidden: int, patch_size: int, out_hidden: int) -> d
     }
 
 
+THINKER_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1},
+    "medium": {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2},
+}
+"""Every family's thinker at each size (``tiny``, ``medium``): its hidden size, layers, attention and
+key/value heads; a family's own table adds the rest."""
+
+THINKER_GAINS: tuple[tuple[str, float], ...] = (
+    ("thinker.audio_tower.", 1.5),
+    ("thinker.visual.", 1.5),
+    ("thinker.model.embed_tokens.", 8.0),
+    ("thinker.lm_head.", 16.0),
+    ("thinker.", 1.0),
+)
+"""The thinker's part of :func:`seed_weights`' ``gains``, the same in every family (its parameter names
+are): the encoders' outputs stay well above zero, the embeddings and the head make the answer depend on
+the prompt."""
+
+
 def seed_weights(model: torch.nn.Module, gains: Sequence[tuple[str, float]], generator: torch.Generator) -> None:
     """Draw every matrix (ndim >= 2) of ``model`` from ``generator``'s normal with a standard deviation of
     ``gain / sqrt(fan_in)``, in the order of the parameters' names; the gain is that of the first prefix in
@@ -245,10 +304,14 @@ def seed_weights(model: torch.nn.Module, gains: Sequence[tuple[str, float]], gen
 
 
 __all__ = [
+    "CHAT_TOKENS",
     "ROLES",
     "SAMPLE_RATE",
+    "THINKER_GAINS",
+    "THINKER_SIZES",
     "ImageProcessing",
     "Media",
+    "TokenizerSpec",
     "build_tokenizer",
     "chat_template",
     "processor_tokens",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable
+from typing import Protocol, TypeVar
 
 import attrs
 
@@ -53,3 +54,17 @@ class WarmUp:
             except Exception as exc:
                 raise RuntimeError(f"warm-up step {name!r} failed: {exc!r}") from exc
             self.warmed.append(name)
+
+
+class _Warmable(Protocol):
+    warm_up: WarmUp
+
+
+S = TypeVar("S", bound=_Warmable)
+
+
+def with_warm_up(scheduler: S, steps: Callable[[S], WarmUp]) -> S:
+    """``scheduler``, its ``warm_up`` set to ``steps(scheduler)``: the warm-up of a factory whose steps drive
+    the very scheduler they warm (its model, its batch, its outputs)."""
+    scheduler.warm_up = steps(scheduler)
+    return scheduler

@@ -8,6 +8,7 @@ import attrs
 import pytest
 
 from omnitrio.contract import InvalidRequest, OmniRequest, StagePayload
+from schedulers.engine.handoffs import ThinkerResult
 from schedulers.graph import front, tasks
 from schedulers.session import SESSION_METADATA_KEY
 
@@ -52,7 +53,7 @@ def test_an_answer_is_spoken_for_speech_and_for_a_chat_that_asks_for_audio(input
     assert tasks.wants_audio(inputs) is spoken
 
 
-ROUTES = tasks.TaskRoutes(model="preprocess", text="decode", audio="code2wav")
+ROUTES = tasks.TaskRoutes(model="preprocess", text="decode", talker="talker", audio="code2wav")
 
 
 @pytest.mark.parametrize(
@@ -69,6 +70,15 @@ def test_a_request_starts_at_its_tasks_stage_and_ends_where_its_answer_is_made(
 ) -> None:
     assert ROUTES.route_ingress("r1", payload(inputs=inputs)) == first
     assert ROUTES.terminal_stages("r1", inputs) == terminals
+
+
+def test_the_thinker_sends_a_spoken_answer_to_the_talker_and_every_answer_to_decode() -> None:
+    said = ThinkerResult((5,), 3, "stop", want_audio=False)
+    spoke = ThinkerResult((5,), 3, "stop", want_audio=True)
+    assert ROUTES.route_thinker("r1", payload(said)) == ["decode"]
+    assert ROUTES.route_thinker("r1", payload(spoke)) == ["decode", "talker"]
+    with pytest.raises(ValueError, match="route_thinker: expected a payload holding a ThinkerResult, got dict"):
+        ROUTES.route_thinker("r1", payload({"want_audio": True}))
 
 
 def test_a_session_command_goes_where_the_session_stage_reads_it() -> None:

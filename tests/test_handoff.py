@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from omnitrio.transport.relay import ShmPool, ShmReader
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.handoff import handoff
-from schedulers.qwen3_omni.handoffs import Codes, Knobs, TalkerPrompt, TalkerToken, ThinkerInput
+from schedulers.qwen3_omni.handoffs import Codes, Knobs, TalkerPrompt, TalkerToken
 
 
 @pytest.fixture

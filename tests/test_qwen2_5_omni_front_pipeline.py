@@ -2,7 +2,7 @@
 one process per stage.
 
 The pipeline here ends at ``aggregate``: its result is the thinker's input
-(:class:`~schedulers.qwen2_5_omni.handoffs.ThinkerInput`), compared with what transformers' own processor
+(:class:`~schedulers.front.handoffs.ThinkerInput`), compared with what transformers' own processor
 and thinker encoders make of the same messages under the model's system prompt.
 """
 
@@ -18,8 +18,8 @@ import trio
 from omnitrio import open_pipeline
 from omnitrio.config_loading import load
 from omnitrio.errors import BadRequest
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen2_5_omni.front.preprocess import SYSTEM_PROMPT
-from schedulers.qwen2_5_omni.handoffs import ThinkerInput
 from tests.qwen2_5_omni_reference import (  # noqa: F401  (fixtures model, tiny)
     DEVICE,
     clip,
@@ -41,11 +41,11 @@ G = "schedulers.qwen2_5_omni.graph"
 STAGES = {
     "preprocess": f"""factory_path = "schedulers.qwen2_5_omni.front.preprocess.create_preprocess_stage"
 next = ["audio_encoder", "image_encoder", "aggregate"]
-route_fn = "{G}.route_preprocess"
+route_fn = "schedulers.graph.front.route_preprocess"
 [stages.project_payload]
-audio_encoder = "{G}.project_to_audio_encoder"
-image_encoder = "{G}.project_to_image_encoder"
-aggregate = "{G}.project_to_aggregate"
+audio_encoder = "{G}:EDGES.project_to_audio_encoder"
+image_encoder = "{G}:EDGES.project_to_image_encoder"
+aggregate = "{G}:EDGES.project_to_aggregate"
 """,
     "audio_encoder": """factory_path = "schedulers.qwen2_5_omni.front.encoders.create_audio_encoder_stage"
 next = "aggregate"
@@ -55,8 +55,8 @@ next = "aggregate"
 """,
     "aggregate": f"""factory_path = "schedulers.front.stages.create_aggregate_stage"
 wait_for = ["preprocess", "audio_encoder", "image_encoder"]
-wait_for_fn = "{G}.wait_for_aggregate"
-merge_fn = "{G}.merge_aggregate"
+wait_for_fn = "schedulers.graph.front.wait_for_aggregate"
+merge_fn = "{G}:EDGES.merge_aggregate"
 terminal = true
 """,
 }

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload, StreamItem
-from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, TalkerPrompt, TalkerToken, ThinkerResult, Voice
+from schedulers.engine.handoffs import ThinkerResult
+from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, TalkerPrompt, TalkerToken, Voice
 from schedulers.qwen2_5_omni.talker.codec_sampling import CodecSampling
 from schedulers.qwen2_5_omni.talker.model import TalkerModel
 from schedulers.qwen2_5_omni.talker.stage import TalkerScheduler, create_talker_stage

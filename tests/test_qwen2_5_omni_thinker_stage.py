@@ -233,9 +233,11 @@ async def test_a_spoken_answer_is_generates_text_and_audio(url: str, model: Any,
 def test_a_spoken_answer_hands_the_talker_what_generate_hands_it(tiny: Path, model: Any, stream: bool) -> None:
     """The thinker stage's talker stream: the prompt's ids, last hidden states and input embeddings, then one
     chunk per forwarded answer token, as ``generate`` computes them; the voice as the request asked."""
+    from schedulers.engine.handoffs import ThinkerResult
+    from schedulers.front.handoffs import ThinkerInput
     from schedulers.qwen2_5_omni.front.encoders import AudioTower
     from schedulers.qwen2_5_omni.front.processor import OmniProcessor
-    from schedulers.qwen2_5_omni.handoffs import Knobs, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult, Voice
+    from schedulers.qwen2_5_omni.handoffs import Knobs, TalkerPrompt, TalkerToken, Voice
     from schedulers.qwen2_5_omni.thinker.stage import create_thinker_stage
     from tests.scheduler_harness import new, running, take
 

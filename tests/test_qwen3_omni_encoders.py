@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from schedulers.front.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
 from schedulers.qwen3_omni.front.encoders import (
     AudioTower,
     VisionTower,
@@ -19,7 +20,6 @@ from schedulers.qwen3_omni.front.encoders import (
     create_image_encoder_stage,
 )
 from schedulers.qwen3_omni.front.processor import OmniProcessor
-from schedulers.qwen3_omni.handoffs import AudioEmbeddings, AudioEncoderInput, ImageEmbeddings, ImageEncoderInput
 from tests.qwen3_omni_tiny import tiny_qwen3_omni_checkpoint  # noqa: F401  (fixture tiny_qwen3_omni)
 from tests.scheduler_harness import answer_burst, new
 from toys.qwen3_omni_reference import load_reference_model, sample_clip, sample_image

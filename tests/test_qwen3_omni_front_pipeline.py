@@ -17,7 +17,7 @@ import torch
 from omnitrio import CompleteMessage, open_pipeline
 from omnitrio.cli import main
 from omnitrio.config_loading import load
-from schedulers.qwen3_omni.handoffs import ThinkerInput
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen3_omni.tiny import write_checkpoint
 from toys.qwen3_omni_reference import (
     load_reference_model,
@@ -40,11 +40,11 @@ model_args = ["preprocess.factory.model_dir", "audio_encoder.factory.model_dir",
 name = "preprocess"
 factory_path = "schedulers.qwen3_omni.front.preprocess.create_preprocess_stage"
 next = ["audio_encoder", "image_encoder", "aggregate"]
-route_fn = "{R}.route_preprocess"
+route_fn = "schedulers.graph.front.route_preprocess"
 [stages.project_payload]
-audio_encoder = "{R}.project_to_audio_encoder"
-image_encoder = "{R}.project_to_image_encoder"
-aggregate = "{R}.project_to_aggregate"
+audio_encoder = "{R}:EDGES.project_to_audio_encoder"
+image_encoder = "{R}:EDGES.project_to_image_encoder"
+aggregate = "{R}:EDGES.project_to_aggregate"
 
 [[stages]]
 name = "audio_encoder"
@@ -60,8 +60,8 @@ next = "aggregate"
 name = "aggregate"
 factory_path = "schedulers.qwen3_omni.front.aggregate.create_aggregate_stage"
 wait_for = ["preprocess", "audio_encoder", "image_encoder"]
-wait_for_fn = "{R}.wait_for_aggregate"
-merge_fn = "{R}.merge_aggregate"
+wait_for_fn = "schedulers.graph.front.wait_for_aggregate"
+merge_fn = "{R}:EDGES.merge_aggregate"
 terminal = true
 """
 

@@ -14,18 +14,19 @@ import pytest
 import torch
 
 from omnitrio.contract import OmniRequest, StagePayload
-from schedulers.qwen3_omni import graph
-from schedulers.qwen3_omni.front.preprocess import Preprocessor, create_preprocess_stage, resolve_speaker
-from schedulers.qwen3_omni.handoffs import (
+from schedulers.engine.handoffs import ThinkerResult
+from schedulers.front.handoffs import (
     AudioEmbeddings,
     ImageEmbeddings,
     ImageEncoderInput,
-    Knobs,
     Preprocessed,
     PreprocessedText,
     ThinkerInput,
-    ThinkerResult,
 )
+from schedulers.graph import front
+from schedulers.qwen3_omni.front.preprocess import Preprocessor, create_preprocess_stage, resolve_speaker
+from schedulers.qwen3_omni.graph import EDGES, TASKS
+from schedulers.qwen3_omni.handoffs import Knobs
 from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import new, running, take
 from toys.qwen3_omni_reference import (
@@ -76,7 +77,7 @@ def test_audio_and_image_parts_become_what_the_processor_makes(tiny: Path, prepr
     assert torch.equal(data.input_ids, expected["input_ids"][0])
     for key in ("input_features", "feature_attention_mask", "pixel_values", "image_grid_thw"):
         assert torch.equal(getattr(data, key), expected[key]), key
-    assert data.encoders == (graph.AUDIO_ENCODER, graph.IMAGE_ENCODER)
+    assert data.encoders == (front.AUDIO_ENCODER, front.IMAGE_ENCODER)
     assert data.knobs == Knobs(max_new_tokens=7, temperature=0.0, want_audio=False)
 
 
@@ -129,31 +130,31 @@ def _payload(data: Any, inputs: Any = None) -> StagePayload:
 
 
 @pytest.mark.parametrize(
-    "encoders", [(), (graph.AUDIO_ENCODER,), (graph.IMAGE_ENCODER,), (graph.AUDIO_ENCODER, graph.IMAGE_ENCODER)]
+    "encoders", [(), (front.AUDIO_ENCODER,), (front.IMAGE_ENCODER,), (front.AUDIO_ENCODER, front.IMAGE_ENCODER)]
 )
 def test_aggregate_waits_only_for_the_encoders_a_request_uses(encoders: tuple[str, ...]) -> None:
     ids = torch.tensor([1, 2])
     payload = _payload(Preprocessed(ids, encoders, Knobs()))
-    assert graph.route_preprocess("r1", payload) == [*encoders, graph.AGGREGATE]
+    assert front.route_preprocess("r1", payload) == [*encoders, front.AGGREGATE]
     arrivals = {
-        graph.PREPROCESS: PreprocessedText(ids, encoders, Knobs()),
-        graph.AUDIO_ENCODER: AudioEmbeddings(torch.zeros(1, 4), torch.tensor([3]), encoders),
-        graph.IMAGE_ENCODER: ImageEmbeddings(torch.zeros(1, 4), (), torch.ones(1, 3), encoders),
+        front.PREPROCESS: PreprocessedText(ids, encoders, Knobs()),
+        front.AUDIO_ENCODER: AudioEmbeddings(torch.zeros(1, 4), torch.tensor([3]), encoders),
+        front.IMAGE_ENCODER: ImageEmbeddings(torch.zeros(1, 4), (), torch.ones(1, 3), encoders),
     }
-    for source in (graph.PREPROCESS, *encoders):
-        waited = graph.wait_for_aggregate("r1", source, _payload(arrivals[source]))
-        assert waited == [graph.PREPROCESS, *encoders]
+    for source in (front.PREPROCESS, *encoders):
+        waited = front.wait_for_aggregate("r1", source, _payload(arrivals[source]))
+        assert waited == [front.PREPROCESS, *encoders]
 
 
 def test_merge_builds_the_thinkers_input(preprocessor: Preprocessor) -> None:
     data = preprocessor(_chat({"type": "image", "image": sample_image()}, modalities=("text", "audio")))
-    pre = graph.project_to_aggregate(_payload(data))
-    image = graph.project_to_image_encoder(_payload(data)).data
+    pre = EDGES.project_to_aggregate(_payload(data))
+    image = EDGES.project_to_image_encoder(_payload(data)).data
     assert isinstance(image, ImageEncoderInput) and image.encoders == data.encoders
     assert image.pixel_values is data.pixel_values and image.image_grid_thw is data.image_grid_thw
     assert data.image_grid_thw is not None
     encoded = ImageEmbeddings(torch.ones(2, 32), (torch.zeros(2, 32),), data.image_grid_thw, data.encoders)
-    merged = graph.merge_aggregate({graph.PREPROCESS: pre, graph.IMAGE_ENCODER: _payload(encoded)}).data
+    merged = EDGES.merge_aggregate({front.PREPROCESS: pre, front.IMAGE_ENCODER: _payload(encoded)}).data
     assert isinstance(merged, ThinkerInput)
     assert torch.equal(merged.input_ids, data.input_ids)
     assert merged.image_embeds is encoded.image_embeds
@@ -165,9 +166,9 @@ def test_merge_builds_the_thinkers_input(preprocessor: Preprocessor) -> None:
 
 def test_text_only_requests_never_reach_the_talker() -> None:
     text, spoken = _chat(), _chat(modalities=("text", "audio"))
-    assert graph.chat_terminal_stages("r1", text) == [graph.DECODE]
-    assert graph.chat_terminal_stages("r1", spoken) == [graph.DECODE, graph.CODE2WAV]
+    assert TASKS.chat_terminal_stages("r1", text) == ["decode"]
+    assert TASKS.chat_terminal_stages("r1", spoken) == ["decode", "code2wav"]
     said = ThinkerResult((5,), 3, "stop", want_audio=False)
-    assert graph.route_thinker("r1", _payload(said)) == [graph.DECODE]
+    assert TASKS.route_thinker("r1", _payload(said)) == ["decode"]
     spoke = ThinkerResult((5,), 3, "stop", want_audio=True)
-    assert graph.route_thinker("r1", _payload(spoke)) == [graph.DECODE, graph.TALKER]
+    assert TASKS.route_thinker("r1", _payload(spoke)) == ["decode", "talker"]

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OutgoingMessage
-from schedulers.qwen3_omni.handoffs import Codes, TalkerResult, ThinkerResult
+from schedulers.engine.handoffs import ThinkerResult
+from schedulers.qwen3_omni.handoffs import Codes, TalkerResult
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling
 from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.stage import TalkerScheduler, create_talker_stage

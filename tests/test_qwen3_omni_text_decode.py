@@ -10,7 +10,7 @@ import pytest
 from omnitrio.contract import IncomingMessage, OmniRequest, OutgoingMessage, StagePayload, StreamItem
 from omnitrio.messages import CompleteMessage, StreamMessage
 from omnitrio.serve.output import Output
-from schedulers.qwen3_omni.handoffs import DecodeToken, ThinkerResult
+from schedulers.engine.handoffs import DecodeToken, ThinkerResult
 from schedulers.qwen3_omni.thinker.text_decode import TextDecodeScheduler, create_decode_stage
 from schedulers.qwen3_omni.tiny_tokenizer import build_tokenizer
 from tests.scheduler_harness import running, take

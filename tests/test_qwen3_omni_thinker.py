@@ -19,9 +19,12 @@ import pytest
 import torch
 
 from omnitrio.contract import IncomingMessage, InvalidRequest, OmniRequest, OutgoingMessage, StagePayload
+from schedulers.engine.handoffs import DecodeToken, ThinkerResult
 from schedulers.engine.sampling import Sampler, SamplingDefaults
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen3_omni import checkpoint as checkpoint_module
-from schedulers.qwen3_omni.handoffs import DecodeToken, Knobs, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult
+from schedulers.qwen3_omni.handoffs import Knobs, TalkerPrompt, TalkerToken
+from schedulers.qwen3_omni.thinker import stage as thinker_stage_module
 from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler, create_thinker_stage
 from schedulers.qwen3_omni.tiny import write_checkpoint
 from tests.scheduler_harness import running
@@ -120,7 +123,7 @@ def test_stage_reads_only_the_thinkers_text_model_and_head(checkpoint: Path, mon
         read.append(prefix)
         load(model_dir, prefix, module)
 
-    monkeypatch.setattr(checkpoint_module, "load_weights", spy)
+    monkeypatch.setattr(thinker_stage_module, "load_weights", spy)  # the name the stage reads it by
     scheduler = create_thinker_stage(model_dir=str(checkpoint))
     assert sorted(read) == ["thinker.lm_head.", "thinker.model."]
     assert not any(t.is_meta for t in scheduler.engine.lm.model.state_dict().values())

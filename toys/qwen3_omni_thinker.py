@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from schedulers.qwen3_omni.handoffs import Knobs, ThinkerInput
+from schedulers.front.handoffs import ThinkerInput
+from schedulers.qwen3_omni.handoffs import Knobs
 from schedulers.qwen3_omni.thinker.stage import ThinkerScheduler, create_thinker_stage
 
 

@@ -7,7 +7,7 @@ never show.
 
 Its inputs are a family's token chunks and its thinker's result, of the classes the family passes
 (``token_type``, ``result_type``: :class:`DecodeTokenLike`, :class:`ThinkerResultLike`, e.g.
-:class:`schedulers.qwen3_omni.handoffs.DecodeToken` and ``ThinkerResult``); anything else fails the
+:class:`schedulers.engine.handoffs.DecodeToken` and ``ThinkerResult``); anything else fails the
 request.
 
 Which words a caller sees where follows OpenAI: a request that asked for audio (``want_audio``) gets its words

@@ -1,6 +1,7 @@
-"""The front's handoffs that are the same for every Qwen omni family: what preprocess gives (generic in the
-family's knobs), what the encoders take and the audio encoder gives.  A family's ``handoffs`` module
-re-exports them beside its own (its knobs, its image embeddings, its thinker's input); the same promises
+"""The front's handoffs that are the same for every Qwen omni family: what preprocess gives, what the encoders
+take and give, and what the aggregate gives the thinker (those that carry knobs are generic in the
+family's :class:`Knobs`, its ``handoffs.Knobs``).  A family's ``handoffs`` module holds the rest of its
+edges (its knobs, its thinker → talker → vocoder edges); the same promises
 hold (a handoff is built once and never changed, its CPU tensors are read and not written, a consumer that
 keeps one longer than the request copies it), and each pickles as a constructor call
 (:func:`schedulers.handoff.handoff`).
@@ -90,4 +91,48 @@ class AudioEmbeddings:
     encoders: tuple[str, ...]
 
 
-__all__ = ["AudioEmbeddings", "AudioEncoderInput", "ImageEncoderInput", "Preprocessed", "PreprocessedText"]
+@handoff
+@attrs.frozen(eq=False)
+class ImageEmbeddings:
+    """``image_encoder`` → ``aggregate``: ``image_embeds`` ``Float[Ni, H]`` (every image's tokens in order,
+    what the thinker's ``get_image_features`` gives), one ``Float[Ni, H]`` per deepstack layer (none for a
+    family whose vision tower has no deepstack: Qwen2.5-Omni), the ``image_grid_thw`` they came from, and
+    the request's ``encoders``."""
+
+    image_embeds: torch.Tensor
+    deepstack_image_embeds: tuple[torch.Tensor, ...]
+    image_grid_thw: torch.Tensor
+    encoders: tuple[str, ...]
+
+
+@handoff
+@attrs.frozen(eq=False)
+class ThinkerInput(Generic[K]):
+    """``aggregate`` (the family's ``merge_fn``, ``.graph:EDGES.merge_aggregate``) → ``thinker``; also what a
+    caller submits to a pipeline that starts at the thinker.
+
+    ``input_ids`` ``Long[P]`` with one audio (image) placeholder per row of ``audio_embeds`` ``Float[Na, H]``
+    (``image_embeds`` ``Float[Ni, H]``), in order, as the encoders made them: the thinker places them and
+    computes the 3-D rope positions from ``input_ids``, ``image_grid_thw`` ``Long[images, 3]`` and
+    ``audio_feature_lengths`` ``Long[clips]`` (mel frames per clip).  ``deepstack_image_embeds``: the
+    vision tower's deepstack layers (None for a family without them).  A medium the request does not have
+    is None.  ``knobs``: the family's knobs as the client asked."""
+
+    input_ids: torch.Tensor
+    knobs: K
+    audio_embeds: torch.Tensor | None = None
+    audio_feature_lengths: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
+    deepstack_image_embeds: tuple[torch.Tensor, ...] | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+
+__all__ = [
+    "AudioEmbeddings",
+    "AudioEncoderInput",
+    "ImageEmbeddings",
+    "ImageEncoderInput",
+    "Preprocessed",
+    "PreprocessedText",
+    "ThinkerInput",
+]

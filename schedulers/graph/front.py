@@ -9,8 +9,8 @@
 ``preprocess`` decides which encoders a request needs and every handoff on these edges carries that
 list as ``encoders`` (a tuple of stage names in graph order): :func:`route_preprocess` sends the request
 to those encoders and always to ``aggregate``, and :func:`wait_for_aggregate` (evaluated on whichever
-input reaches ``aggregate`` first) makes ``aggregate`` wait for exactly those.  The family's graph module
-names these functions in its config; its handoffs are any classes with an ``encoders`` attribute.
+input reaches ``aggregate`` first) makes ``aggregate`` wait for exactly those.  A family's config names
+these functions here; its handoffs are any classes with an ``encoders`` attribute.
 
 A family's projections and merge are :class:`FrontEdges` over its handoff classes: a field means the same
 thing under the same name in every handoff of a front (``input_ids``, ``audio_embeds``,
@@ -74,8 +74,8 @@ class FrontEdges:
     """One family's projections and merge over its handoff classes (module docstring): ``preprocessed``
     (what ``preprocess`` gives), ``text`` (what of it reaches ``aggregate``), ``image_embeddings`` (what
     the image encoder gives), ``thinker_input`` (what the merge builds); the encoders' inputs and the
-    audio encoder's output are :mod:`schedulers.front.handoffs`'.  A family's graph module binds the
-    methods to module names its config names (``project_to_audio_encoder = EDGES.project_to_audio_encoder``).
+    audio encoder's output are :mod:`schedulers.front.handoffs`'.  A family's graph module holds one
+    instance, ``EDGES``, and its config names the methods (``pkg.graph:EDGES.project_to_audio_encoder``).
 
     A projection whose source lacks a value the target requires (a field without a default), or an input
     that is not the class its edge carries, is a ``ValueError`` naming the function."""

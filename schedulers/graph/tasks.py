@@ -6,8 +6,17 @@ detection, whose commands a session stage reads from ``request.metadata["session
 ``asr_session`` to :data:`STREAM_ASR` and ``transcription`` to :data:`ASR` (:data:`ASR_STAGES`), and the
 rest to its own stages.
 
-An omni model's graph starts at an ingress stage (:func:`create_ingress_stage`); :class:`TaskRoutes`
-gives its route and the pipeline's ``terminal_stages_fn`` for the model's own stages.
+An omni model's graph starts at an ingress stage (:func:`create_ingress_stage`) that sends each task where
+it goes::
+
+    ingress ─┬─ asr_session ──▶ stream_asr           (VAD events; terminal)
+             ├─ transcription ─▶ asr                  (only when the config has one; terminal)
+             └─ chat ──────────▶ preprocess ─▶ ...     (the model)
+
+It puts an ``asr_session`` command into ``request.metadata["session"]``, where the session stage reads it;
+other requests pass unchanged.  :class:`TaskRoutes` gives the ingress's route, the thinker's (``decode``,
+and the talker when the answer is spoken, so a text-only request never runs the talker nor gets its end
+of stream) and the pipeline's ``terminal_stages_fn``.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from typing import Any
 import attrs
 
 from omnitrio.contract import InvalidRequest, StagePayload
+from schedulers.engine.handoffs import ThinkerResult
+from schedulers.graph.front import handoff_of
 from schedulers.session import SESSION_METADATA_KEY
 from schedulers.simple import SimpleScheduler
 
@@ -68,16 +79,24 @@ def admit_session_command(payload: StagePayload) -> StagePayload:
 @attrs.frozen
 class TaskRoutes:
     """Where an omni model's requests go by task: ``model`` is the model's first stage, ``text`` and
-    ``audio`` the terminal stages of its answer's words and speech.  A family's graph module binds the
-    methods to module names its config names (``route_ingress = TASKS.route_ingress``)."""
+    ``audio`` the terminal stages of its answer's words and speech, ``talker`` the stage between the
+    thinker and ``audio``.  A family's graph module holds one instance, ``TASKS``, and its config names the
+    methods (``pkg.graph:TASKS.route_ingress``)."""
 
     model: str
     text: str
+    talker: str
     audio: str
 
     def route_ingress(self, request_id: str, payload: StagePayload) -> str:
         """The first stage of the request's task: the ASR stage for its tasks, the model's for a chat."""
         return ASR_STAGES.get(task_of(payload.request.inputs, strict=False), self.model)
+
+    def route_thinker(self, request_id: str, payload: StagePayload) -> list[str]:
+        """Where the thinker's :class:`~schedulers.engine.handoffs.ThinkerResult` goes: ``text`` always,
+        ``talker`` too when the answer is spoken."""
+        spoken = handoff_of(payload, ThinkerResult, "route_thinker").want_audio
+        return [self.text, self.talker] if spoken else [self.text]
 
     def chat_terminal_stages(self, request_id: str, inputs: Any) -> list[str]:
         """A chat's terminal stages: ``text`` always, ``audio`` too when the answer is spoken."""

@@ -5,9 +5,9 @@ Shapes: ``P`` prompt tokens, ``H`` the thinker's hidden size.  Every tensor here
 producer moves it there), so any process can read it.
 
 Ownership and pickling are :mod:`schedulers.handoff`'s promises for every class here (:class:`Voice`,
-:class:`TalkerCodes` and :class:`TalkerDone` pickle as plain attrs classes).  Re-exported beside Qwen2.5-Omni's
-own: the encoders' inputs and the audio embeddings of :mod:`schedulers.front.handoffs`, the decoder's
-tokens and result of :mod:`schedulers.engine.handoffs`, which every family shares.
+:class:`TalkerCodes` and :class:`TalkerDone` pickle as plain attrs classes).  The edges every family shares
+live where they are built: the front's preprocessed prompt, encoder inputs and audio embeddings in
+:mod:`schedulers.front.handoffs`, the decoder's tokens and result in :mod:`schedulers.engine.handoffs`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,6 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
-from schedulers.front.handoffs import (
-    AudioEmbeddings,
-    AudioEncoderInput,
-    ImageEncoderInput,
-    Preprocessed,
-    PreprocessedText,
-)
 from schedulers.handoff import handoff
 
 if TYPE_CHECKING:  # the annotations only: the graph's routing imports these classes without torch
@@ -48,40 +40,6 @@ class Knobs:
     speaker: str | None = None
     stream: bool = True
     want_audio: bool = False
-
-
-@handoff
-@attrs.frozen(eq=False)
-class ImageEmbeddings:
-    """``image_encoder`` → ``aggregate``: ``image_embeds`` ``Float[Ni, H]`` (every image's tokens in order,
-    what the thinker's ``get_image_features`` gives), the ``image_grid_thw`` they came from, and the
-    request's ``encoders``."""
-
-    image_embeds: torch.Tensor
-    image_grid_thw: torch.Tensor
-    encoders: tuple[str, ...]
-
-
-@handoff
-@attrs.frozen(eq=False)
-class ThinkerInput:
-    """``aggregate`` (``merge_fn``: :func:`.graph.merge_aggregate`) → ``thinker``; also what a caller
-    submits to a pipeline that starts at the thinker.
-
-    ``input_ids`` ``Long[P]`` with one ``<|AUDIO|>`` (``<|IMAGE|>``) placeholder per row of
-    ``audio_embeds`` ``Float[Na, H]`` (``image_embeds`` ``Float[Ni, H]``), in order; the embeddings are not
-    yet placed: the thinker puts them at their placeholders and computes the 3-D rope positions from
-    ``input_ids``, ``image_grid_thw`` ``Long[images, 3]`` and ``audio_feature_lengths`` ``Long[clips]``
-    (mel frames per clip) — the arguments of
-    :meth:`schedulers.qwen2_5_omni.thinker.model.ThinkerLM.prompt_inputs`, which checks that the counts
-    agree.  A medium the request does not have is None.  :class:`Knobs` as the client asked."""
-
-    input_ids: torch.Tensor
-    knobs: Knobs = Knobs()
-    audio_embeds: torch.Tensor | None = None
-    audio_feature_lengths: torch.Tensor | None = None
-    image_embeds: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
 
 
 @attrs.frozen
@@ -145,20 +103,10 @@ class TalkerDone:
 
 
 __all__ = [
-    "AudioEmbeddings",
-    "AudioEncoderInput",
-    "DecodeToken",
-    "FinishReason",
-    "ImageEmbeddings",
-    "ImageEncoderInput",
     "Knobs",
-    "Preprocessed",
-    "PreprocessedText",
     "TalkerCodes",
     "TalkerDone",
     "TalkerPrompt",
     "TalkerToken",
-    "ThinkerInput",
-    "ThinkerResult",
     "Voice",
 ]

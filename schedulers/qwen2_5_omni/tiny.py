@@ -60,11 +60,7 @@ _PAD_DIM = 0  # the thinker's residual dimension that only <tts_pad> writes
 
 # (parameter-name prefix, gain): the first prefix a name starts with gives the gain of its matrices.
 _GAINS: tuple[tuple[str, float], ...] = (
-    ("thinker.audio_tower.", 1.5),
-    ("thinker.visual.", 1.5),
-    ("thinker.model.embed_tokens.", 8.0),
-    ("thinker.lm_head.", 16.0),
-    ("thinker.", 1.0),
+    *tiny_omni.THINKER_GAINS,
     ("talker.model.embed_tokens.", 8.0),
     ("talker.thinker_to_talker_proj.", 2.0),
     ("talker.codec_head.", 16.0),
@@ -77,10 +73,7 @@ _GAINS: tuple[tuple[str, float], ...] = (
 
 _SIZES: dict[str, dict[str, Any]] = {
     "tiny": {
-        "hidden": 32,
-        "layers": 2,
-        "heads": 2,
-        "kv_heads": 1,
+        **tiny_omni.THINKER_SIZES["tiny"],
         "mrope": [2, 3, 3],
         "audio_layers": 1,
         "audio_ffn": 64,
@@ -107,10 +100,7 @@ _SIZES: dict[str, dict[str, Any]] = {
         },
     },
     "medium": {
-        "hidden": 256,
-        "layers": 4,
-        "heads": 4,
-        "kv_heads": 2,
+        **tiny_omni.THINKER_SIZES["medium"],
         "mrope": [8, 12, 12],
         "audio_layers": 2,
         "audio_ffn": 512,

@@ -21,14 +21,10 @@ from typing import Any
 
 import attrs
 
-from schedulers.tiny_omni import ROLES, Media, chat_template, processor_tokens
-from schedulers.tiny_omni import build_tokenizer as build_qwen_tokenizer
+from schedulers.tiny_omni import ROLES, Media, TokenizerSpec
 from schedulers.tiny_omni import token_id as token_id
 
 ADDED_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
     "<|AUDIO|>",
     "<|audio_bos|>",
     "<|audio_eos|>",
@@ -42,13 +38,15 @@ ADDED_TOKENS = (
     "<|VIDEO|>",
 )
 
-AUDIO = Media("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")
-IMAGE = Media("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>")
-VIDEO = Media("<|vision_bos|>", "<|VIDEO|>", "<|vision_eos|>")
-
-PROCESSOR_TOKENS = processor_tokens(AUDIO, IMAGE, VIDEO)
-
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+SPEC = TokenizerSpec(
+    ADDED_TOKENS,
+    audio=Media("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"),
+    image=Media("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>"),
+    video_pad="<|VIDEO|>",
+    default_system=DEFAULT_SYSTEM_PROMPT,
+)
 
 _TEXT = (
     "You are a helpful assistant. You are Qwen, a virtual human who hears, sees and speaks.",
@@ -59,7 +57,7 @@ _TEXT = (
     "Please reply briefly. Tell me about the river, the hill, the town and the people who live there.",
 )
 
-CHAT_TEMPLATE = chat_template(audio=AUDIO, image=IMAGE, video=VIDEO, default_system=DEFAULT_SYSTEM_PROMPT)
+CHAT_TEMPLATE = SPEC.chat_template
 
 
 @attrs.frozen
@@ -83,4 +81,4 @@ def reserved_ids(tokenizer: Any, speakers: int) -> ReservedIds:
 def build_tokenizer(vocab_size: int = 320) -> Any:
     """A ``Qwen2Tokenizer`` of about ``vocab_size`` tokens with the release's added tokens (module docstring)."""
     corpus = [*_TEXT, *[" ".join(ROLES), "\n".join(ROLES)] * 40]
-    return build_qwen_tokenizer(corpus, ADDED_TOKENS, PROCESSOR_TOKENS, CHAT_TEMPLATE, vocab_size)
+    return SPEC.build(corpus, vocab_size)

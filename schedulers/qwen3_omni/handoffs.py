@@ -5,9 +5,9 @@ Shapes: ``P`` prompt tokens, ``H`` the thinker's hidden size, ``Q`` the codec's 
 here is on the CPU (the producer moves it there), so any process can read it.
 
 Every class is a :func:`schedulers.handoff.handoff` (that module states who owns its tensors and how it
-pickles).  The front's encoder inputs and audio embeddings (:mod:`schedulers.front.handoffs`) and the
-decoder's tokens and result (:mod:`schedulers.engine.handoffs`) are the same for every family and are
-re-exported here.
+pickles).  The edges every family shares live where they are built: the front's preprocessed prompt,
+encoder inputs and audio embeddings in :mod:`schedulers.front.handoffs`, the decoder's tokens and result
+in :mod:`schedulers.engine.handoffs`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
-from schedulers.front.handoffs import (
-    AudioEmbeddings,
-    AudioEncoderInput,
-    ImageEncoderInput,
-    Preprocessed,
-    PreprocessedText,
-)
 from schedulers.handoff import handoff
 
 if TYPE_CHECKING:  # the annotations only: the graph's routing imports these classes without torch
@@ -43,38 +35,6 @@ class Knobs:
     speaker: str | None = None
     talker: dict[str, Any] | None = None
     want_audio: bool = False
-
-
-@handoff
-@attrs.frozen(eq=False)
-class ImageEmbeddings:
-    """``image_encoder`` → ``aggregate``: ``image_embeds`` ``Float[Ni, H]``, one ``Float[Ni, H]`` per
-    deepstack layer (what ``thinker.get_image_features`` gives), the ``image_grid_thw`` they came from,
-    and the request's ``encoders``."""
-
-    image_embeds: torch.Tensor
-    deepstack_image_embeds: tuple[torch.Tensor, ...]
-    image_grid_thw: torch.Tensor
-    encoders: tuple[str, ...]
-
-
-@handoff
-@attrs.frozen(eq=False)
-class ThinkerInput:
-    """``aggregate`` (``merge_fn``: :func:`.graph.merge_aggregate`) → ``thinker``; also what a caller
-    submits to a pipeline that starts at the thinker.
-
-    ``input_ids`` ``Long[P]``; the media's embeddings as the encoders made them (None when the request
-    has none of that medium); ``image_grid_thw`` and ``audio_feature_lengths`` also place the rope
-    positions; :class:`Knobs` as the client asked."""
-
-    input_ids: torch.Tensor
-    knobs: Knobs = Knobs()
-    audio_embeds: torch.Tensor | None = None
-    audio_feature_lengths: torch.Tensor | None = None
-    image_embeds: torch.Tensor | None = None
-    deepstack_image_embeds: tuple[torch.Tensor, ...] | None = None
-    image_grid_thw: torch.Tensor | None = None
 
 
 @handoff
@@ -126,19 +86,9 @@ class TalkerResult:
 
 
 __all__ = [
-    "AudioEmbeddings",
-    "AudioEncoderInput",
     "Codes",
-    "DecodeToken",
-    "FinishReason",
-    "ImageEmbeddings",
-    "ImageEncoderInput",
     "Knobs",
-    "Preprocessed",
-    "PreprocessedText",
     "TalkerPrompt",
     "TalkerResult",
     "TalkerToken",
-    "ThinkerInput",
-    "ThinkerResult",
 ]

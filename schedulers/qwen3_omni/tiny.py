@@ -21,6 +21,7 @@ audio in well under a second on one core) and ``medium`` (thinker hidden 256, 8 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,11 +40,7 @@ IMAGE_PROCESSING = ImageProcessing(patch_size=16, max_pixels=IMAGE_PIXELS, mean=
 
 # (parameter-name prefix, gain): the first prefix a name starts with gives the gain of its matrices.
 _GAINS: tuple[tuple[str, float], ...] = (
-    ("thinker.audio_tower.", 1.5),
-    ("thinker.visual.", 1.5),
-    ("thinker.model.embed_tokens.", 8.0),
-    ("thinker.lm_head.", 16.0),
-    ("thinker.", 1.0),
+    *tiny_omni.THINKER_GAINS,
     ("talker.model.codec_embedding.", 8.0),
     ("talker.text_projection.", 2.0),
     ("talker.hidden_projection.", 2.0),
@@ -56,10 +53,7 @@ _GAINS: tuple[tuple[str, float], ...] = (
 
 _SIZES: dict[str, dict[str, Any]] = {
     "tiny": {
-        "hidden": 32,
-        "layers": 2,
-        "heads": 2,
-        "kv_heads": 1,
+        **tiny_omni.THINKER_SIZES["tiny"],
         "experts": 4,
         "moe_intermediate": 32,
         "mrope": [4, 2, 2],
@@ -79,10 +73,7 @@ _SIZES: dict[str, dict[str, Any]] = {
         "c2w_decoder": 32,
     },
     "medium": {
-        "hidden": 256,
-        "layers": 4,
-        "heads": 4,
-        "kv_heads": 2,
+        **tiny_omni.THINKER_SIZES["medium"],
         "experts": 8,
         "moe_intermediate": 256,
         "mrope": [12, 10, 10],
@@ -149,12 +140,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": list(range(s["vision_depth"])),
         },
-        "audio_token_id": ids["audio"],
-        "image_token_id": ids["image"],
-        "video_token_id": ids["video"],
-        "audio_start_token_id": ids["audio_start"],
-        "vision_start_token_id": ids["vision_start"],
-        "user_token_id": ids["user"],
+        **_token_ids(ids, "audio", "image", "video", "audio_start", "vision_start", "user"),
     }
     t_hidden = s["talker_hidden"]
     talker = {
@@ -190,11 +176,7 @@ def build_config(size: Size, tokenizer: Any) -> Any:
         "codec_think_bos_id": codec["think_bos"],
         "codec_think_eos_id": codec["think_eos"],
         "speaker_id": {name: cb + 10 + i for i, name in enumerate(SPEAKERS)},
-        "audio_token_id": ids["audio"],
-        "image_token_id": ids["image"],
-        "video_token_id": ids["video"],
-        "vision_start_token_id": ids["vision_start"],
-        "audio_start_token_id": ids["audio_start"],
+        **_token_ids(ids, "audio", "image", "video", "vision_start", "audio_start"),
         "spatial_merge_size": 2,
     }
     code2wav = {
@@ -209,15 +191,13 @@ def build_config(size: Size, tokenizer: Any) -> Any:
         thinker_config=thinker,
         talker_config=talker,
         code2wav_config=code2wav,
-        im_start_token_id=ids["im_start"],
-        im_end_token_id=ids["im_end"],
-        tts_pad_token_id=ids["tts_pad"],
-        tts_bos_token_id=ids["tts_bos"],
-        tts_eos_token_id=ids["tts_eos"],
-        system_token_id=ids["system"],
-        user_token_id=ids["user"],
-        assistant_token_id=ids["assistant"],
+        **_token_ids(ids, "im_start", "im_end", "tts_pad", "tts_bos", "tts_eos", "system", "user", "assistant"),
     )
+
+
+def _token_ids(ids: Mapping[str, int], *names: str) -> dict[str, Any]:
+    """The config fields ``{name}_token_id`` of the tokens :data:`_TOKEN_IDS` calls ``names``."""
+    return {f"{name}_token_id": ids[name] for name in names}
 
 
 _TOKEN_IDS = {

@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedulers.tiny_omni import ROLES, Media, chat_template, processor_tokens
-from schedulers.tiny_omni import build_tokenizer as build_qwen_tokenizer
+from schedulers.tiny_omni import ROLES, Media, TokenizerSpec
 from schedulers.tiny_omni import token_id as token_id
 
 SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
     "<|audio_start|>",
     "<|audio_end|>",
     "<|audio_pad|>",
@@ -32,12 +28,16 @@ SPECIAL_TOKENS = (
     "<tts_text_bos_single>",
 )
 
-AUDIO = Media("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>")
-IMAGE = Media("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
-VIDEO = Media("<|vision_start|>", "<|video_pad|>", "<|vision_end|>")
+SPEC = TokenizerSpec(
+    SPECIAL_TOKENS,
+    audio=Media("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"),
+    image=Media("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
+    video_pad="<|video_pad|>",
+    image_first=True,
+)
 
 # The attributes Qwen3OmniMoeProcessor reads from its tokenizer.
-NAMED_TOKENS = processor_tokens(AUDIO, IMAGE, VIDEO, image_first=True)
+NAMED_TOKENS = SPEC.named_tokens
 
 ROLE_WORDS = ROLES
 
@@ -50,10 +50,10 @@ _CORPUS = (
     "Please answer in a short sentence. Tell me a story about a cat, a dog and a bird in the garden.",
 )
 
-CHAT_TEMPLATE = chat_template(audio=AUDIO, image=IMAGE, video=VIDEO)
+CHAT_TEMPLATE = SPEC.chat_template
 
 
 def build_tokenizer(vocab_size: int = 384) -> Any:
     """A ``Qwen2Tokenizer`` of about ``vocab_size`` ids: byte-level BPE + :data:`SPECIAL_TOKENS` after it."""
     corpus = [*_CORPUS, *(" ".join(ROLE_WORDS) for _ in range(50)), *("\n".join(ROLE_WORDS) for _ in range(50))]
-    return build_qwen_tokenizer(corpus, SPECIAL_TOKENS, NAMED_TOKENS, CHAT_TEMPLATE, vocab_size)
+    return SPEC.build(corpus, vocab_size)

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
-from schedulers.qwen3_omni.handoffs import Knobs, ThinkerInput
+from schedulers.front.handoffs import ThinkerInput
+from schedulers.qwen3_omni.handoffs import Knobs
 
 TOKENS = 3
 """Tokens each warm-up request decodes."""

@@ -14,8 +14,8 @@ request goes into one call along the sequence axis with its own length (grid), s
 each clip's chunks (image's windows), and the output is split back by token counts.
 
 The stages (:func:`create_audio_encoder_stage`, :func:`create_image_encoder_stage`) take a batch of
-:class:`~schedulers.qwen2_5_omni.handoffs.AudioEncoderInput` (``ImageEncoderInput``) and give each request
-its :class:`~schedulers.qwen2_5_omni.handoffs.AudioEmbeddings` (``ImageEmbeddings``), batched as
+:class:`~schedulers.front.handoffs.AudioEncoderInput` (``ImageEncoderInput``) and give each request
+its :class:`~schedulers.front.handoffs.AudioEmbeddings` (``ImageEmbeddings``), batched as
 :func:`schedulers.front.stages.create_encoder_stage` batches.
 
 ``device`` and ``dtype`` place each tower (:mod:`schedulers.devices`): it is built in ``dtype`` as
@@ -36,10 +36,10 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 )
 
 from schedulers.devices import Placement, to_host
+from schedulers.front.handoffs import ImageEmbeddings, ImageEncoderInput
 from schedulers.front.stages import Batch, encoder_stage_factories, handoffs, pack_clips
 from schedulers.front.towers import load_tower, run_vision
 from schedulers.qwen2_5_omni.checkpoint import load_config, load_weights, preflight
-from schedulers.qwen2_5_omni.handoffs import ImageEmbeddings, ImageEncoderInput
 
 AUDIO_PREFIX = "thinker.audio_tower."
 VISION_PREFIX = "thinker.visual."
@@ -88,7 +88,7 @@ def image_batch_fn(tower: VisionTower) -> Callable[[Batch], Batch]:
         inputs = handoffs(payloads, ImageEncoderInput, "image_encoder")
         outputs = tower.encode([(i.pixel_values, i.image_grid_thw) for i in inputs])
         for payload, given, embeds in zip(payloads, inputs, outputs, strict=True):
-            payload.data = ImageEmbeddings(embeds, given.image_grid_thw, given.encoders)
+            payload.data = ImageEmbeddings(embeds, (), given.image_grid_thw, given.encoders)
         return payloads
 
     return encode_batch

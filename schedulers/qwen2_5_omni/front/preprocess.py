@@ -4,7 +4,7 @@ The request is read by :mod:`schedulers.front.chat` (its parts, media and number
 video part included, is a ``ValueError`` naming the field, which the stage answers as a 400).  Audio at
 16 kHz reaches the feature extractor as it came (PCM16 / 32768, never resampled: the answer changes
 otherwise); other rates are resampled to 16 kHz.  The stage's output is a
-:class:`~schedulers.qwen2_5_omni.handoffs.Preprocessed` (:mod:`schedulers.qwen2_5_omni.graph` says what
+:class:`~schedulers.front.handoffs.Preprocessed` (:mod:`schedulers.qwen2_5_omni.graph` says what
 each branch receives of it).
 
 **The system prompt.**  Qwen2.5-Omni speaks only under the system prompt it was trained with
@@ -32,14 +32,16 @@ from typing import Any
 
 import torch
 
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
+from schedulers.front.handoffs import Preprocessed
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
 from schedulers.front.stages import preprocessed_fields
 from schedulers.front.warm_up import preprocess_warm_up
 from schedulers.qwen2_5_omni.checkpoint import Speakers, load_config, preflight, require_model_dir, speakers
 from schedulers.qwen2_5_omni.front.processor import OmniProcessor
-from schedulers.qwen2_5_omni.handoffs import Knobs, Preprocessed
+from schedulers.qwen2_5_omni.handoffs import Knobs
 from schedulers.simple import SimpleScheduler
 
 SYSTEM_PROMPT = (
@@ -123,6 +125,7 @@ class Preprocessor:
         return Preprocessed(knobs=knobs, **preprocessed_fields(tensors))
 
 
+@checked_by(preflight)
 def create_preprocess_stage(
     *,
     model_dir: str | None = None,
@@ -142,6 +145,3 @@ def create_preprocess_stage(
         device=str(placement.device),
     )
     return preprocess_stage(preprocessor, max_concurrency=max_concurrency, warm_up=preprocess_warm_up(preprocessor))
-
-
-create_preprocess_stage.preflight = preflight  # type: ignore[attr-defined]

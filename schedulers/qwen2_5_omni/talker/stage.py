@@ -32,10 +32,12 @@ import torch
 
 from omnitrio.contract import InvalidRequest
 from schedulers._idsets import Life
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
+from schedulers.engine.handoffs import ThinkerResult
 from schedulers.engine.stream_fed import Phase, StreamEdges, StreamFedRequest, StreamFedTalker
 from schedulers.qwen2_5_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, TalkerPrompt, TalkerToken, ThinkerResult, Voice
+from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, TalkerPrompt, TalkerToken, Voice
 from schedulers.qwen2_5_omni.talker.codec_sampling import CodecSampler, CodecSampling
 from schedulers.qwen2_5_omni.talker.model import TalkerModel
 from schedulers.qwen2_5_omni.talker.prompt import TalkerText
@@ -175,6 +177,7 @@ def warm_up_talker(model: TalkerModel) -> None:
     model.forward(text.step_input(1, model.codec_pad)[None, None], torch.full((3, 1, 1), rows.shape[0]), step.cache)
 
 
+@checked_by(preflight)
 def create_talker_stage(
     *,
     model_dir: str | None = None,
@@ -204,6 +207,3 @@ def create_talker_stage(
     return TalkerScheduler(
         model, sampling=knobs, frames_per_chunk=frames_per_chunk, max_batch_size=max_batch_size, warm_up=steps
     )
-
-
-create_talker_stage.preflight = preflight  # type: ignore[attr-defined]

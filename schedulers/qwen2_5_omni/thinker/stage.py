@@ -2,7 +2,7 @@
 
 The thinker's lifecycle (continuous batching, admission, budget, sampling, abort, failures) is
 :mod:`schedulers.engine.decoder_stage`'s; :class:`Qwen25Thinker` is the family's half.  A
-``new_request`` payload's data is the aggregate's :class:`~schedulers.qwen2_5_omni.handoffs.ThinkerInput`
+``new_request`` payload's data is the aggregate's :class:`~schedulers.front.handoffs.ThinkerInput`
 (at the pipeline's entry, ``{"raw_inputs": ThinkerInput}``).  Per request, in this order (the classes of
 :mod:`schedulers.qwen2_5_omni.handoffs`):
 
@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import torch
 
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.engine.admission import FinishReason
 from schedulers.engine.decoder import Decoder, DecoderPrompt
@@ -43,9 +44,11 @@ from schedulers.engine.decoder_stage import (
     plain,
     request_seed,
 )
+from schedulers.engine.handoffs import DecodeToken, ThinkerResult
 from schedulers.engine.text_decode import TextDecodeScheduler, load_text_decode
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen2_5_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen2_5_omni.handoffs import DecodeToken, TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult, Voice
+from schedulers.qwen2_5_omni.handoffs import TalkerPrompt, TalkerToken, Voice
 from schedulers.qwen2_5_omni.thinker.model import ThinkerLM
 
 _MEDIA = ("audio_embeds", "image_embeds", "image_grid_thw", "audio_feature_lengths")
@@ -96,6 +99,7 @@ class Qwen25Thinker(Targets):
         return ThinkerResult(token_ids, prompt_len, reason, ask.given.voice is not None)
 
 
+@checked_by(preflight)
 def create_thinker_stage(
     *,
     model_dir: str | None = None,
@@ -125,12 +129,7 @@ def create_thinker_stage(
     return DecoderScheduler(engine, family, eos_token_id=eos, max_new_tokens=max_new_tokens, warm_up=warm)
 
 
-create_thinker_stage.preflight = preflight  # type: ignore[attr-defined]
-
-
+@checked_by(preflight)
 def create_decode_stage(*, model_dir: str | Path | None = None) -> TextDecodeScheduler:
     """Stage factory: the text decode over the checkpoint's tokenizer (``model_dir``), special tokens skipped."""
     return load_text_decode(require_model_dir(model_dir), token_type=DecodeToken, result_type=ThinkerResult)
-
-
-create_decode_stage.preflight = preflight  # type: ignore[attr-defined]

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from omnitrio.contract import OutgoingMessage, StagePayload, put_messages
+from schedulers.checkpoints import checked_by
 from schedulers.qwen2_5_omni.checkpoint import Speakers, preflight, require_model_dir, speakers
 from schedulers.qwen2_5_omni.handoffs import TalkerCodes, TalkerDone, Voice
 from schedulers.qwen2_5_omni.token2wav.model import Row, SpeakerCondition, Token2Wav
@@ -286,6 +287,7 @@ def _samples(pieces: list[torch.Tensor]) -> np.ndarray:
     return torch.cat(pieces).detach().cpu().numpy().astype(np.float32, copy=False)
 
 
+@checked_by(preflight)
 def create_token2wav_stage(
     *,
     model_dir: str | None = None,
@@ -334,7 +336,5 @@ def create_token2wav_stage(
         max_vocoder_frames=max_vocoder_frames,
     )
 
-
-create_token2wav_stage.preflight = preflight  # type: ignore[attr-defined]
 
 __all__ = ["SAMPLE_RATE", "Token2WavScheduler", "create_token2wav_stage"]

@@ -29,6 +29,7 @@ import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
 from omnitrio.contract import OutgoingMessage, StagePayload, put_messages
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
 from schedulers.qwen3_omni.code2wav.model import DEFAULT_CALL_COST_FRAMES, Code2WavRunner, final_samples, to_pcm16
@@ -36,6 +37,7 @@ from schedulers.qwen3_omni.code2wav.warm_up import code2wav_warm_up
 from schedulers.qwen3_omni.code2wav.windows import Chunking, CodeStream, Window
 from schedulers.qwen3_omni.handoffs import Codes, TalkerResult
 from schedulers.stepped_vocoder import SteppedVocoderBase
+from schedulers.warm_up import with_warm_up
 
 STAGE = "code2wav"
 DEFAULT_FIRST_CHUNK_FRAMES = 5
@@ -187,6 +189,7 @@ def load_code2wav(model_dir: str, placement: Placement = Placement()) -> Qwen3Om
     return placement.move(model)
 
 
+@checked_by(preflight)
 def create_code2wav_stage(
     *,
     model_dir: str | None = None,
@@ -223,10 +226,7 @@ def create_code2wav_stage(
         call_cost_frames=call_cost_frames,
         max_forward_frames=max_forward_frames,
     )
-    scheduler.warm_up = code2wav_warm_up(scheduler)
-    return scheduler
+    return with_warm_up(scheduler, code2wav_warm_up)
 
-
-create_code2wav_stage.preflight = preflight  # type: ignore[attr-defined]
 
 __all__ = ["Qwen3OmniCode2WavScheduler", "create_code2wav_stage", "load_code2wav"]

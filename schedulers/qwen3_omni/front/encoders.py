@@ -1,12 +1,12 @@
 """Qwen3-Omni's audio and image encoders as batched stages (transformers' own towers, their weights only).
 
 * Audio: ``Qwen3OmniMoeAudioEncoder`` with the checkpoint's ``thinker.audio_tower.`` weights.  Input
-  :class:`~schedulers.qwen3_omni.handoffs.AudioEncoderInput`; output
-  :class:`~schedulers.qwen3_omni.handoffs.AudioEmbeddings`, the clips in order, what
+  :class:`~schedulers.front.handoffs.AudioEncoderInput`; output
+  :class:`~schedulers.front.handoffs.AudioEmbeddings`, the clips in order, what
   ``thinker.get_audio_features`` gives for the same inputs.
 * Image: ``Qwen3OmniMoeVisionEncoder`` with the ``thinker.visual.`` weights.  Input
-  :class:`~schedulers.qwen3_omni.handoffs.ImageEncoderInput`; output
-  :class:`~schedulers.qwen3_omni.handoffs.ImageEmbeddings`, as ``get_image_features``.
+  :class:`~schedulers.front.handoffs.ImageEncoderInput`; output
+  :class:`~schedulers.front.handoffs.ImageEmbeddings`, as ``get_image_features``.
 
 Requests batch the way SGLang-Omni batches them: *packed*, not padded.  Every clip (image) of every request
 in a batch goes into one call along the sequence axis, with its own length (grid) so the towers' attention
@@ -29,10 +29,10 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from schedulers.devices import Placement, to_host
+from schedulers.front.handoffs import ImageEmbeddings, ImageEncoderInput
 from schedulers.front.stages import Batch, encoder_stage_factories, handoffs, pack_clips
 from schedulers.front.towers import load_tower, run_vision
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight
-from schedulers.qwen3_omni.handoffs import ImageEmbeddings, ImageEncoderInput
 
 AUDIO_PREFIX = "thinker.audio_tower."
 VISION_PREFIX = "thinker.visual."

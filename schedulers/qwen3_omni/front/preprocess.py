@@ -5,7 +5,7 @@ feature extractor's 16 kHz, ``image_url`` data URLs; video parts and any other m
 ``ValueError`` naming the part, which the stage answers as a 400).
 
 ``audio.voice`` picks the talker's speaker (:func:`resolve_speaker`).  The output payload's data is a
-:class:`~schedulers.qwen3_omni.handoffs.Preprocessed` (:mod:`schedulers.qwen3_omni.graph` says what each
+:class:`~schedulers.front.handoffs.Preprocessed` (:mod:`schedulers.qwen3_omni.graph` says what each
 branch receives of it).
 
 ``device`` is where the feature extractor computes the audio's log-mel spectrogram; the stage has no
@@ -21,14 +21,16 @@ from typing import Any
 
 import torch
 
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.front.chat import OPENAI_VOICES, chat_messages, number, spoken
+from schedulers.front.handoffs import Preprocessed
 from schedulers.front.stages import create_preprocess_stage as preprocess_stage
 from schedulers.front.stages import preprocessed_fields
 from schedulers.front.warm_up import preprocess_warm_up
 from schedulers.qwen3_omni.checkpoint import load_config, preflight, require_model_dir, speakers
 from schedulers.qwen3_omni.front.processor import OmniProcessor
-from schedulers.qwen3_omni.handoffs import Knobs, Preprocessed
+from schedulers.qwen3_omni.handoffs import Knobs
 from schedulers.simple import SimpleScheduler
 
 DEFAULT_SPEAKER = "ethan"  # transformers' generate default, when the checkpoint has it
@@ -85,6 +87,7 @@ class Preprocessor:
         return Preprocessed(knobs=knobs, **preprocessed_fields(tensors))
 
 
+@checked_by(preflight)
 def create_preprocess_stage(
     *, model_dir: str | None = None, default_speaker: str | None = None, max_concurrency: int = 1, device: str = "cpu"
 ) -> SimpleScheduler:
@@ -93,6 +96,3 @@ def create_preprocess_stage(
     torch.set_num_threads(1)
     preprocessor = Preprocessor(require_model_dir(model_dir), default_speaker, str(placement.device))
     return preprocess_stage(preprocessor, max_concurrency=max_concurrency, warm_up=preprocess_warm_up(preprocessor))
-
-
-create_preprocess_stage.preflight = preflight  # type: ignore[attr-defined]

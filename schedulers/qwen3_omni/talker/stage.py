@@ -35,16 +35,19 @@ import torch
 
 from omnitrio.contract import InvalidRequest
 from schedulers._idsets import Life
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
+from schedulers.engine.handoffs import ThinkerResult
 from schedulers.engine.stream_fed import StreamEdges, StreamFedTalker
 from schedulers.qwen3_omni.checkpoint import preflight, require_model_dir
-from schedulers.qwen3_omni.handoffs import Codes, TalkerPrompt, TalkerResult, TalkerToken, ThinkerResult
+from schedulers.qwen3_omni.handoffs import Codes, TalkerPrompt, TalkerResult, TalkerToken
 from schedulers.qwen3_omni.talker.code_predictor import CodePredictor
 from schedulers.qwen3_omni.talker.codec_sampling import TalkerSampling, first_codes, processed_scores, suppressed_mask
 from schedulers.qwen3_omni.talker.model import TalkerModel
 from schedulers.qwen3_omni.talker.prompt import TextFeed
 from schedulers.qwen3_omni.talker.request import TalkerRequest, check_prompt
 from schedulers.qwen3_omni.talker.warm_up import talker_warm_up
+from schedulers.warm_up import with_warm_up
 
 
 class TalkerScheduler(StreamFedTalker[TalkerRequest]):
@@ -172,6 +175,7 @@ class TalkerScheduler(StreamFedTalker[TalkerRequest]):
         return TalkerResult(req.num_frames)
 
 
+@checked_by(preflight)
 def create_talker_stage(
     *,
     model_dir: str | None = None,
@@ -206,8 +210,4 @@ def create_talker_stage(
         default_speaker=default_speaker,
         seed=seed,
     )
-    scheduler.warm_up = talker_warm_up(scheduler)
-    return scheduler
-
-
-create_talker_stage.preflight = preflight  # type: ignore[attr-defined]
+    return with_warm_up(scheduler, talker_warm_up)

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload, StreamItem
-from schedulers.qwen3_omni.handoffs import TalkerPrompt, TalkerToken, ThinkerInput, ThinkerResult
+from schedulers.engine.handoffs import ThinkerResult
+from schedulers.front.handoffs import ThinkerInput
+from schedulers.qwen3_omni.handoffs import TalkerPrompt, TalkerToken
 from schedulers.qwen3_omni.warm_up_prompts import TOKENS, WarmUpPrompts
 from schedulers.warm_up import WarmUp
 

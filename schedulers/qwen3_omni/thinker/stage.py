@@ -3,7 +3,7 @@
 The stage's lifecycle (admission, budget, sampling, abort, failures) is
 :mod:`schedulers.engine.decoder_stage`'s; this module is Qwen3-Omni's half, :class:`Qwen3Thinker`.
 
-A ``new_request`` payload's data is the aggregate's :class:`~schedulers.qwen3_omni.handoffs.ThinkerInput`
+A ``new_request`` payload's data is the aggregate's :class:`~schedulers.front.handoffs.ThinkerInput`
 (at the pipeline's entry, ``{"raw_inputs": ThinkerInput}``).  What the scheduler sends, per request, in
 this order (the classes of :mod:`schedulers.qwen3_omni.handoffs`):
 
@@ -25,21 +25,18 @@ import attrs
 import torch
 from transformers import GenerationConfig
 
+from schedulers.checkpoints import checked_by
 from schedulers.devices import Placement
 from schedulers.engine.decoder import Decoder, DecoderPrompt
 from schedulers.engine.decoder_stage import Ask, DecoderScheduler, Send, Targets, entry_input, plain, request_seed
+from schedulers.engine.handoffs import DecodeToken, FinishReason, ThinkerResult
 from schedulers.engine.sampling import SamplingDefaults
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen3_omni.checkpoint import load_config, load_weights, preflight, require_model_dir
-from schedulers.qwen3_omni.handoffs import (
-    DecodeToken,
-    FinishReason,
-    TalkerPrompt,
-    TalkerToken,
-    ThinkerInput,
-    ThinkerResult,
-)
+from schedulers.qwen3_omni.handoffs import TalkerPrompt, TalkerToken
 from schedulers.qwen3_omni.thinker.model import ThinkerLM
 from schedulers.qwen3_omni.thinker.warm_up import thinker_warm_up
+from schedulers.warm_up import with_warm_up
 
 ThinkerScheduler = DecoderScheduler
 
@@ -92,6 +89,7 @@ class Qwen3Thinker(Targets):
         return ThinkerResult(token_ids, prompt_len, reason, ask.given.knobs.want_audio)
 
 
+@checked_by(preflight)
 def create_thinker_stage(
     *,
     model_dir: str | None = None,
@@ -130,8 +128,4 @@ def create_thinker_stage(
         max_new_tokens=max_new_tokens,
         sampling=sampling,
     )
-    scheduler.warm_up = thinker_warm_up(scheduler)
-    return scheduler
-
-
-create_thinker_stage.preflight = preflight  # type: ignore[attr-defined]
+    return with_warm_up(scheduler, thinker_warm_up)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from omnitrio.contract import IncomingMessage, OmniRequest, StagePayload
 from schedulers.engine.decoder_stage import DecoderScheduler
-from schedulers.qwen3_omni.handoffs import ThinkerInput
+from schedulers.front.handoffs import ThinkerInput
 from schedulers.qwen3_omni.warm_up_prompts import WarmUpPrompts
 from schedulers.warm_up import WarmUp
 
