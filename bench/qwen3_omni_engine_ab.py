@@ -1,12 +1,15 @@
 """Before and after the engine layer, interleaved in one run: the Qwen3-Omni talker and thinker, 1 and 8 requests.
 
 "Before" and "after" are two source trees (``--before``, default ``/work/wt/base``; ``--after``, default
-this tree).  Every measurement runs in a subprocess whose ``sys.path`` starts with its tree, so each side
-runs its own schedulers on the same random checkpoint (written once per size by this tree's
+this tree).  Each side is one worker process whose ``sys.path`` starts with its tree, so it runs its own
+schedulers on the same random checkpoint (written once per size by this tree's
 :mod:`schedulers.qwen3_omni.tiny`) and its own thinker streams (transformers' ``generate`` on that
-checkpoint, through the tree's ``toys/qwen3_omni_talker_feed.py``).  Rounds alternate which side goes
-first (ABBA); in a round each figure is the best of ``--repeats`` runs (what the code can do, less the
-moments another process took the core), over rounds the median; the ratio is after / before.
+checkpoint, through the tree's ``toys/qwen3_omni_talker_feed.py``).  Both workers load once, then the
+parent asks them for one figure at a time, alternately (``before, after`` then ``after, before`` for the
+next figure or round): the two figures of a pair are seconds apart, so a change of the machine's speed
+(this one's varies by tens of percent from one minute to the next, with nothing else running) touches
+both alike.  Each figure's ratio is the median over ``--rounds`` pairs of after / before; its sides'
+figures are the medians of their runs.
 
 What is measured, one torch thread:
 
@@ -21,9 +24,9 @@ What is measured, one torch thread:
   batch that rebuilds itself at every change of the stepping set pays.  Paced wall figures are bound by
   the feed while the text lasts; the busy figure is the talker's own cost.
 
-Run: ``.venv/bin/python bench/qwen3_omni_engine_ab.py [--sizes tiny medium] [--rounds 3]`` (``--quick``:
-tiny only, one round, few frames; proves the bench runs, figures not saved).  Figures go to
-``bench/results/qwen3_omni_engine_ab.json`` with the load average beside each side's run.  Not a test:
+Run: ``.venv/bin/python bench/qwen3_omni_engine_ab.py [--sizes tiny medium] [--rounds 8]`` (``--quick``:
+tiny only, two rounds, few frames; proves the bench runs, figures not saved).  Figures go to
+``bench/results/qwen3_omni_engine_ab.json`` with the load average beside each round.  Not a test:
 nothing is asserted.
 """
 
@@ -194,7 +197,8 @@ def thinker_rate(api: dict[str, Any], lm: Any, batch: int, prompt: int, tokens: 
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Measure every figure for one tree and one size; print one JSON line per figure."""
+    """Load one tree's thinker and talker for one size, say ``ready``, then answer each figure asked on stdin
+    (one JSON line each, see :func:`asks`) with one JSON line of its figures, until stdin ends."""
     sys.path.insert(0, str(Path(args.worker).resolve()))
     import torch
 
@@ -206,22 +210,12 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     api = _tree_api()
     model_dir = Path(args.checkpoint)
-    batches = sorted(args.batches)
-
-    def emit(row: dict[str, Any]) -> None:
-        print(json.dumps({"size": args.size, **row}), flush=True)
-
-    emit({"part": "tree", "schedulers": str(Path(schedulers.__file__).parent.parent)})
     lm = thinker_scheduler(model_dir).engine.lm
     thinker_rate(api, lm, 1, args.prompt, 4)  # warm-up: first calls allocate
-    for batch in batches:
-        runs = [thinker_rate(api, lm, batch, args.prompt, args.tokens) for _ in range(args.repeats)]
-        emit({"part": "thinker", "batch": batch, "tok_s": round(max(r[0] for r in runs), 1),
-              "tok_per_cpu_s": round(max(r[1] for r in runs), 1)})  # fmt: skip
     model, processor = load_reference_model(model_dir), reference_processor(model_dir)
     eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     streams = []
-    for index in range(batches[-1]):
+    for index in range(max(args.batches)):
         messages = [{"role": "user", "content": f"request number {index}, say something long"}]
         inputs = dict(processor_inputs(processor, messages))
         ref = reference_run(
@@ -231,59 +225,82 @@ def worker(args: argparse.Namespace) -> None:
     del model
     talker = api["TalkerModel"].from_checkpoint(model_dir)
     talker_rate(api, talker, streams[:1], 4, 0.0)  # warm-up
-    for mode, pace in (("burst", 0.0), ("paced", args.pace_ms / 1000)):
-        for batch in batches:
-            runs = [talker_rate(api, talker, streams[:batch], args.frames, pace) for _ in range(args.repeats)]
-            best = max(runs, key=lambda run: run["frames_per_busy_s"])
-            emit({"part": "talker", "mode": mode, "batch": batch, **best})
+    print(json.dumps({"ready": str(Path(schedulers.__file__).parent.parent)}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        if ask["part"] == "thinker":
+            wall, cpu = thinker_rate(api, lm, ask["batch"], args.prompt, args.tokens)
+            row: dict[str, Any] = {"tok_s": round(wall, 1), "tok_per_cpu_s": round(cpu, 1)}
+        else:
+            pace = 0.0 if ask["mode"] == "burst" else args.pace_ms / 1000
+            row = talker_rate(api, talker, streams[: ask["batch"]], args.frames, pace)
+        print(json.dumps(row), flush=True)
 
 
-# -- the parent: checkpoints, rounds, medians -----------------------------------------------------
+# -- the parent: checkpoints, pairs, medians ------------------------------------------------------
 
 
-def run_side(tree: Path, checkpoint: Path, size: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], float]:
-    command = [
-        sys.executable, str(Path(__file__).resolve()), "--worker", str(tree), "--checkpoint", str(checkpoint),
-        "--size", size, "--batches", *map(str, args.batches), "--frames", str(args.frames),
-        "--tokens", str(args.tokens), "--prompt", str(args.prompt), "--text", str(args.text),
-        "--pace-ms", str(args.pace_ms or PACE_MS[size]), "--repeats", str(args.repeats),
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    load = os.getloadavg()[0]
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{tree} ({size}) failed:\n{done.stderr[-4000:]}")
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    tree_row = next(row for row in rows if row["part"] == "tree")
-    if Path(tree_row["schedulers"]).resolve() != tree.resolve():
-        raise RuntimeError(f"the worker for {tree} imported schedulers from {tree_row['schedulers']}")
-    return [row for row in rows if row["part"] != "tree"], round((load + os.getloadavg()[0]) / 2, 2)
+def asks(batches: Sequence[int]) -> list[dict[str, Any]]:
+    """Every figure a worker is asked for: the thinker per batch, the talker per mode and batch."""
+    thinker = [{"part": "thinker", "mode": None, "batch": batch} for batch in batches]
+    talker = [{"part": "talker", "mode": mode, "batch": batch} for mode in ("burst", "paced") for batch in batches]
+    return thinker + talker
 
 
-def _key(row: dict[str, Any]) -> tuple[str, ...]:
-    return (row["size"], row["part"], row.get("mode", ""), str(row["batch"]))
+class Side:
+    """One tree's worker process for one size (:func:`worker`), asked one figure at a time."""
+
+    def __init__(self, tree: Path, checkpoint: Path, size: str, args: argparse.Namespace, log: Path) -> None:
+        command = [
+            sys.executable, str(Path(__file__).resolve()), "--worker", str(tree), "--checkpoint", str(checkpoint),
+            "--batches", *map(str, args.batches), "--frames", str(args.frames), "--tokens", str(args.tokens),
+            "--prompt", str(args.prompt), "--text", str(args.text), "--pace-ms", str(args.pace_ms or PACE_MS[size]),
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.tree, self.log = tree, log
+        self.process = subprocess.Popen(
+            command, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"), text=True
+        )
+        ready = self._answer()
+        if Path(ready["ready"]).resolve() != tree.resolve():
+            raise RuntimeError(f"the worker for {tree} imported schedulers from {ready['ready']}")
+
+    def measure(self, ask: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(ask) + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                answer: dict[str, Any] = json.loads(line)
+                return answer
+        raise RuntimeError(f"the worker for {self.tree} exited:\n{self.log.read_text()[-4000:]}")
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
-def summarise(measured: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
-    """Median of each figure per side, and after / before."""
-    figures: dict[tuple[str, ...], dict[str, dict[str, list[float]]]] = {}
-    for side, runs in measured.items():
-        for rows in runs:
-            for row in rows:
-                slot = figures.setdefault(_key(row), {}).setdefault(side, {})
-                for name, value in row.items():
-                    if name not in ("size", "part", "mode", "batch"):
-                        slot.setdefault(name, []).append(value)
-    table = []
-    for (size, part, mode, batch), sides in figures.items():
-        row: dict[str, Any] = {"size": size, "part": part, "mode": mode or None, "batch": int(batch)}
-        for name in sides.get("after", {}):
-            runs = {side: sides.get(side, {}).get(name, []) for side in ("before", "after")}
-            before, after = (statistics.median(runs[side]) if runs[side] else float("nan") for side in runs)
-            ratio = round(after / before, 3) if before else None
-            row[name] = {"before": before, "after": after, "ratio": ratio, "rounds": runs}
-        table.append(row)
-    return table
+def summarise(size: str, ask: dict[str, Any], pairs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One figure's medians per side and the median over its pairs of after / before, per metric."""
+    row: dict[str, Any] = {"size": size, **ask}
+    for name in pairs[0]["after"]:
+        if name == "mean_batch":
+            continue
+        runs = {side: [pair[side][name] for pair in pairs] for side in ("before", "after")}
+        ratios = [pair["after"][name] / pair["before"][name] for pair in pairs if pair["before"][name]]
+        row[name] = {
+            "before": statistics.median(runs["before"]),
+            "after": statistics.median(runs["after"]),
+            "ratio": round(statistics.median(ratios), 3),
+            "pair_ratios": [round(r, 3) for r in ratios],
+            "rounds": runs,
+        }
+    return row
 
 
 def main() -> None:
@@ -292,23 +309,22 @@ def main() -> None:
     parser.add_argument("--after", type=Path, default=ROOT)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=["tiny", "medium"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each figure in a round; the best is kept")
+    parser.add_argument("--rounds", type=int, default=8, help="pairs (before, after) of each figure")
     parser.add_argument("--frames", type=int, default=128, help="talker frames per request")
     parser.add_argument("--text", type=int, default=48, help="thinker tokens streamed to the talker per request")
     parser.add_argument("--pace-ms", type=float, help=f"paced mode: ms between a request's tokens (default {PACE_MS})")
     parser.add_argument("--tokens", type=int, default=48, help="thinker tokens generated per request")
     parser.add_argument("--prompt", type=int, default=32, help="thinker prompt tokens")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the figures go")
     parser.add_argument("--quick", action="store_true", help="tiny, one round, few frames; figures not saved")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
-    parser.add_argument("--size", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
     if args.quick:
-        args.sizes, args.rounds, args.repeats, args.frames, args.text, args.tokens = ["tiny"], 1, 1, 16, 12, 16
+        args.sizes, args.rounds, args.frames, args.text, args.tokens = ["tiny"], 2, 16, 12, 16
     sys.path.insert(0, str(ROOT))
     from schedulers.qwen3_omni.tiny import write_checkpoint
 
@@ -317,21 +333,26 @@ def main() -> None:
         "before": str(args.before), "after": str(args.after), "cpus": os.cpu_count(), "torch_threads": 1,
         "rounds": args.rounds, "frames": args.frames, "text_tokens": args.text,
         "pace_ms": {size: args.pace_ms or PACE_MS[size] for size in args.sizes},
-        "thinker_tokens": args.tokens, "prompt_tokens": args.prompt, "repeats": args.repeats, "quick": args.quick,
-        "loads": [],
+        "thinker_tokens": args.tokens, "prompt_tokens": args.prompt, "quick": args.quick,
+        "loads": [], "figures": [],
     }  # fmt: skip
-    measured: dict[str, list[list[dict[str, Any]]]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             checkpoint = write_checkpoint(Path(tmp) / size, size=size)
+            workers = {
+                side: Side(tree, checkpoint, size, args, Path(tmp) / f"{size}-{side}.log")
+                for side, tree in sides.items()
+            }
+            pairs: dict[int, list[dict[str, dict[str, Any]]]] = {i: [] for i in range(len(asks(args.batches)))}
             for round_ in range(args.rounds):
-                order = ["before", "after"] if round_ % 2 == 0 else ["after", "before"]
-                for side in order:
-                    rows, load = run_side(sides[side], checkpoint, size, args)
-                    measured[side].append(rows)
-                    results["loads"].append({"size": size, "round": round_, "side": side, "load_avg": load})
-                    print(f"{size} round {round_} {side}: load {load}", flush=True)
-    results["figures"] = summarise(measured)
+                results["loads"].append({"size": size, "round": round_, "load_avg": round(os.getloadavg()[0], 2)})
+                for i, ask in enumerate(asks(args.batches)):
+                    order = ["before", "after"] if (round_ + i) % 2 == 0 else ["after", "before"]
+                    pairs[i].append({side: workers[side].measure(ask) for side in order})
+                print(f"{size} round {round_ + 1}/{args.rounds}: load {os.getloadavg()[0]:.2f}", flush=True)
+            for worker_ in workers.values():
+                worker_.close()
+            results["figures"] += [summarise(size, ask, pairs[i]) for i, ask in enumerate(asks(args.batches))]
     for row in results["figures"]:
         name = "tok_s" if row["part"] == "thinker" else "frames_per_s"
         what = f"{row['size']:6} {row['part']:7} {row['mode'] or '':5} batch {row['batch']}"
@@ -342,8 +363,8 @@ def main() -> None:
         )
         print(f"{what}: {line}", flush=True)
     if not args.quick:
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
