@@ -1,15 +1,16 @@
 """How fast every stage process leaves when the server is signalled with requests in flight, many times over.
 
-For each shipped config (the default pipeline with one process per stage, tiny Qwen3-Omni in the
-processes its config names) and each of SIGINT and SIGTERM, ``--repeats`` times: serve, start
-streamed chat answers, transcriptions (and speech for the default pipeline) and realtime sessions,
-signal once they are under way, and time each stage process from the signal until it is gone
-(toys/signal_exit.py).  Prints per config and process the median and slowest exit over all runs,
-and every run in which the server killed a process, exited non-zero or left something behind.
+For each shipped config (the default pipeline with one process per stage; each omni family served
+with ``--model`` on a tiny random checkpoint, in the processes its config names) and each of SIGINT
+and SIGTERM, ``--repeats`` times: serve, start streamed chat answers, transcriptions (and speech for
+the default pipeline) and realtime sessions, signal once they are under way, and time each stage
+process from the signal until it is gone (toys/signal_exit.py).  Prints per config and process the
+median and slowest exit over all runs, and every run in which the server killed a process, exited
+non-zero or left something behind.
 
-Run: ``.venv/bin/python bench/exits.py [--repeats 10] [--configs speech qwen3-omni]`` (``--quick``:
-one run each).  Writes ``bench/results/exits.json`` with the load average before and after.
-Not a test: nothing is asserted (tests/test_signal_exits.py asserts one run of each).
+Run: ``.venv/bin/python bench/exits.py [--repeats 10] [--configs speech qwen2.5-omni qwen3-omni]``
+(``--quick``: one run each).  Writes ``bench/results/exits.json`` with the load average before and
+after.  Not a test: nothing is asserted (tests/test_signal_exits.py asserts one run of each).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from omnitrio.families import FAMILIES, write_tiny_model  # noqa: E402
 from toys.signal_exit import per_stage, serve_and_signal  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "exits.json"
@@ -40,19 +42,13 @@ def serve_args(config: str, scratch: Path) -> tuple[list[str], tuple[str, ...]]:
     if config == "speech":
         args = ["--config", str(ROOT / "configs" / "speech.toml"), *per_stage(SPEECH_STAGES)]
         return args, ("chat", "transcription", "speech", "realtime")
-    model = scratch / "tiny"
+    model = scratch / config
     if not model.exists():
         import torch
 
-        from schedulers.qwen3_omni.tiny import write_checkpoint
-
         torch.set_num_threads(1)
-        write_checkpoint(model, size="tiny")
-    return ["--config", str(ROOT / "configs" / "qwen3-omni.toml"), "--model", str(model)], (
-        "chat",
-        "transcription",
-        "realtime",
-    )
+        write_tiny_model(config, model)
+    return ["--model", str(model)], ("chat", "transcription", "realtime")
 
 
 async def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
@@ -97,7 +93,8 @@ def table(results: dict[str, Any], configs: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=10, help="runs per config and signal")
-    parser.add_argument("--configs", nargs="+", default=["speech", "qwen3-omni"], choices=["speech", "qwen3-omni"])
+    configs = ["speech", *sorted(FAMILIES)]
+    parser.add_argument("--configs", nargs="+", default=configs, choices=configs)
     parser.add_argument("--quick", action="store_true", help="one run per config and signal")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

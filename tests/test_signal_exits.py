@@ -2,8 +2,9 @@
 with requests in flight: the server exits 0, every stage process is gone and none was killed for
 outliving the stop grace, and nothing is left in /dev/shm or the temporary directory.
 
-The default pipeline (configs/speech.toml) gets one process per stage; Qwen3-Omni
-(configs/qwen3-omni.toml, on a tiny checkpoint this module writes) runs in the processes it names.
+The default pipeline (configs/speech.toml) gets one process per stage; each omni family (served as a user
+serves it, ``--model DIR`` on a tiny checkpoint this module writes, which picks the family's shipped
+config) runs in the processes its config names.
 ``bench/exits.py`` repeats the same many times and reports the slowest exits.
 """
 
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.startup_helpers import short_tmp, tiny_qwen3_omni
+from omnitrio.config_loading import load
+from omnitrio.families import FAMILIES, config_for, write_tiny_model
+from tests.startup_helpers import short_tmp
 from toys.signal_exit import per_stage, serve_and_signal
 
-__all__ = ["short_tmp", "tiny_qwen3_omni"]  # fixtures
+__all__ = ["short_tmp"]  # fixtures
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -34,13 +37,27 @@ async def test_the_default_pipeline_stops_on_a_signal_with_every_stage_process_g
     assert_stopped_in_time(exits, set(SPEECH_STAGES))
 
 
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def tiny_family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """(an omni family, a tiny random checkpoint of it)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    torch.set_num_threads(1)
+    family: str = request.param
+    return family, write_tiny_model(family, tmp_path_factory.mktemp(family) / "tiny")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-async def test_qwen3_omni_stops_on_a_signal_with_every_stage_process_gone_in_time(
-    signum: signal.Signals, short_tmp: Path, tiny_qwen3_omni: Path
+async def test_each_omni_family_stops_on_a_signal_with_every_stage_process_gone_in_time(
+    signum: signal.Signals, short_tmp: Path, tiny_family: tuple[str, Path]
 ) -> None:
-    serve = ["--config", str(ROOT / "configs" / "qwen3-omni.toml"), "--model", str(tiny_qwen3_omni)]
-    exits = await serve_and_signal(serve, signum, short_tmp, kinds=("chat", "transcription", "realtime"))
-    assert_stopped_in_time(exits, {"listen", "frontend", "thinker", "talker", "code2wav"})
+    family, model = tiny_family
+    config = load(config_for(family), model=model, process_factories=False)
+    processes = {stage.process for stage in config.stages if stage.process is not None}
+    exits = await serve_and_signal(
+        ["--model", str(model)], signum, short_tmp, kinds=("chat", "transcription", "realtime")
+    )
+    assert_stopped_in_time(exits, processes)
 
 
 def assert_stopped_in_time(exits: object, processes: set[str]) -> None:
