@@ -36,6 +36,7 @@ from omnitrio.config import PipelineConfig
 from omnitrio.config_loading import load
 from schedulers.qwen3_omni.code2wav.stage import create_code2wav_stage
 from schedulers.qwen3_omni.tiny import patch_loaded_model
+from tests.pipelines import streamed_answer
 from tests.qwen3_omni_tiny import tiny_qwen3_omni_checkpoint  # noqa: F401  (fixture tiny_qwen3_omni)
 from tests.test_qwen3_omni_pipeline import (  # the float32 test's prompts, lengths and reading
     CONFIG,
@@ -43,7 +44,6 @@ from tests.test_qwen3_omni_pipeline import (  # the float32 test's prompts, leng
     PROMPTS,
     TALKER_TOKENS,
     THINKER_TOKENS,
-    answer,
 )
 from toys.qwen3_omni_reference import (
     ReferenceOutput,
@@ -100,7 +100,7 @@ async def test_served_in_bfloat16_it_speaks_what_generate_speaks_in_bfloat16(
     async with open_pipeline(config, inline=True) as pipeline:
         for prompt in PROMPTS:
             reference, transcript = expected[prompt]
-            got = await answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
+            got = await streamed_answer(pipeline, prompt, chat_inputs(messages[prompt], max_tokens=THINKER_TOKENS))
             results, pcm = got["results"], got["pcm"]
             assert results["decode"]["token_ids"] == reference.token_ids, prompt
             assert results["decode"]["transcript"] == transcript
