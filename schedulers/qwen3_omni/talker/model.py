@@ -151,13 +151,14 @@ class TalkerModel:
             return self.talker.get_input_embeddings()(ids)
 
     def forward(
-        self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: Any, attention_mask: torch.Tensor
+        self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: Any, attention_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward of ``embeds [B, S, H]`` at ``position_ids [4, B, S]`` (text row, then mrope rows).
 
         ``cache`` (a ``DynamicCache``) grows by ``S``; ``attention_mask [B, past + S]`` marks padding
-        with 0.  Returns the final hidden state and the float32 codec logits of the last position,
-        ``([B, H], [B, V])``; the codec head runs on every position, as the talker's forward does.
+        with 0 (None: no row is padded).  Returns the final hidden state and the float32 codec logits of
+        the last position, ``([B, H], [B, V])``; the codec head runs on every position, as the talker's
+        forward does.
         """
         with torch.inference_mode():
             out = cached_forward(self.talker.model, embeds, position_ids, attention_mask, cache)
