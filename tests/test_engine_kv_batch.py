@@ -60,7 +60,7 @@ def batch_decode(model: LlamaForCausalLM, kv: KVBatch, tokens: dict[str, int]) -
         out = model(
             torch.tensor([[tokens[r]] for r in rids]),
             past_key_values=step.cache,
-            attention_mask=step.attention_mask(),
+            attention_mask=step.padding_mask(),
             position_ids=positions,
         )
     return {rid: out.logits[i, -1] for i, rid in enumerate(rids)}
@@ -82,6 +82,21 @@ def test_any_subset_of_rows_steps_as_each_row_alone(model: LlamaForCausalLM) -> 
             torch.testing.assert_close(got[rid], want, rtol=0, atol=1e-12)
             last[rid] = int(want.argmax())
     assert kv.lengths == [alone.caches[rid].get_seq_length() for rid in kv.rows]
+
+
+def test_rows_of_one_length_step_without_a_mask_as_each_row_alone(model: LlamaForCausalLM) -> None:
+    alone, kv = Alone(model), KVBatch(model.config.num_hidden_layers)
+    prompts = {"x": PROMPTS["a"], "y": [9, 9, 1], "z": PROMPTS["b"]}
+    last = {rid: int(batch_prefill(model, kv, rid, ids, in_place=True).argmax()) for rid, ids in prompts.items()}
+    for rid, ids in prompts.items():
+        alone.prefill(rid, ids)
+    step = kv.step(["x", "y"])
+    assert step.padding_mask() is None  # one length: nothing to mask
+    with torch.inference_mode():
+        out = model(torch.tensor([[last["x"]], [last["y"]]]), past_key_values=step.cache, attention_mask=None)
+    for i, rid in enumerate(("x", "y")):
+        torch.testing.assert_close(out.logits[i, -1], alone.forward(rid, [last[rid]]), rtol=0, atol=1e-12)
+    assert kv.step(["x", "z"]).padding_mask() is not None
 
 
 def test_rows_join_and_leave_between_steps_without_changing_the_others(model: LlamaForCausalLM) -> None:

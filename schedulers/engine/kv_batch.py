@@ -101,6 +101,11 @@ class KVStep:
         ends = torch.tensor(self.lengths, device=self.device).unsqueeze(1) + self.tokens
         return (columns < ends).long()
 
+    def padding_mask(self) -> torch.Tensor | None:
+        """:meth:`attention_mask` when the stepping rows differ in length; None when no column is padding,
+        which takes transformers' mask-free attention (the same result, without building a mask)."""
+        return self.attention_mask() if len(set(self.lengths)) > 1 else None
+
     def update_stacked(self, layer: int, keys_values: torch.Tensor) -> torch.Tensor:
         """Layer ``layer``'s new keys and values stacked, ``[2, B, H, tokens, D]``, written in one copy;
         returns what the layer attends over, ``[2, B, H, width + tokens, D]`` (as ``update`` does)."""

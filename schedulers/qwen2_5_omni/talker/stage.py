@@ -137,7 +137,7 @@ class TalkerScheduler(StreamFedTalker[SpeechRequest]):
         step = self.kv.step([req.request_id for req, _ in decoding])
         inputs = torch.stack([x for _, x in decoding]).unsqueeze(1)
         positions = torch.tensor(step.lengths).view(1, -1, 1).expand(3, -1, -1)
-        return list(self.model.forward(inputs, positions, step.cache, step.attention_mask()))
+        return list(self.model.forward(inputs, positions, step.cache, step.padding_mask()))
 
     def _choose(self, stepped: Sequence[tuple[SpeechRequest, torch.Tensor]]) -> None:
         for req, logits in stepped:

@@ -123,8 +123,7 @@ class TalkerScheduler(StreamFedTalker[TalkerRequest]):
         step = self.kv.step([req.request_id for req, _ in decoding])
         embeds = torch.stack([x for _, x in decoding]).unsqueeze(1)
         positions = torch.stack([req.positions for req, _ in decoding], dim=1).unsqueeze(-1)
-        unpadded = len(set(step.lengths)) == 1  # no row to mask: transformers' faster mask-free path
-        hidden, logits = self.model.forward(embeds, positions, step.cache, None if unpadded else step.attention_mask())
+        hidden, logits = self.model.forward(embeds, positions, step.cache, step.padding_mask())
         for req, _ in decoding:
             req.positions = req.positions + 1
         return [(hidden[i], logits[i]) for i in range(len(decoding))]
