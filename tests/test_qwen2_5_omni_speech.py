@@ -1,7 +1,8 @@
 """configs/qwen2.5-omni.toml's spoken answers over HTTP (the official ``openai`` client) against transformers'.
 
 A streamed spoken answer (``delta.audio``) is as long as ``generate``'s whole decode and within the streaming
-scheme's distance of it, in several chunks; a whole one equals
+scheme's distance of it, in several chunks, and a long answer's first audio comes while its text is still
+streaming; a whole one equals
 ``generate``'s for text, audio and image prompts; the seed and the voice each change the audio (the text
 stays), the input audio's content changes the text, each as ``generate`` answers it.
 """
@@ -25,6 +26,7 @@ from toys.qwen3_omni_requests import pcm16, snr_db
 pytestmark = pytest.mark.timeout(600)
 
 LONG = 40  # answer tokens: enough for several streamed audio chunks
+VERY_LONG = 240  # answer tokens: text that takes far longer to stream than the first audio takes to come
 MIN_STREAMED_SNR_DB = 70.0  # the stage reaches 80-97 dB on the tiny checkpoint; a window without look-ahead ~48
 MIN_WHOLE_SNR_DB = 60.0
 
@@ -60,14 +62,11 @@ def transcript_of(answer: ref.Answer, processor: Any) -> str:
     return str(processor.tokenizer.decode(answer.ids, skip_special_tokens=True))
 
 
-async def test_a_streamed_spoken_answer_follows_the_whole_decode_in_chunks(
-    url: str, model: Any, processor: Any
-) -> None:
-    expected = reference(model, processor, PROMPTS["text"][1], seed=5, max_new_tokens=LONG)
-    assert len(expected.ids) == LONG  # the answer runs to max_tokens: its text is long
-    body = spoken("text", seed=5, tokens=LONG, stream=True)
+async def streamed_events(url: str, body: dict[str, Any]) -> list[tuple[str, str]]:
+    """A streamed answer's ``("audio", base64 pcm)``, ``("text", piece)`` and ``("finish", reason)`` events, in
+    the order the SSE stream carried them."""
     chunks = await call(url, lambda c: list(c.chat.completions.create(**body)))
-    events = []  # (kind, payload) in the order the SSE stream carried them
+    events = []
     for chunk in chunks:
         if not chunk.choices:
             continue
@@ -79,11 +78,32 @@ async def test_a_streamed_spoken_answer_follows_the_whole_decode_in_chunks(
             events.append(("text", audio.get("transcript") or choice.delta.content))
         if choice.finish_reason:
             events.append(("finish", choice.finish_reason))
+    return events
+
+
+async def test_a_streamed_spoken_answer_follows_the_whole_decode_in_chunks(
+    url: str, model: Any, processor: Any
+) -> None:
+    expected = reference(model, processor, PROMPTS["text"][1], seed=5, max_new_tokens=LONG)
+    assert len(expected.ids) == LONG  # the answer runs to max_tokens: its text is long
+    body = spoken("text", seed=5, tokens=LONG, stream=True)
+    events = await streamed_events(url, body)
     kinds = [kind for kind, _ in events]
     assert "".join(p for k, p in events if k == "text") == transcript_of(expected, processor)
     assert kinds.count("audio") > 1 and kinds[-1] == "finish"  # the speech streams in chunks, then the end
     pcm = np.frombuffer(b"".join(base64.b64decode(p) for k, p in events if k == "audio"), "<i2")
     assert_equal_audio(expected, pcm, MIN_STREAMED_SNR_DB)
+
+
+async def test_the_first_audio_leaves_while_the_answers_text_is_still_coming(url: str) -> None:
+    """The talker speaks each token as the thinker makes it and token2wav decodes its first chunk as soon as
+    the codes reach past it: over HTTP, audio is heard long before a long answer's text is complete."""
+    events = await streamed_events(url, spoken("text", seed=5, tokens=VERY_LONG, stream=True))
+    first_audio = [kind for kind, _ in events].index("audio")
+    before = "".join(piece for kind, piece in events[:first_audio] if kind == "text")
+    after = "".join(piece for kind, piece in events[first_audio:] if kind == "text")
+    assert events[-1] == ("finish", "length")  # the answer ran to max_tokens: a long text
+    assert after, f"the whole transcript ({len(before)} characters) came before the first audio"
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
