@@ -14,7 +14,8 @@ streaming decode (first audio after the first chunk); ``false``, one whole decod
 process answers health.
 
 Run: ``.venv/bin/python bench/qwen2_5_omni.py [--sizes tiny medium] [--concurrency 1 4 8] [--stream both]``
-(``--quick``: tiny only, 1 and 4 requests, short answers).  Prints a table and writes
+(``--quick``: tiny only, 1 and 4 requests, short answers; ``--set STAGE.factory.KEY=VALUE``: a config
+override, as serve's).  Prints a table and writes
 ``bench/results/qwen2_5_omni.json`` with the load average before and after.  Not a test: nothing is
 asserted; the issue's targets are shown.  On a GPU: ``--device cuda`` places every model stage there
 (serve's flag) and ``generate`` too; ``bench/gpu/omni.sh`` runs it with the equality tests on CUDA.  The
@@ -24,7 +25,9 @@ drives it.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +93,10 @@ def run_generate(model_dir: Path, count: int, tokens: int, frames: int, device: 
     return time_generate(generate, count, tokens, frames, device)
 
 
-def pipeline_config(model_dir: Path, frames: int, device: str, dtype: str) -> PipelineConfig:
+def pipeline_config(model_dir: Path, frames: int, device: str, dtype: str, extra: Sequence[str] = ()) -> PipelineConfig:
     overrides = ["talker.factory.do_sample=false", f"talker.factory.max_new_tokens={frames}"]
     # every answer speaks exactly `frames` codes on both sides: a random talker's own end comes early
-    overrides += [f"talker.factory.min_new_tokens={frames}"]
+    overrides += [f"talker.factory.min_new_tokens={frames}", *extra]
     return load(CONFIG, overrides, model=model_dir, device=device, dtype=dtype)
 
 
@@ -114,10 +117,12 @@ def chat_inputs(messages: list[dict[str, Any]], *, max_tokens: int, stream: bool
 def main() -> None:
     parser = arguments(__doc__ or "", RESULTS)
     parser.add_argument("--stream", choices=list(STREAMS), default="both", help="the requests' stream flag")
+    parser.add_argument("--set", action="append", default=[], help="a config override, as serve's --set")
     args = quick(parser.parse_args())
     torch.set_num_threads(1)
     results = begin(args)
     results["stream"] = args.stream
+    results["overrides"] = args.set
     served = [theirs for _, theirs in prompts()]
 
     def variant(stream: bool) -> Inputs:
@@ -125,7 +130,8 @@ def main() -> None:
 
     variants = {name: variant(stream) for name, stream in STREAMS[args.stream].items()}
     warm = chat_inputs(served[0], max_tokens=2, stream=True)
-    run_sizes(args, results, write_checkpoint, run_generate, pipeline_config, variants, warm)
+    configure = functools.partial(pipeline_config, extra=args.set)
+    run_sizes(args, results, write_checkpoint, run_generate, configure, variants, warm)
     finish(results, args.out)
 
 

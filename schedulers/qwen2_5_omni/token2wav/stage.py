@@ -97,8 +97,10 @@ class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
         call_cost_frames: int = DEFAULT_CALL_COST_FRAMES,
         max_forward_frames: int | None = None,
         max_vocoder_frames: int | None = None,
+        threads: int = 1,
     ) -> None:
         super().__init__(sample_rate=SAMPLE_RATE)
+        self.threads = check_count("threads", threads, 1)
         on_cpu = model.device.type == "cpu"
         if max_forward_frames is None:
             max_forward_frames = CPU_MAX_FORWARD_FRAMES if on_cpu else ACCELERATOR_MAX_FORWARD_FRAMES
@@ -113,7 +115,7 @@ class Token2WavScheduler(SteppedVocoderBase[SpeechStream | None]):
     def warm_up_serving_thread(self) -> None:
         """Every speaker's conditioning, and one block of codes decoded: the first request pays no first-run
         cost."""
-        torch.set_num_threads(1)
+        torch.set_num_threads(self.threads)
         for name in self.voices:
             self._condition(name)
         condition = self._condition(self.voices.names[0])
@@ -303,6 +305,7 @@ def create_token2wav_stage(
     max_vocoder_frames: int | None = None,
     device: str = "cpu",
     dtype: str = "float32",
+    threads: int = 1,
 ) -> Token2WavScheduler:
     """The token2wav stage of the checkpoint in ``model_dir``; only its ``token2wav.`` weights are read.
 
@@ -311,9 +314,11 @@ def create_token2wav_stage(
     DiT and BigVGAN; ``dtype`` only BigVGAN (the DiT's ODE runs in float32, as transformers runs it).
     ``call_cost_frames`` and ``max_forward_frames`` shape the DiT forwards (:func:`plan_forwards`; the
     latter defaults to 2304 on CPU and 65536 on an accelerator); ``max_vocoder_frames`` bounds BigVGAN's
-    forwards likewise (256 on CPU, 65536 on an accelerator).
+    forwards likewise (256 on CPU, 65536 on an accelerator).  ``threads``: torch's intra-op threads for the
+    DiT and BigVGAN on CPU (1: every process of the pipeline shares the cores; more pays off when token2wav
+    has the cores to itself).
     """
-    torch.set_num_threads(1)
+    torch.set_num_threads(check_count("threads", threads, 1))
     directory = require_model_dir(model_dir)
     model = Token2Wav.from_checkpoint(directory, device=device, dtype=dtype)
     schedule = Schedule(
@@ -334,6 +339,7 @@ def create_token2wav_stage(
         call_cost_frames=call_cost_frames,
         max_forward_frames=max_forward_frames,
         max_vocoder_frames=max_vocoder_frames,
+        threads=threads,
     )
 
 
