@@ -17,11 +17,17 @@ outbox) on random codes, one torch thread:
   threads as the stage (one).  **audio_per_cpu_s**: the same per CPU second of the thread that decoded (the
   stage's scheduler thread; the caller's for transformers), which other processes on a loaded machine do
   not add to.
+* **ceiling**: what the arithmetic alone allows on this machine.  The floating-point operations of one
+  request's decode (DiT and BigVGAN, torch's flop counter) per second of audio, whole and streamed (the
+  default chunks: their windows overlap, so streaming computes more), against the best rate of the DiT's
+  largest matrix product on one thread (``peak``): ``cores × peak ÷ work`` bounds the audio per wall second
+  of any server that computes the same decode on this machine's cores, shown against ``transformers``'
+  measured rate at 1 request.
 * **dit_batch_gain**: one DiT evaluation of 8 windows in one forward against 8 forwards of one window
   (best of 5 each), for windows of 48 and 192 mel frames: how much more audio per second batching across
   requests buys on this device (8 = what a forward of 8 costs just as much as 8 of 1).
 
-Run: ``.venv/bin/python bench/qwen2_5_omni_token2wav.py [--quick]``.  Figures go to
+Run: ``.venv/bin/python bench/qwen2_5_omni_token2wav.py [--quick] [--sizes tiny medium]``.  Figures go to
 ``bench/results/qwen2_5_omni_token2wav.json`` with the load average before the run: figures taken on a
 loaded machine say so in their ``note``.  Not a test: nothing is asserted.
 """
@@ -201,6 +207,53 @@ def dit_batch_gain(model_dir: Path, frames: int, rows: int = 8, rounds: int = 5)
     return rows * best(windows[:1]) / best(windows)
 
 
+def matmul_peak_gflop_s(model: Token2Wav, frames: int, rounds: int = 20) -> float:
+    """The best rate of the DiT's largest linear layer on ``2 · frames`` rows (a guided window), one thread."""
+    linear = max((m for m in model.dit.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel())
+    rows = torch.randn(2 * frames, linear.in_features)
+    with torch.inference_mode():
+        linear(rows)
+        best = min(_timed(lambda: linear(rows)) for _ in range(rounds))
+    return 2 * rows.shape[0] * linear.weight.numel() / best / 1e9
+
+
+def _timed(call: Any) -> float:
+    began = time.perf_counter()
+    call()
+    return time.perf_counter() - began
+
+
+def ceiling(model_dir: Path, codes: int, transformers_rate: float) -> dict[str, Any]:
+    """GFLOP per audio second of a whole and a streamed decode of ``codes`` codes, the matmul peak, and the
+    audio per wall second that ``os.cpu_count()`` cores at that peak would allow (module docstring)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = Token2Wav.from_checkpoint(model_dir)
+    voices = speakers(model_dir)
+    condition = model.condition(voices.lookup(voices.names[0]))
+    audio_s = codes * SAMPLES_PER_CODE / SAMPLE_RATE
+    peak = matmul_peak_gflop_s(model, 2 * codes)
+    cores = os.cpu_count() or 1
+    work: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    for name, whole in (("whole", True), ("streamed", False)):
+        schedule = Schedule(model.block_size, model.repeats)
+        stream = SpeechStream(schedule, condition, NoiseStream(0, model.mel_dim), model.points, whole=whole)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            decode(model, stream, random_codes(codes, 0))
+        work[name] = counter.get_total_flops() / 1e9 / audio_s
+        bound[name] = cores * peak / work[name]
+    return {
+        "codes": codes,
+        "gflop_per_audio_s": work,
+        "matmul_peak_gflop_s": peak,
+        "cores": cores,
+        "audio_per_wall_s_at_most": bound,
+        "at_most_vs_transformers": {name: rate / transformers_rate for name, rate in bound.items()},
+    }
+
+
 def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
     model_dir = write_checkpoint(directory / size, size=size)  # type: ignore[arg-type]
     dit = Token2Wav.from_checkpoint(model_dir).dit
@@ -232,6 +285,14 @@ def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, A
                 f"{r['streamed']:.2f} ({r['ratio_streamed']:.2f}x), whole {r['whole']:.2f} "
                 f"({r['ratio_whole']:.2f}x), transformers {r['transformers']:.2f}"
             )
+    bound = ceiling(model_dir, args.codes, per_wall[1]["transformers"])
+    print(
+        f"  ceiling: {bound['gflop_per_audio_s']['whole']:.1f} GFLOP per audio s whole, "
+        f"{bound['gflop_per_audio_s']['streamed']:.1f} streamed; matmul peak {bound['matmul_peak_gflop_s']:.1f} "
+        f"GFLOP/s per core; {bound['cores']} cores at that peak: at most "
+        + ", ".join(f"{rate:.2f}x {name}" for name, rate in bound["at_most_vs_transformers"].items())
+        + " transformers' rate"
+    )
     gains = {frames: dit_batch_gain(model_dir, frames) for frames in (48, 192)}
     print(
         "  DiT: 8 windows in one forward against 8 forwards: "
@@ -242,6 +303,7 @@ def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, A
         "first_audio_ms": first,
         "audio_per_wall_s": per_wall,
         "audio_per_cpu_s": per_cpu,
+        "ceiling": bound,
         "dit_batch_gain": gains,
     }
 
@@ -249,8 +311,9 @@ def measure(size: str, directory: Path, args: argparse.Namespace) -> dict[str, A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny only, fewer rounds and lengths")
+    parser.add_argument("--sizes", nargs="+", choices=["tiny", "medium"], help="default: both (tiny with --quick)")
     args = parser.parse_args()
-    args.sizes = ["tiny"] if args.quick else ["tiny", "medium"]
+    args.sizes = args.sizes or (["tiny"] if args.quick else ["tiny", "medium"])
     args.lengths = [60] if args.quick else [60, 200]
     args.codes = 60 if args.quick else 200
     args.rounds = 1 if args.quick else 5
