@@ -312,6 +312,31 @@ def test_warm_up_decodes_once_and_keeps_nothing(tiny: Path, answer: tuple[torch.
         assert np.array_equal(speak(stage, "r", codes, Voice("Chelsie", 0, stream=False)), wav.numpy())
 
 
+def test_more_threads_decode_generates_audio_on_that_many_threads(
+    tiny: Path, answer: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    caller_threads = torch.get_num_threads()
+    try:
+        with pytest.raises(ValueError, match="threads"):
+            create_token2wav_stage(model_dir=str(tiny), threads=0)
+        stage = create_token2wav_stage(model_dir=str(tiny), threads=2)
+        seen: set[int] = set()
+        velocities = stage.model.velocities
+
+        def counted(rows: Any) -> Any:
+            seen.add(torch.get_num_threads())
+            return velocities(rows)
+
+        stage.model.velocities = counted  # type: ignore[method-assign]
+        with running(stage, warm_up=True):
+            codes, wav = answer
+            audio = speak(stage, "r", codes, Voice("Chelsie", 0, stream=False))
+        assert seen == {2}
+        assert snr_db(wav, audio) >= MIN_ROUNDING_SNR_DB  # other reduction orders: float rounding only
+    finally:
+        torch.set_num_threads(caller_threads)
+
+
 def test_bigvgan_forwards_stay_within_their_frames_and_equal_each_mel_alone(tiny: Path) -> None:
     model = Token2Wav.from_checkpoint(tiny)
     generator = torch.Generator().manual_seed(0)
