@@ -2,8 +2,9 @@
 
 Each bench times transformers' ``generate(return_audio=True)`` one prompt after another (batch 1; it is not
 streaming, so its time to first audio is its whole time) with :func:`time_generate`, then a served
-pipeline at each concurrency with :func:`run_pipeline`: time to first audio (submit → first pcm chunk) and
-audio seconds produced per wall second, and start-up until every stage answers health (:func:`run_sizes`
+pipeline at each concurrency with :func:`run_pipeline`: time to first audio (submit → first pcm chunk),
+audio seconds produced per wall second and the cores the pipeline kept busy meanwhile, and start-up until
+every stage answers health (:func:`run_sizes`
 does both for each checkpoint size).  :func:`arguments` holds the flags both take, :func:`finish` prints the
 table (ratios against ``generate``, the issue's targets beside them) and writes the results with the load
 average before and after.  Nothing is asserted.
@@ -89,12 +90,37 @@ async def one_request(pipeline: Any, rid: str, inputs: dict[str, Any], start: fl
     return (first if first is not None else float("nan")), samples / RATE
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds (user and system) used so far by this process and every live process below it (the fork
+    server, the stage processes), read from Linux's ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    used: dict[int, float] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it exited meanwhile
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        used[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    total, below = 0.0, [os.getpid()]
+    while below:
+        pid = below.pop()
+        total += used.get(pid, 0.0)
+        below += children.get(pid, [])
+    return total
+
+
 async def at_once(pipeline: Any, level: int, name: str, inputs: Inputs) -> dict[str, Any]:
     """``level`` requests ``inputs(0..level-1)`` submitted together: mean time to first audio, audio
-    seconds per wall second, wall seconds, and each request's audio seconds (``audio_s``, in ``i`` order:
-    the same answer as ``generate``'s for the same prompt is as long)."""
+    seconds per wall second, wall seconds, each request's audio seconds (``audio_s``, in ``i`` order: the
+    same answer as ``generate``'s for the same prompt is as long), and the CPU seconds every process of the
+    pipeline used meanwhile (``cores_busy``: per wall second; the machine's cores when it is CPU-bound)."""
     answers: dict[int, tuple[float, float]] = {}
-    begin = time.perf_counter()
+    cpu, begin = tree_cpu_s(), time.perf_counter()
 
     async def run(i: int) -> None:
         answers[i] = await one_request(pipeline, f"{name or 'c'}{level}-{i}", inputs(i), begin)
@@ -102,9 +128,11 @@ async def at_once(pipeline: Any, level: int, name: str, inputs: Inputs) -> dict[
     async with trio.open_nursery() as nursery:
         for i in range(level):
             nursery.start_soon(run, i)
-    wall = time.perf_counter() - begin
+    wall, cpu = time.perf_counter() - begin, tree_cpu_s() - cpu
     audio = [answers[i][1] for i in range(level)]
     return {
+        "cpu_s": cpu,
+        "cores_busy": cpu / wall,
         "requests": level,
         "time_to_first_audio_s": statistics.mean(a[0] for a in answers.values()),
         "audio_s_per_wall_s": sum(audio) / wall,
@@ -160,7 +188,7 @@ def table(results: dict[str, Any]) -> str:
     ``generate`` on the same prompts (its first ``c`` calls: the same prompts in the same order); ``*``
     marks a row whose answers are not as long as ``generate``'s."""
     head = f"{'size':8} {'who':22} {'TTFA s':>9} {'audio s/wall s':>15} {'audio s/req':>12}"
-    lines = [f"{head} {'TTFA/gen':>9} {'rate/gen':>9}"]
+    lines = [f"{head} {'TTFA/gen':>9} {'rate/gen':>9} {'cores busy':>10}"]
     for size, figures in results["sizes"].items():
         gen = figures["generate"]
         lines.append(
@@ -176,7 +204,7 @@ def table(results: dict[str, Any]) -> str:
             who = f"pipeline x{level}"
             lines.append(
                 f"{size:8} {who:22} {fig['time_to_first_audio_s']:9.3f} {fig['audio_s_per_wall_s']:15.3f}"
-                f" {fig['audio_s_per_request']:12.3f} {ttfa:9.2f} {rate:9.2f}{mark}"
+                f" {fig['audio_s_per_request']:12.3f} {ttfa:9.2f} {rate:9.2f} {fig['cores_busy']:10.2f}{mark}"
             )
         lines.append(
             f"{size:8} start-up to healthy (one process per stage): {figures['pipeline']['startup_to_healthy_s']:.1f} s"
