@@ -90,12 +90,10 @@ async def one_request(pipeline: Any, rid: str, inputs: dict[str, Any], start: fl
     return (first if first is not None else float("nan")), samples / RATE
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds (user and system) used so far by this process and every live process below it (the fork
-    server, the stage processes), read from Linux's ``/proc``."""
+def _processes() -> dict[int, tuple[int, float]]:
+    """Every live process's parent and CPU seconds (user and system) so far, from Linux's ``/proc``."""
     tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    used: dict[int, float] = {}
+    table: dict[int, tuple[int, float]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -103,24 +101,49 @@ def tree_cpu_s() -> float:
             fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # it exited meanwhile
             continue
-        pid = int(entry.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        used[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        table[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)  # ppid, utime+stime
+    return table
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and every live process below it (the fork server, the stage
+    processes)."""
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
     total, below = 0.0, [os.getpid()]
     while below:
         pid = below.pop()
-        total += used.get(pid, 0.0)
+        total += table.get(pid, (0, 0.0))[1]
         below += children.get(pid, [])
     return total
 
 
-async def at_once(pipeline: Any, level: int, name: str, inputs: Inputs) -> dict[str, Any]:
+def stage_pids(health: dict[str, Any]) -> dict[str, int]:
+    """Each process of a pipeline by its name (``group.i`` for a replicated group's copies), from its health;
+    inline stages share this process's."""
+    pids: dict[str, int] = {}
+    for entry in health["stages"].values():
+        for copy in entry.get("replicas", [entry]):
+            pids[copy["process"]] = copy["pid"]
+    return pids
+
+
+def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process."""
+    table = _processes()
+    return {name: table.get(pid, (0, 0.0))[1] for name, pid in pids.items()}
+
+
+async def at_once(pipeline: Any, level: int, name: str, inputs: Inputs, pids: dict[str, int]) -> dict[str, Any]:
     """``level`` requests ``inputs(0..level-1)`` submitted together: mean time to first audio, audio
     seconds per wall second, wall seconds, each request's audio seconds (``audio_s``, in ``i`` order: the
     same answer as ``generate``'s for the same prompt is as long), and the CPU seconds every process of the
-    pipeline used meanwhile (``cores_busy``: per wall second; the machine's cores when it is CPU-bound)."""
+    pipeline used meanwhile (``cores_busy``: per wall second; the machine's cores when it is CPU-bound), and
+    each stage process's share of them (``cpu_s_by_process``; ``pids`` names the processes)."""
     answers: dict[int, tuple[float, float]] = {}
-    cpu, begin = tree_cpu_s(), time.perf_counter()
+    each, cpu, begin = cpu_by_process(pids), tree_cpu_s(), time.perf_counter()
 
     async def run(i: int) -> None:
         answers[i] = await one_request(pipeline, f"{name or 'c'}{level}-{i}", inputs(i), begin)
@@ -129,10 +152,12 @@ async def at_once(pipeline: Any, level: int, name: str, inputs: Inputs) -> dict[
         for i in range(level):
             nursery.start_soon(run, i)
     wall, cpu = time.perf_counter() - begin, tree_cpu_s() - cpu
+    each = {process: used - each[process] for process, used in cpu_by_process(pids).items()}
     audio = [answers[i][1] for i in range(level)]
     return {
         "cpu_s": cpu,
         "cores_busy": cpu / wall,
+        "cpu_s_by_process": dict(sorted(each.items(), key=lambda item: -item[1])),
         "requests": level,
         "time_to_first_audio_s": statistics.mean(a[0] for a in answers.values()),
         "audio_s_per_wall_s": sum(audio) / wall,
@@ -154,7 +179,7 @@ async def run_pipeline(
         assert all(stage["alive"] for stage in health["stages"].values()), health
         await one_request(pipeline, "warm", warm, time.perf_counter())
         by_level = {
-            f"{level} {name}".strip(): await at_once(pipeline, level, name, inputs)
+            f"{level} {name}".strip(): await at_once(pipeline, level, name, inputs, stage_pids(health))
             for name, inputs in variants.items()
             for level in levels
         }
