@@ -4,10 +4,9 @@ Each bench times transformers' ``generate(return_audio=True)`` one prompt after 
 streaming, so its time to first audio is its whole time) with :func:`time_generate`, then a served
 pipeline at each concurrency with :func:`run_pipeline`: time to first audio (submit → first pcm chunk),
 audio seconds produced per wall second and the cores the pipeline kept busy meanwhile, and start-up until
-every stage answers health (:func:`run_sizes`
-does both for each checkpoint size).  :func:`arguments` holds the flags both take, :func:`finish` prints the
-table (ratios against ``generate``, the issue's targets beside them) and writes the results with the load
-average before and after.  Nothing is asserted.
+every stage answers health (:func:`run_sizes` does both for each checkpoint size).  :func:`arguments` holds
+the flags both take, :func:`finish` prints the table (ratios against ``generate``, the issue's targets beside
+them) and writes the results with the load average before and after.  Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -139,8 +138,8 @@ def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
 async def at_once(pipeline: Any, level: int, name: str, inputs: Inputs, pids: dict[str, int]) -> dict[str, Any]:
     """``level`` requests ``inputs(0..level-1)`` submitted together: mean time to first audio, audio
     seconds per wall second, wall seconds, each request's audio seconds (``audio_s``, in ``i`` order: the
-    same answer as ``generate``'s for the same prompt is as long), and the CPU seconds every process of the
-    pipeline used meanwhile (``cores_busy``: per wall second; the machine's cores when it is CPU-bound), and
+    same answer as ``generate``'s for the same prompt is as long), the CPU seconds every process of the
+    pipeline used meanwhile (``cores_busy``: per wall second; the machine's cores when it is CPU-bound) and
     each stage process's share of them (``cpu_s_by_process``; ``pids`` names the processes)."""
     answers: dict[int, tuple[float, float]] = {}
     each, cpu, begin = cpu_by_process(pids), tree_cpu_s(), time.perf_counter()
