@@ -42,6 +42,7 @@ def arguments(doc: str, results: Path) -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--quick", action="store_true", help="tiny only, 1 and 4 requests, short answers")
+    parser.add_argument("--set", action="append", default=[], help="a config override, as serve's --set")
     parser.add_argument("--out", type=Path, default=results)
     return parser
 
@@ -190,19 +191,19 @@ def run_sizes(
     results: dict[str, Any],
     write_checkpoint: Callable[..., Path],
     run_generate: Callable[[Path, int, int, int, str, str], dict[str, Any]],
-    pipeline_config: Callable[[Path, int, str, str], PipelineConfig],
+    pipeline_config: Callable[[Path, int, str, str, list[str]], PipelineConfig],
     variants: dict[str, Inputs],
     warm: dict[str, Any],
 ) -> None:
     """For each of ``args.sizes``: a random checkpoint (``write_checkpoint(dir, size=...)``), then
     ``run_generate(dir, count, tokens, frames, device, dtype)`` and :func:`run_pipeline` on
-    ``pipeline_config(dir, frames, device, dtype)``, into ``results["sizes"]``."""
+    ``pipeline_config(dir, frames, device, dtype, overrides)`` (``--set``'s), into ``results["sizes"]``."""
     count = max(3, max(args.concurrency))
     with tempfile.TemporaryDirectory(prefix="omni-bench-") as tmp:
         for size in args.sizes:
             model_dir = write_checkpoint(Path(tmp) / f"{size}-omni", size=size)
             generate = run_generate(model_dir, count, args.tokens, args.frames, args.device, args.dtype)
-            config = pipeline_config(model_dir, args.frames, args.device, args.dtype)
+            config = pipeline_config(model_dir, args.frames, args.device, args.dtype, args.set)
             served = trio.run(run_pipeline, config, args.concurrency, variants, warm)
             results["sizes"][size] = {"generate": generate, "pipeline": served}
 
@@ -248,6 +249,7 @@ def begin(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "tokens": args.tokens,
         "frames": args.frames,
+        "overrides": args.set,
         "targets": TARGETS,
         "load_average_before": os.getloadavg(),
         "sizes": {},

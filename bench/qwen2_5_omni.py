@@ -25,7 +25,6 @@ drives it.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,7 +92,7 @@ def run_generate(model_dir: Path, count: int, tokens: int, frames: int, device: 
     return time_generate(generate, count, tokens, frames, device)
 
 
-def pipeline_config(model_dir: Path, frames: int, device: str, dtype: str, extra: Sequence[str] = ()) -> PipelineConfig:
+def pipeline_config(model_dir: Path, frames: int, device: str, dtype: str, extra: Sequence[str]) -> PipelineConfig:
     overrides = ["talker.factory.do_sample=false", f"talker.factory.max_new_tokens={frames}"]
     # every answer speaks exactly `frames` codes on both sides: a random talker's own end comes early
     overrides += [f"talker.factory.min_new_tokens={frames}", *extra]
@@ -117,12 +116,10 @@ def chat_inputs(messages: list[dict[str, Any]], *, max_tokens: int, stream: bool
 def main() -> None:
     parser = arguments(__doc__ or "", RESULTS)
     parser.add_argument("--stream", choices=list(STREAMS), default="both", help="the requests' stream flag")
-    parser.add_argument("--set", action="append", default=[], help="a config override, as serve's --set")
     args = quick(parser.parse_args())
     torch.set_num_threads(1)
     results = begin(args)
     results["stream"] = args.stream
-    results["overrides"] = args.set
     served = [theirs for _, theirs in prompts()]
 
     def variant(stream: bool) -> Inputs:
@@ -130,8 +127,7 @@ def main() -> None:
 
     variants = {name: variant(stream) for name, stream in STREAMS[args.stream].items()}
     warm = chat_inputs(served[0], max_tokens=2, stream=True)
-    configure = functools.partial(pipeline_config, extra=args.set)
-    run_sizes(args, results, write_checkpoint, run_generate, configure, variants, warm)
+    run_sizes(args, results, write_checkpoint, run_generate, pipeline_config, variants, warm)
     finish(results, args.out)
 
 

@@ -17,6 +17,7 @@ On a GPU: ``--device cuda --dtype bfloat16`` places every model stage there (ser
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,9 @@ def run_generate(model_dir: Path, count: int, tokens: int, frames: int, device: 
     return time_generate(generate, count, tokens, frames, device)
 
 
-def pipeline_config(model_dir: Path, frames: int, device: str, dtype: str) -> PipelineConfig:
+def pipeline_config(model_dir: Path, frames: int, device: str, dtype: str, extra: Sequence[str]) -> PipelineConfig:
     overrides = ["talker.factory.do_sample=false", f"talker.factory.max_new_tokens={frames}"]
-    overrides += ["talker.factory.min_new_tokens=2"]  # as toys.qwen3_omni_reference passes generate
+    overrides += ["talker.factory.min_new_tokens=2", *extra]  # min: as toys.qwen3_omni_reference passes generate
     return load(CONFIG, overrides, model=model_dir, device=device, dtype=dtype)
 
 
