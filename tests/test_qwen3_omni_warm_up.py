@@ -2,8 +2,8 @@
 listener: when it says ready, preprocess has run the processor on a text, an audio and an image chat, each
 encoder its tower, stream_asr its recognizer's decodes, voice activity detector and turn model, the thinker and the
 talker a request of each input kind alone and a batch, code2wav first windows alone and batched (the start-up
-events say so, before the pipeline's ready), with one process per group as the config places them; and each
-process that sends tensors holds its shared-memory pool already, so no first request creates one."""
+events say so, before the pipeline's ready), with one process per group as the config places them (two for
+code2wav); and each process that sends tensors holds its shared-memory pool already, so no first request creates one."""
 
 from __future__ import annotations
 
@@ -44,5 +44,5 @@ async def test_qwen3_omni_is_warm_when_it_says_ready(
         pools = {name for name in os.listdir("/dev/shm") if name.startswith(ours) and name.endswith("-pool")}
     warmed = warmed_before_ready(tmp_path)
     assert {stage: warmed[stage] for stage in WARMED} == WARMED
-    senders = ["main", "frontend", "thinker", "talker", "code2wav"]
+    senders = ["main", "frontend", "thinker", "talker", "code2wav.0", "code2wav.1"]  # code2wav's two copies
     assert {p: any(f"-{p}-" in name for name in pools) for p in senders} == dict.fromkeys(senders, True)
