@@ -20,8 +20,9 @@ pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parent.parent
 ROPE_CHECK = "Unrecognized keys in `rope_parameters`"
-READERS = 4
-"""The stage processes of configs/qwen3-omni.toml that read the checkpoint's configuration."""
+READERS = 5
+"""The stage processes of configs/qwen3-omni.toml that read the checkpoint's configuration (code2wav's two
+copies count twice)."""
 
 
 async def start_and_stop(model: Path, short_tmp: Path) -> str:
