@@ -71,10 +71,10 @@ def vm_rss_mib(pid: int) -> float | None:
     return None
 
 
-def child_pids(parent: int | None = None) -> list[int]:
-    """Direct children of ``parent`` (default: this process), read from /proc."""
-    parent = os.getpid() if parent is None else parent
-    found = []
+def process_table() -> dict[int, tuple[int, float]]:
+    """Every live process's parent and CPU seconds so far (user and system), read from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table: dict[int, tuple[int, float]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -83,9 +83,14 @@ def child_pids(parent: int | None = None) -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if int(fields[1]) == parent:
-            found.append(int(entry))
-    return sorted(found)
+        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)  # ppid, utime + stime
+    return table
+
+
+def child_pids(parent: int | None = None) -> list[int]:
+    """Direct children of ``parent`` (default: this process), read from /proc."""
+    parent = os.getpid() if parent is None else parent
+    return sorted(pid for pid, (ppid, _) in process_table().items() if ppid == parent)
 
 
 def shm_entries() -> set[str]:

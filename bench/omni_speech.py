@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import trio
 
+from bench.measure import process_table
 from omnitrio import StreamMessage, open_pipeline
 from omnitrio.config import PipelineConfig
 
@@ -90,25 +91,10 @@ async def one_request(pipeline: Any, rid: str, inputs: dict[str, Any], start: fl
     return (first if first is not None else float("nan")), samples / RATE
 
 
-def _processes() -> dict[int, tuple[int, float]]:
-    """Every live process's parent and CPU seconds (user and system) so far, from Linux's ``/proc``."""
-    tick = os.sysconf("SC_CLK_TCK")
-    table: dict[int, tuple[int, float]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it exited meanwhile
-            continue
-        table[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)  # ppid, utime+stime
-    return table
-
-
 def tree_cpu_s() -> float:
     """CPU seconds used so far by this process and every live process below it (the fork server, the stage
     processes)."""
-    table = _processes()
+    table = process_table()
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in table.items():
         children.setdefault(parent, []).append(pid)
@@ -132,7 +118,7 @@ def stage_pids(health: dict[str, Any]) -> dict[str, int]:
 
 def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
     """CPU seconds so far of each named process."""
-    table = _processes()
+    table = process_table()
     return {name: table.get(pid, (0, 0.0))[1] for name, pid in pids.items()}
 
 
