@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,13 +197,7 @@ def dit_batch_gain(model_dir: Path, frames: int, rows: int = 8, rounds: int = 5)
     ]
 
     def best(batch: list[Row]) -> float:
-        model.velocities(batch)
-        times = []
-        for _ in range(rounds):
-            began = time.perf_counter()
-            model.velocities(batch)
-            times.append(time.perf_counter() - began)
-        return min(times)
+        return best_s(lambda: model.velocities(batch), rounds)
 
     return rows * best(windows[:1]) / best(windows)
 
@@ -212,15 +207,19 @@ def matmul_peak_gflop_s(model: Token2Wav, frames: int, rounds: int = 20) -> floa
     linear = max((m for m in model.dit.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel())
     rows = torch.randn(2 * frames, linear.in_features)
     with torch.inference_mode():
-        linear(rows)
-        best = min(_timed(lambda: linear(rows)) for _ in range(rounds))
+        best = best_s(lambda: linear(rows), rounds)
     return 2 * rows.shape[0] * linear.weight.numel() / best / 1e9
 
 
-def _timed(call: Any) -> float:
-    began = time.perf_counter()
+def best_s(call: Callable[[], object], rounds: int) -> float:
+    """The shortest of ``rounds`` timed calls of ``call``, after one untimed call (first-run costs)."""
     call()
-    return time.perf_counter() - began
+    times = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - began)
+    return min(times)
 
 
 def ceiling(model_dir: Path, codes: int, transformers_rate: float) -> dict[str, Any]:
